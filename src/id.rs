@@ -1,0 +1,132 @@
+//! Identifiers the proxy mints: sessions and streams, plus the position of an
+//! entry inside a stream.
+//!
+//! Both ids are 128 random bits from the operating system's CSPRNG, so they are
+//! unguessable on their own; tokens and event ids built on them are still
+//! authenticated (see `token.rs`) because a client must never be able to point
+//! at a stream by editing bytes. This module only mints, prints and parses.
+
+use std::fmt;
+use std::str::FromStr;
+
+use ring::rand::{SecureRandom, SystemRandom};
+
+/// Position of an entry in its stream: the first entry is 1, there are no gaps,
+/// and 0 means "before the first entry" (the cursor of a priming event).
+pub type Seq = u64;
+
+fn random_16() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    // SystemRandom only fails when the OS has no entropy source at all, in
+    // which case no id the proxy could mint would be safe to hand out.
+    SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the operating system's random number generator failed");
+    bytes
+}
+
+macro_rules! random_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub [u8; 16]);
+
+        impl $name {
+            pub fn random() -> Self {
+                Self(random_16())
+            }
+
+            pub fn as_bytes(&self) -> &[u8; 16] {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                for b in self.0 {
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({self})", stringify!($name))
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = ();
+
+            /// Parses the 32 lowercase-or-uppercase hex digits `Display` prints.
+            fn from_str(s: &str) -> Result<Self, ()> {
+                let s = s.as_bytes();
+                if s.len() != 32 {
+                    return Err(());
+                }
+                let mut out = [0u8; 16];
+                for (i, pair) in s.chunks_exact(2).enumerate() {
+                    out[i] = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+                }
+                Ok(Self(out))
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                s.parse()
+                    .map_err(|()| serde::de::Error::custom(concat!("invalid ", stringify!($name))))
+            }
+        }
+    };
+}
+
+fn hex_digit(c: u8) -> Result<u8, ()> {
+    match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        b'A'..=b'F' => Ok(c - b'A' + 10),
+        _ => Err(()),
+    }
+}
+
+random_id!(
+    /// The proxy's own session id, sent to clients as `Mcp-Session-Id`. It is
+    /// never the upstream's id: the proxy maps one to the other.
+    SessionId
+);
+
+random_id!(
+    /// One ordered stream of upstream messages: the answer to one client POST,
+    /// or a session's standalone GET stream.
+    StreamId
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_id_round_trips_through_its_header_form() {
+        let id = SessionId::random();
+        let text = id.to_string();
+        assert_eq!(text.len(), 32);
+        assert!(text.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+        assert_eq!(text.parse::<SessionId>(), Ok(id));
+    }
+
+    #[test]
+    fn malformed_ids_are_rejected() {
+        assert!("".parse::<StreamId>().is_err());
+        assert!("zz".repeat(16).parse::<StreamId>().is_err());
+        assert!("ab".repeat(17).parse::<StreamId>().is_err());
+    }
+}
