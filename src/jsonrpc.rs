@@ -195,6 +195,34 @@ pub fn protocol_version(bytes: &[u8]) -> Option<String> {
         .map(Cow::into_owned)
 }
 
+/// The `params.requestId` of every `notifications/cancelled` in a body.
+pub fn cancelled_request_ids(bytes: &[u8]) -> Vec<RequestId> {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "requestId", borrow)]
+        request_id: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Cancel<'a> {
+        method: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    let items: Vec<Cancel<'_>> = match serde_json::from_slice::<Vec<Cancel<'_>>>(bytes) {
+        Ok(items) => items,
+        Err(_) => match serde_json::from_slice::<Cancel<'_>>(bytes) {
+            Ok(one) => vec![one],
+            Err(_) => return Vec::new(),
+        },
+    };
+    items
+        .into_iter()
+        .filter(|c| c.method.as_deref() == Some("notifications/cancelled"))
+        .filter_map(|c| c.params?.request_id)
+        .map(|raw| RequestId(raw.get().to_owned()))
+        .collect()
+}
+
 /// Standard and MCP-specific JSON-RPC error codes the proxy emits.
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
@@ -274,6 +302,18 @@ mod tests {
         assert_eq!(protocol_version(req).as_deref(), Some("2025-11-25"));
         let res = br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18"}}"#;
         assert_eq!(protocol_version(res).as_deref(), Some("2025-06-18"));
+    }
+
+    #[test]
+    fn finds_the_request_ids_of_cancellations() {
+        let one = br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5,"reason":"x"}}"#;
+        assert_eq!(cancelled_request_ids(one), vec![RequestId("5".into())]);
+        let batch = br#"[{"jsonrpc":"2.0","method":"notifications/progress","params":{}},
+                        {"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a"}}]"#;
+        assert_eq!(
+            cancelled_request_ids(batch),
+            vec![RequestId("\"a\"".into())]
+        );
     }
 
     #[test]

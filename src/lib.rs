@@ -1,6 +1,90 @@
+//! # mcp-resume-proxy
+//!
+//! A reverse proxy that sits in front of unmodified Model Context Protocol
+//! servers and makes their long-running requests resumable. Every message an
+//! upstream sends toward a client is appended to a durable log *before* it is
+//! forwarded, so the proxy itself can answer a client that comes back — after
+//! a dropped connection, a load balancer's idle timeout, or a `kill -9` of the
+//! proxy — with every message it missed, exactly once, in order.
+//!
+//! One log, many dialects: the log knows streams of opaque entries; the
+//! dialects (today `Last-Event-ID`; resume tokens, resumable requests, streams
+//! and tasks next) are thin adapters over append / read-after-cursor / status.
+//!
+//! # Layout
+//!
+//! - [`config`]: the TOML file and CLI overrides, validated with messages that
+//!   name the key.
+//! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
+//!   start-up order (open log, recover, serve).
+//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (sessions,
+//!   logged streams, replay) and [`proxy::modern`] (stateless pass-through).
+//! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
+//! - [`relay`]: the write path — an upstream answer into its stream, ended
+//!   with the truth.
+//! - [`stream`]: the log as the proxy sees it; readers that replay then follow,
+//!   one reader per stream.
+//! - [`store`]: the durable log's contract; [`store::sled`] (default) and the
+//!   group commit in [`store::commit`].
+//! - [`dialect`]: how clients come back; [`dialect::last_event_id`].
+//! - [`upstream`]: talking to MCP servers; [`upstream::http`].
+//! - [`lifetime`]: crash recovery, retention, session expiry.
+//! - [`jsonrpc`]: envelope classification over raw bytes.
+//! - [`sse`]: SSE encoder and incremental decoder.
+//! - [`token`]: sealed, session-bound event ids.
+//! - [`headers`]: which HTTP headers cross the proxy.
+//! - [`reply`]: response bodies and error responses.
+//! - [`id`]: session and stream ids.
+//! - [`demo`]: an in-process demo upstream and the `demo` command.
+
+pub mod config;
+pub mod demo;
+pub mod dialect;
+pub mod headers;
 pub mod id;
 pub mod jsonrpc;
+pub mod lifetime;
+pub mod proxy;
+pub mod relay;
+pub mod reply;
+pub mod server;
+pub mod session;
 pub mod sse;
 pub mod store;
 pub mod stream;
 pub mod token;
+pub mod upstream;
+
+pub use config::Config;
+pub use server::Server;
+
+/// Runs the proxy until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    let server = Server::start(config).await?;
+    tracing::info!(addr = %server.addr, "mcp-resume-proxy listening");
+    server.run_until(shutdown_signal()).await;
+    Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,1 +1,124 @@
-fn main() {}
+//! The `mcp-resume-proxy` binary: parses the command line, loads and checks
+//! the configuration, sets up logging, and runs the proxy (or the demo).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use mcp_resume_proxy::config::{Config, LogFormat, UpstreamConfig};
+
+/// A reverse proxy that makes the requests of unmodified MCP servers resumable.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// TOML configuration file (see proxy.toml.example).
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// Upstream MCP endpoint (Streamable HTTP), mounted at /mcp. Replaces the
+    /// file's [[upstream]] tables.
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    /// Directory for the durable log [default: ./mcp-resume-proxy-data].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Log output format.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Runs a demo MCP server with a slow tool behind the proxy and prints
+    /// curl commands that drop a call and resume it.
+    Demo,
+}
+
+fn config(cli: &Cli) -> Result<Config, String> {
+    let mut config = match &cli.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            toml::from_str::<Config>(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Config::default(),
+    };
+    if let Some(listen) = cli.listen {
+        config.listen = listen;
+    }
+    if let Some(url) = &cli.upstream {
+        config.upstream = vec![UpstreamConfig::new(url.clone())];
+    }
+    if let Some(dir) = &cli.data_dir {
+        config.data_dir = dir.clone();
+    }
+    if let Some(format) = cli.log_format {
+        config.log_format = format;
+    }
+    Ok(config)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mcp-resume-proxy: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(Command::Demo) = cli.command {
+        let mut config = match config(&cli) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("mcp-resume-proxy: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        if cli.data_dir.is_none() && cli.config.is_none() {
+            config.data_dir = PathBuf::from("./mcp-resume-proxy-demo-data");
+        }
+        init_logging(config.log_format);
+        return match runtime.block_on(mcp_resume_proxy::demo::run(config)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mcp-resume-proxy: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let config = match config(&cli).and_then(|c| c.validate().map(|()| c).map_err(|e| e.0)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mcp-resume-proxy: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(config.log_format);
+    match runtime.block_on(mcp_resume_proxy::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mcp-resume-proxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Configuration: the TOML file, command-line overrides, defaults, and
+//! validation with messages that name the offending key.
+//!
+//! Everything here is plain data; nothing is started. `proxy.toml.example`
+//! documents every key with its default and must change with this file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::store::commit::SyncMode;
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address the proxy listens on.
+    pub listen: SocketAddr,
+    /// Where the log and the token key live.
+    pub data_dir: PathBuf,
+    pub log_format: LogFormat,
+    /// Largest request body accepted, in bytes.
+    pub max_body: usize,
+    /// Origins allowed besides localhost ones; `"*"` allows any.
+    pub allowed_origins: Vec<String>,
+    /// Request header that identifies the client principal.
+    pub principal_header: String,
+    /// Seconds to wait for connections to finish on shutdown.
+    pub shutdown_grace_secs: u64,
+    pub sse: SseConfig,
+    pub store: StoreConfig,
+    pub upstream: Vec<UpstreamConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SseConfig {
+    /// The `retry:` (milliseconds) sent to clients with each new SSE stream.
+    pub retry_ms: u64,
+    /// Seconds of upstream silence after which a keep-alive comment is sent.
+    pub keepalive_secs: u64,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Only `"sled"` today.
+    pub backend: String,
+    pub sync: SyncMode,
+    /// Seconds a finished stream stays replayable.
+    pub retention_secs: u64,
+    /// Seconds without any request after which a session is ended.
+    pub session_idle_secs: u64,
+    /// Seconds between sweeps for expired streams and sessions.
+    pub sweep_secs: u64,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Path the upstream is mounted at on the proxy.
+    #[serde(default = "default_mount")]
+    pub path: String,
+    /// The upstream's Streamable HTTP endpoint.
+    pub url: String,
+    /// Milliseconds to wait for the upstream's response head before the
+    /// client is answered with an SSE stream regardless.
+    #[serde(default = "default_answer_wait")]
+    pub answer_wait_ms: u64,
+    /// Seconds to wait for a TCP (and TLS) connection to the upstream.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_secs: u64,
+    /// How often the proxy reconnects (with `Last-Event-ID`) to an upstream
+    /// stream that was cut before its response.
+    #[serde(default = "default_resume_attempts")]
+    pub resume_attempts: u32,
+}
+
+fn default_mount() -> String {
+    "/mcp".into()
+}
+fn default_answer_wait() -> u64 {
+    5_000
+}
+fn default_connect_timeout() -> u64 {
+    10
+}
+fn default_resume_attempts() -> u32 {
+    3
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from("./mcp-resume-proxy-data"),
+            log_format: LogFormat::Text,
+            max_body: 4 * 1024 * 1024,
+            allowed_origins: Vec::new(),
+            principal_header: "authorization".into(),
+            shutdown_grace_secs: 5,
+            sse: SseConfig::default(),
+            store: StoreConfig::default(),
+            upstream: Vec::new(),
+        }
+    }
+}
+
+impl Default for SseConfig {
+    fn default() -> Self {
+        Self {
+            retry_ms: 1_000,
+            keepalive_secs: 15,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: "sled".into(),
+            sync: SyncMode::Batch,
+            retention_secs: 900,
+            session_idle_secs: 86_400,
+            sweep_secs: 30,
+        }
+    }
+}
+
+impl UpstreamConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            path: default_mount(),
+            url: url.into(),
+            answer_wait_ms: default_answer_wait(),
+            connect_timeout_secs: default_connect_timeout(),
+            resume_attempts: default_resume_attempts(),
+        }
+    }
+}
+
+/// A configuration problem, worded for the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |msg: String| Err(ConfigError(msg));
+        if self.upstream.is_empty() {
+            return fail(
+                "no upstream: give --upstream URL or at least one [[upstream]] table with `url`"
+                    .into(),
+            );
+        }
+        if self.max_body < 1024 {
+            return fail(format!(
+                "max_body = {} is too small (minimum 1024)",
+                self.max_body
+            ));
+        }
+        if self.store.backend != "sled" {
+            return fail(format!(
+                "store.backend = {:?} is not supported (supported: \"sled\")",
+                self.store.backend
+            ));
+        }
+        for (key, value) in [
+            ("store.retention_secs", self.store.retention_secs),
+            ("store.session_idle_secs", self.store.session_idle_secs),
+            ("store.sweep_secs", self.store.sweep_secs),
+            ("sse.keepalive_secs", self.sse.keepalive_secs),
+        ] {
+            if value == 0 {
+                return fail(format!("{key} must be greater than 0"));
+            }
+        }
+        if http::HeaderName::from_bytes(self.principal_header.as_bytes()).is_err() {
+            return fail(format!(
+                "principal_header = {:?} is not a valid header name",
+                self.principal_header
+            ));
+        }
+        let mut paths = std::collections::HashSet::new();
+        for (i, up) in self.upstream.iter().enumerate() {
+            let key = format!("upstream[{i}]");
+            if !up.path.starts_with('/') || up.path == "/healthz" {
+                return fail(format!(
+                    "{key}.path = {:?} must start with '/' and must not be /healthz",
+                    up.path
+                ));
+            }
+            if !paths.insert(up.path.trim_end_matches('/')) {
+                return fail(format!("{key}.path = {:?} is mounted twice", up.path));
+            }
+            match up.url.parse::<http::Uri>() {
+                Ok(uri)
+                    if matches!(uri.scheme_str(), Some("http" | "https"))
+                        && uri.authority().is_some() => {}
+                _ => {
+                    return fail(format!(
+                        "{key}.url = {:?} is not an http:// or https:// URL",
+                        up.url
+                    ))
+                }
+            }
+            if up.connect_timeout_secs == 0 {
+                return fail(format!("{key}.connect_timeout_secs must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_file_gets_every_default() {
+        let c = Config::from_toml("[[upstream]]\nurl = \"http://127.0.0.1:3000/mcp\"\n").unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.upstream[0].path, "/mcp");
+        assert_eq!(c.store.sync, SyncMode::Batch);
+        assert_eq!(c.max_body, 4 * 1024 * 1024);
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let text = include_str!("../proxy.toml.example");
+        Config::from_toml(text).unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = Config::from_toml("[store]\nsinc = \"batch\"\n").unwrap_err();
+        assert!(err.0.contains("sinc"), "{err}");
+    }
+
+    #[test]
+    fn wrong_values_name_their_key() {
+        let err = Config::from_toml("[store]\nsync = \"sometimes\"\n").unwrap_err();
+        assert!(err.0.contains("sync"), "{err}");
+        let err = Config::from_toml("[[upstream]]\nurl = \"ftp://x\"\n").unwrap_err();
+        assert!(err.0.contains("upstream[0].url"), "{err}");
+        let err = Config::from_toml(
+            "[[upstream]]\nurl = \"http://a/\"\n[[upstream]]\nurl = \"http://b/\"\n",
+        )
+        .unwrap_err();
+        assert!(err.0.contains("upstream[1].path"), "{err}");
+    }
+
+    #[test]
+    fn a_config_without_upstream_is_rejected() {
+        let err = Config::from_toml("").unwrap_err();
+        assert!(err.0.contains("upstream"), "{err}");
+    }
+}

@@ -1,0 +1,65 @@
+//! The `demo` command: a small MCP server with a slow tool, in-process, behind
+//! the proxy, and the curl commands that show a call dropped and resumed. The
+//! same server ([`upstream::DemoUpstream`]) is the upstream of the integration
+//! tests, so what newcomers see is what the tests check.
+
+pub mod upstream;
+
+use crate::config::{Config, UpstreamConfig};
+use crate::server::Server;
+use upstream::{DemoOptions, DemoUpstream};
+
+/// Starts the demo upstream on a free loopback port and the proxy in front of
+/// it, prints a walkthrough, and serves until Ctrl-C.
+pub async fn run(mut config: Config) -> anyhow::Result<()> {
+    let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default()).await?;
+    config.upstream = vec![UpstreamConfig::new(demo.url())];
+    config.validate()?;
+    let server = Server::start(config).await?;
+    println!(
+        "{}",
+        walkthrough(&format!("http://{}/mcp", server.addr), &demo.url())
+    );
+    server.run_until(crate::shutdown_signal()).await;
+    demo.shutdown();
+    Ok(())
+}
+
+fn walkthrough(proxy: &str, upstream: &str) -> String {
+    format!(
+        r#"
+mcp-resume-proxy demo
+  demo upstream (an MCP server with a slow tool): {upstream}
+  proxy in front of it:                           {proxy}
+
+1. Open a session; note the Mcp-Session-Id header in the answer:
+
+   curl -si {proxy} -H 'Content-Type: application/json' \
+     -H 'Accept: application/json, text/event-stream' \
+     -d '{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"curl","version":"1"}}}}}}'
+
+   export SID=<the Mcp-Session-Id value>
+
+2. Start a slow call (20 steps, one per second) and drop it after 3 seconds:
+
+   curl -sN --max-time 3 {proxy} -H "Mcp-Session-Id: $SID" \
+     -H 'MCP-Protocol-Version: 2025-11-25' -H 'Content-Type: application/json' \
+     -H 'Accept: application/json, text/event-stream' \
+     -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"slow","arguments":{{"steps":20,"interval_ms":1000}},"_meta":{{"progressToken":"p1"}}}}}}'
+
+   Every event has an id. Copy the last one you saw.
+
+3. Wait a few seconds (the call keeps running and the proxy keeps logging),
+   then resume after that id: the missed progress arrives at once, the rest
+   live, and the result last.
+
+   curl -sN {proxy} -H "Mcp-Session-Id: $SID" -H 'Accept: text/event-stream' \
+     -H 'MCP-Protocol-Version: 2025-11-25' -H 'Last-Event-ID: <the id>'
+
+   Kill the proxy with kill -9 in the middle and start it again with the same
+   data dir: the resume still works.
+
+Ctrl-C stops the demo.
+"#
+    )
+}

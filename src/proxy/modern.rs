@@ -1,0 +1,39 @@
+//! Modern era (2026-07-28 and later): no sessions, no replay. Requests go to
+//! the upstream byte for byte with every header (`MCP-Protocol-Version`,
+//! `Mcp-Method`, `Mcp-Name`, `Mcp-Param-*`), and the answer streams back
+//! unbuffered. Closing the response stream is cancellation in this era, so the
+//! upstream body is tied to the client's: when the client goes away, hyper
+//! drops the response, the upstream body with it, and the upstream connection
+//! closes — which the upstream sees as the cancellation.
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::{bad_gateway, read_body, Route};
+use crate::headers;
+use crate::reply::{self, Body};
+
+pub async fn forward(route: &Route, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let bytes = match read_body(body, route.shared.config.max_body).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    // A stray session id is the upstream's business (the spec tells modern
+    // servers to ignore it): pass it through as it came.
+    let session = headers::get_str(&parts.headers, &headers::SESSION_ID);
+    match route
+        .upstream
+        .send(parts.method, &parts.headers, bytes, session)
+        .await
+    {
+        Ok(res) => {
+            let (head, body) = res.into_parts();
+            let mut out = Response::new(reply::passthrough(body));
+            *out.status_mut() = head.status;
+            *out.headers_mut() = headers::to_client(&head.headers, session);
+            out
+        }
+        Err(e) => bad_gateway(&e),
+    }
+}

@@ -1,0 +1,197 @@
+//! The write path: carries one upstream response into its stream in the log,
+//! and ends the stream with the truth — completed, cancelled, or failed with
+//! a JSON-RPC error entry for every request left unanswered, never silence.
+//!
+//! A relay runs as its own task, detached from the client connection that
+//! caused it: under the legacy protocols a client disconnect is not
+//! cancellation, so the upstream keeps running and its output keeps being
+//! logged for the client to replay. Relays stop when their stream ends or
+//! their session does. Nothing here writes to clients; readers do that.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::jsonrpc::{self, code, RequestId};
+use crate::session::{Session, Sessions};
+use crate::store::{StreamKind, StreamMeta, StreamStatus};
+use crate::stream::Log;
+use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
+
+/// Longest pause before reconnecting to an upstream stream, whatever its
+/// `retry:` says.
+const MAX_RESUME_DELAY: Duration = Duration::from_secs(5);
+
+pub struct Relay {
+    pub log: Arc<Log>,
+    pub sessions: Arc<Sessions>,
+    pub upstream: Arc<HttpUpstream>,
+    pub session: Arc<Session>,
+    pub stream: StreamMeta,
+    /// The client's end-to-end headers, reused to resume upstream.
+    pub client_headers: HeaderMap,
+}
+
+impl Relay {
+    /// Logs every message of `messages` and then finishes the stream.
+    pub async fn run(self, messages: Messages) {
+        let session = self.session.clone();
+        let id = self.stream.id;
+        tokio::select! {
+            _ = self.pump(messages) => {}
+            _ = session.ended.cancelled() => {
+                tracing::debug!(stream = %id, "session ended; relay stopped");
+            }
+        }
+    }
+
+    async fn pump(&self, mut messages: Messages) {
+        let mut pending: HashSet<RequestId> = self.stream.origin_ids.iter().cloned().collect();
+        let learn_version = self.stream.method.as_deref() == Some("initialize");
+        let mut resumes_left = self.upstream.config.resume_attempts;
+        loop {
+            match messages.next_batch().await {
+                Some(Ok(batch)) => {
+                    for message in &batch {
+                        for id in jsonrpc::response_ids(message) {
+                            pending.remove(&id);
+                        }
+                        if learn_version {
+                            self.learn_version(message).await;
+                        }
+                    }
+                    if let Err(e) = self.log.append(self.stream.id, &batch).await {
+                        tracing::error!(stream = %self.stream.id, error = %e, "cannot log upstream message; stream abandoned");
+                        return;
+                    }
+                    if self.stream.kind == StreamKind::Request && pending.is_empty() {
+                        // The last response is in: the upstream SHOULD end the
+                        // stream now, and nothing after it belongs to the client.
+                        return self.finish(StreamStatus::Completed, &pending).await;
+                    }
+                }
+                ended => {
+                    if let Some(Err(e)) = &ended {
+                        tracing::info!(stream = %self.stream.id, error = %e, "upstream stream broke");
+                    }
+                    if self.stream.kind == StreamKind::Request && resumes_left > 0 {
+                        if let Some(next) = self.resume_upstream(&messages).await {
+                            resumes_left -= 1;
+                            messages = next;
+                            continue;
+                        }
+                    }
+                    let status = if self.stream.kind == StreamKind::Standalone || pending.is_empty()
+                    {
+                        StreamStatus::Completed
+                    } else {
+                        StreamStatus::Failed
+                    };
+                    return self.finish(status, &pending).await;
+                }
+            }
+        }
+    }
+
+    /// Reconnects with the upstream's own `Last-Event-ID`, when it gave one.
+    async fn resume_upstream(&self, cut: &Messages) -> Option<Messages> {
+        let last = cut.last_event_id.as_deref()?;
+        if !cut.is_sse() {
+            return None;
+        }
+        let delay = cut
+            .retry_ms
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_millis(100))
+            .min(MAX_RESUME_DELAY);
+        tokio::time::sleep(delay).await;
+        let upstream_session = self.session.upstream_session();
+        match self
+            .upstream
+            .resume(&self.client_headers, upstream_session.as_deref(), last)
+            .await
+        {
+            Ok(res) if carries_messages(&res) => {
+                tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
+                Some(Messages::new(res))
+            }
+            Ok(res) => {
+                tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
+                None
+            }
+            Err(e) => {
+                tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
+                None
+            }
+        }
+    }
+
+    async fn learn_version(&self, message: &Bytes) {
+        if let Some(version) = jsonrpc::protocol_version(message) {
+            let update = self
+                .sessions
+                .update(&self.session, |r| r.protocol_version = Some(version));
+            if let Err(e) = update.await {
+                tracing::warn!(session = %self.session.id, error = %e, "cannot record protocol version");
+            }
+        }
+    }
+
+    async fn finish(&self, status: StreamStatus, pending: &HashSet<RequestId>) {
+        // The client may have cancelled the request meanwhile (the proxy marks
+        // the stream when it forwards `notifications/cancelled`).
+        let cancelled = self
+            .log
+            .meta(self.stream.id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.status == StreamStatus::Cancelled);
+        let status = if cancelled && status == StreamStatus::Failed {
+            StreamStatus::Cancelled
+        } else {
+            status
+        };
+        if status == StreamStatus::Failed {
+            end_unanswered(
+                &self.log,
+                &self.stream,
+                pending,
+                "upstream ended the stream before responding",
+            )
+            .await;
+        }
+        if let Err(e) = self.log.finish(self.stream.id, status).await {
+            tracing::error!(stream = %self.stream.id, error = %e, "cannot finish stream");
+        }
+        self.session.untrack(&self.stream.origin_ids);
+        if self.stream.kind == StreamKind::Standalone {
+            self.session.clear_standalone(self.stream.id);
+        }
+    }
+}
+
+/// Appends one JSON-RPC error response per unanswered request, so that a
+/// client reading the stream learns its request failed instead of waiting
+/// forever.
+pub async fn end_unanswered<'a>(
+    log: &Log,
+    stream: &StreamMeta,
+    pending: impl IntoIterator<Item = &'a RequestId>,
+    why: &str,
+) {
+    // Keep the client's order of requests, not the set's.
+    let pending: HashSet<&RequestId> = pending.into_iter().collect();
+    let errors: Vec<Bytes> = stream
+        .origin_ids
+        .iter()
+        .filter(|id| pending.contains(id))
+        .map(|id| Bytes::from(jsonrpc::error_response(Some(id), code::INTERNAL_ERROR, why)))
+        .collect();
+    if let Err(e) = log.append(stream.id, &errors).await {
+        tracing::error!(stream = %stream.id, error = %e, "cannot log error response");
+    }
+}

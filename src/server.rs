@@ -1,0 +1,229 @@
+//! The HTTP front: the accept loop (HTTP/1.1 and h2c), the routes (`/healthz`
+//! and one mount per upstream), the `Origin` check every MCP server must make
+//! against DNS rebinding, and graceful shutdown.
+//!
+//! Start-up order matters and lives here: open the log, recover what a
+//! previous process left live, and only then accept connections.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::jsonrpc::code;
+use crate::proxy::{Route, Shared};
+use crate::reply::{self, Body};
+use crate::session::Sessions;
+use crate::store::sled::SledStore;
+use crate::stream::Log;
+use crate::token::Keyring;
+use crate::upstream::http::HttpUpstream;
+
+/// Everything a request needs, built once at start-up.
+pub struct App {
+    routes: Vec<Route>,
+    shared: Arc<Shared>,
+}
+
+impl App {
+    /// Opens the log under the data dir and recovers orphaned streams.
+    pub async fn open(config: Config) -> anyhow::Result<Arc<App>> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            anyhow::anyhow!("cannot create data_dir {}: {e}", config.data_dir.display())
+        })?;
+        let keyring = Keyring::load_or_create(&config.data_dir)
+            .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
+        let store = SledStore::open(&config.data_dir, config.store.sync)?;
+        let log = Log::new(Arc::new(store));
+        let recovered = crate::lifetime::recover(&log).await?;
+        if recovered > 0 {
+            tracing::warn!(recovered, "finished streams a previous run left live");
+        }
+        let sessions = Sessions::new(log.store().clone());
+        let shared = Arc::new(Shared {
+            config,
+            log,
+            sessions,
+            keyring,
+        });
+        let routes = shared
+            .config
+            .upstream
+            .iter()
+            .map(|up| {
+                Ok(Route {
+                    path: up.path.trim_end_matches('/').to_owned(),
+                    upstream: Arc::new(HttpUpstream::new(up).map_err(anyhow::Error::msg)?),
+                    shared: shared.clone(),
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Arc::new(App { routes, shared }))
+    }
+
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path();
+        if path == "/healthz" {
+            return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
+        }
+        if let Some(origin) = req.headers().get(http::header::ORIGIN) {
+            let allowed = origin
+                .to_str()
+                .is_ok_and(|o| origin_allowed(o, &self.shared.config.allowed_origins));
+            if !allowed {
+                return reply::error(
+                    StatusCode::FORBIDDEN,
+                    None,
+                    code::SERVER_ERROR,
+                    "Forbidden: Origin not allowed",
+                );
+            }
+        }
+        let path = path.trim_end_matches('/');
+        match self.routes.iter().find(|r| r.path == path) {
+            Some(route) => route.handle(req).await,
+            None => reply::error(StatusCode::NOT_FOUND, None, code::SERVER_ERROR, "Not Found"),
+        }
+    }
+}
+
+/// Localhost origins are always allowed; others only when configured.
+pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    if allowed
+        .iter()
+        .any(|a| a == "*" || a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+    {
+        return true;
+    }
+    let Ok(uri) = origin.parse::<http::Uri>() else {
+        return false;
+    };
+    matches!(uri.scheme_str(), Some("http" | "https"))
+        && matches!(
+            uri.host(),
+            Some("localhost" | "127.0.0.1" | "[::1]" | "::1")
+        )
+}
+
+/// A running proxy.
+pub struct Server {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds, opens the log, and serves in the background.
+    pub async fn start(config: Config) -> anyhow::Result<Server> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let grace = Duration::from_secs(config.shutdown_grace_secs);
+        let store_config = config.store.clone();
+        let app = App::open(config).await?;
+        let stop = CancellationToken::new();
+        let sweeper = crate::lifetime::spawn_sweeper(
+            app.shared.log.clone(),
+            app.shared.sessions.clone(),
+            store_config,
+            stop.clone(),
+        );
+        let done = tokio::spawn(accept_loop(listener, app, stop.clone(), grace, sweeper));
+        Ok(Server { addr, stop, done })
+    }
+
+    /// Stops accepting, lets connections finish within the grace period.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.done.await;
+    }
+
+    /// Serves until `signal` resolves, then shuts down.
+    pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
+        signal.await;
+        tracing::info!("shutting down");
+        self.shutdown().await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    app: Arc<App>,
+    stop: CancellationToken,
+    grace: Duration,
+    sweeper: tokio::task::JoinHandle<()>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (socket, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let _ = socket.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.handle(req).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(socket), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("grace period over; closing remaining connections");
+    }
+    sweeper.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn localhost_origins_are_allowed_by_default() {
+        for o in [
+            "http://localhost",
+            "http://localhost:3000",
+            "https://127.0.0.1:8443",
+            "http://[::1]:8080",
+        ] {
+            assert!(origin_allowed(o, &[]), "{o}");
+        }
+    }
+
+    #[test]
+    fn foreign_origins_need_configuration() {
+        assert!(!origin_allowed("https://evil.example", &[]));
+        assert!(!origin_allowed("null", &[]));
+        assert!(!origin_allowed("http://localhost.evil.example", &[]));
+        let allowed = vec!["https://app.example.com".to_owned()];
+        assert!(origin_allowed("https://app.example.com", &allowed));
+        assert!(origin_allowed("https://evil.example", &["*".to_owned()]));
+    }
+}

@@ -1,0 +1,289 @@
+//! Legacy sessions: the proxy's own `Mcp-Session-Id` mapped to the upstream's,
+//! with the client principal, the negotiated protocol version and the
+//! original `initialize`; plus the protocol era of a request.
+//!
+//! The record lives in the store (it must survive a restart); this module
+//! keeps a cache of live sessions with what only exists in this process: the
+//! in-flight requests (to route `notifications/cancelled`), the standalone
+//! stream being pumped, and a cancellation token that stops the session's
+//! background tasks when it ends. It does not talk to upstreams.
+
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use http::HeaderMap;
+use ring::digest;
+use tokio_util::sync::CancellationToken;
+
+use crate::id::{SessionId, StreamId};
+use crate::jsonrpc::RequestId;
+use crate::store::{now_ms, Result, SessionRecord, SharedStore};
+
+/// Protocol revisions that use `initialize`, sessions and SSE resumability.
+pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The first revision that sends priming events (id + empty data).
+const PRIMING_SINCE: &str = "2025-11-25";
+
+/// How often `last_seen` is written back to the store.
+const TOUCH_EVERY_MS: u64 = 60_000;
+
+/// Which generation of the protocol a request speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Era {
+    /// 2025-03-26 … 2025-11-25: sessions, GET streams, Last-Event-ID.
+    Legacy,
+    /// 2026-07-28 and later: stateless POSTs; closing the stream cancels.
+    Modern,
+}
+
+impl Era {
+    /// Decided per request from `MCP-Protocol-Version`: absent means
+    /// 2025-03-26 (as the spec says), a dated revision after the legacy ones
+    /// means modern.
+    pub fn of(headers: &HeaderMap) -> Era {
+        match headers
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(v) if !LEGACY_VERSIONS.contains(&v) && v > "2025-11-25" => Era::Modern,
+            _ => Era::Legacy,
+        }
+    }
+}
+
+/// Whether a client at `version` understands a priming event.
+pub fn wants_priming(version: Option<&str>) -> bool {
+    version.is_some_and(|v| v >= PRIMING_SINCE)
+}
+
+/// The principal a request speaks for: a digest of its credential header (or
+/// of nothing), never the credential itself.
+pub fn principal(headers: &HeaderMap, header: &str) -> String {
+    let value = headers.get(header).map(|v| v.as_bytes()).unwrap_or(b"");
+    let d = digest::digest(&digest::SHA256, value);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A live session.
+pub struct Session {
+    pub id: SessionId,
+    record: Mutex<SessionRecord>,
+    /// Client request id → the stream carrying its answer.
+    in_flight: DashMap<RequestId, StreamId>,
+    /// The standalone GET stream currently fed by an upstream GET.
+    standalone: Mutex<Option<StreamId>>,
+    /// Cancelled when the session ends: stops its relays.
+    pub ended: CancellationToken,
+    /// Orders writes of the record, so an older snapshot never overwrites a
+    /// newer one in the store.
+    write: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    fn new(record: SessionRecord) -> Arc<Self> {
+        Arc::new(Self {
+            id: record.id,
+            record: Mutex::new(record),
+            in_flight: DashMap::new(),
+            standalone: Mutex::new(None),
+            ended: CancellationToken::new(),
+            write: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionRecord> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn record(&self) -> SessionRecord {
+        self.lock().clone()
+    }
+
+    pub fn upstream_session(&self) -> Option<String> {
+        self.lock().upstream_session.clone()
+    }
+
+    pub fn protocol_version(&self) -> Option<String> {
+        self.lock().protocol_version.clone()
+    }
+
+    pub fn track(&self, id: RequestId, stream: StreamId) {
+        self.in_flight.insert(id, stream);
+    }
+
+    pub fn untrack(&self, ids: &[RequestId]) {
+        for id in ids {
+            self.in_flight.remove(id);
+        }
+    }
+
+    pub fn stream_of(&self, id: &RequestId) -> Option<StreamId> {
+        self.in_flight.get(id).map(|s| *s)
+    }
+
+    pub fn standalone(&self) -> Option<StreamId> {
+        *self.standalone.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_standalone(&self, stream: Option<StreamId>) {
+        *self.standalone.lock().unwrap_or_else(|p| p.into_inner()) = stream;
+    }
+
+    /// Clears the standalone stream only if it is still `stream`.
+    pub fn clear_standalone(&self, stream: StreamId) {
+        let mut current = self.standalone.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == Some(stream) {
+            *current = None;
+        }
+    }
+}
+
+/// Every session of this process, backed by the store.
+pub struct Sessions {
+    store: SharedStore,
+    live: DashMap<SessionId, Arc<Session>>,
+}
+
+impl Sessions {
+    pub fn new(store: SharedStore) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            live: DashMap::new(),
+        })
+    }
+
+    /// Mints a session for an `initialize` request. Not persisted until
+    /// [`Sessions::persist`]: the upstream may still refuse it.
+    pub fn mint(&self, route: &str, principal: String, initialize: &[u8]) -> Arc<Session> {
+        let now = now_ms();
+        let session = Session::new(SessionRecord {
+            id: SessionId::random(),
+            route: route.to_owned(),
+            upstream_session: None,
+            protocol_version: crate::jsonrpc::protocol_version(initialize),
+            principal,
+            initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
+            created_ms: now,
+            last_seen_ms: now,
+        });
+        self.live.insert(session.id, session.clone());
+        session
+    }
+
+    pub async fn persist(&self, session: &Session) -> Result<()> {
+        let _ordered = session.write.lock().await;
+        let record = session.record();
+        self.store.put_session(&record).await
+    }
+
+    /// Records what the upstream said about the session and persists it.
+    pub async fn update(
+        &self,
+        session: &Session,
+        change: impl FnOnce(&mut SessionRecord),
+    ) -> Result<()> {
+        let _ordered = session.write.lock().await;
+        let record = {
+            let mut r = session.lock();
+            change(&mut r);
+            r.clone()
+        };
+        self.store.put_session(&record).await
+    }
+
+    /// The session `id` on `route` as seen by `principal`; another route's or
+    /// another principal's session is reported as absent.
+    pub async fn get(
+        &self,
+        id: SessionId,
+        route: &str,
+        principal: &str,
+    ) -> Result<Option<Arc<Session>>> {
+        let session = match self.live.get(&id).map(|s| s.clone()) {
+            Some(s) => s,
+            None => match self.store.get_session(id).await? {
+                Some(record) => self
+                    .live
+                    .entry(id)
+                    .or_insert_with(|| Session::new(record))
+                    .clone(),
+                None => return Ok(None),
+            },
+        };
+        let stale = {
+            let mut r = session.lock();
+            if r.route != route || r.principal != principal {
+                return Ok(None);
+            }
+            let now = now_ms();
+            let stale = now.saturating_sub(r.last_seen_ms) >= TOUCH_EVERY_MS;
+            r.last_seen_ms = now;
+            stale
+        };
+        if stale {
+            self.persist(&session).await?;
+        }
+        Ok(Some(session))
+    }
+
+    /// Ends a session: stops its tasks, forgets it, deletes its streams.
+    pub async fn end(&self, id: SessionId) -> Result<()> {
+        if let Some((_, session)) = self.live.remove(&id) {
+            session.ended.cancel();
+        }
+        self.store.delete_session(id).await
+    }
+
+    /// Forgets a minted session the upstream refused.
+    pub fn discard(&self, id: SessionId) {
+        if let Some((_, session)) = self.live.remove(&id) {
+            session.ended.cancel();
+        }
+    }
+
+    /// The cached session, if this process knows it.
+    pub fn cached(&self, id: SessionId) -> Option<Arc<Session>> {
+        self.live.get(&id).map(|s| s.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn era_follows_the_protocol_version_header() {
+        assert_eq!(Era::of(&headers(&[])), Era::Legacy);
+        for v in LEGACY_VERSIONS {
+            let mut h = HeaderMap::new();
+            h.insert("mcp-protocol-version", v.parse().unwrap());
+            assert_eq!(Era::of(&h), Era::Legacy, "{v}");
+        }
+        let modern = headers(&[("mcp-protocol-version", "2026-07-28")]);
+        assert_eq!(Era::of(&modern), Era::Modern);
+    }
+
+    #[test]
+    fn priming_starts_with_2025_11_25() {
+        assert!(!wants_priming(None));
+        assert!(!wants_priming(Some("2025-06-18")));
+        assert!(wants_priming(Some("2025-11-25")));
+    }
+
+    #[test]
+    fn principals_differ_by_credential_and_hide_it() {
+        let a = principal(&headers(&[("authorization", "Bearer a")]), "authorization");
+        let b = principal(&headers(&[("authorization", "Bearer b")]), "authorization");
+        assert_ne!(a, b);
+        assert!(!a.contains("Bearer"));
+    }
+}

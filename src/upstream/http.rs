@@ -1,0 +1,232 @@
+//! Streamable HTTP upstreams: a pooled hyper client (HTTP/1.1 and HTTP/2,
+//! rustls on ring for https), and [`Messages`], which turns an upstream
+//! response body — `text/event-stream` or `application/json`, chunked or with
+//! a Content-Length — into upstream messages as they arrive, never waiting for
+//! the whole body of a stream.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::UpstreamError;
+use crate::config::UpstreamConfig;
+use crate::headers;
+use crate::sse;
+
+/// Largest single upstream message the proxy will log (64 MiB).
+pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+pub struct HttpUpstream {
+    pub config: UpstreamConfig,
+    url: Uri,
+    client: Client<Connector, Full<Bytes>>,
+}
+
+impl HttpUpstream {
+    pub fn new(config: &UpstreamConfig) -> Result<Self, String> {
+        let url: Uri = config
+            .url
+            .parse()
+            .map_err(|e| format!("upstream url {:?}: {e}", config.url))?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(config.connect_timeout_secs)));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(https);
+        Ok(Self {
+            config: config.clone(),
+            url,
+            client,
+        })
+    }
+
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
+    /// Sends one request upstream with the client's end-to-end headers and
+    /// the upstream's own session id.
+    pub async fn send(
+        &self,
+        method: Method,
+        client_headers: &HeaderMap,
+        body: Bytes,
+        upstream_session: Option<&str>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(self.url.clone())
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        *req.headers_mut() = headers::to_upstream(client_headers, upstream_session);
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+    }
+
+    /// Reconnects to an upstream SSE stream after `last_event_id` (the
+    /// upstream's own id), for upstreams that close streams early.
+    pub async fn resume(
+        &self,
+        client_headers: &HeaderMap,
+        upstream_session: Option<&str>,
+        last_event_id: &str,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut headers = client_headers.clone();
+        headers.remove(http::header::CONTENT_TYPE);
+        headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        let mut req = Request::builder()
+            .method(Method::GET)
+            .uri(self.url.clone())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        *req.headers_mut() = headers::to_upstream(&headers, upstream_session);
+        let value = http::HeaderValue::from_str(last_event_id)
+            .map_err(|e| UpstreamError::Broken(e.to_string()))?;
+        req.headers_mut().insert(headers::LAST_EVENT_ID, value);
+        self.client
+            .request(req)
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Whether a response carries messages the proxy can log (as opposed to a
+/// status and body it must pass through unchanged).
+pub fn carries_messages(res: &Response<Incoming>) -> bool {
+    res.status().is_success()
+        && matches!(
+            headers::media_type(res.headers()).as_str(),
+            "text/event-stream" | "application/json"
+        )
+}
+
+enum Framing {
+    Sse(sse::Decoder),
+    Json(BytesMut),
+}
+
+/// The upstream messages of one response body, in order.
+pub struct Messages {
+    body: Incoming,
+    framing: Framing,
+    /// The upstream's id of the last event seen, for resuming upstream.
+    pub last_event_id: Option<String>,
+    /// The upstream's `retry:` advice, in milliseconds.
+    pub retry_ms: Option<u64>,
+    finished: bool,
+}
+
+impl Messages {
+    pub fn new(res: Response<Incoming>) -> Self {
+        let framing = if headers::media_type(res.headers()) == "text/event-stream" {
+            Framing::Sse(sse::Decoder::new())
+        } else {
+            Framing::Json(BytesMut::new())
+        };
+        Self {
+            body: res.into_body(),
+            framing,
+            last_event_id: None,
+            retry_ms: None,
+            finished: false,
+        }
+    }
+
+    pub fn is_sse(&self) -> bool {
+        matches!(self.framing, Framing::Sse(_))
+    }
+
+    /// The messages that became complete with the next body frames; `None`
+    /// once the body ended cleanly.
+    pub async fn next_batch(&mut self) -> Option<Result<Vec<Bytes>, UpstreamError>> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            let frame = match self.body.frame().await {
+                None => {
+                    self.finished = true;
+                    return match &mut self.framing {
+                        Framing::Json(buf) if !buf.iter().all(u8::is_ascii_whitespace) => {
+                            Some(Ok(vec![std::mem::take(buf).freeze()]))
+                        }
+                        _ => None,
+                    };
+                }
+                Some(Err(e)) => {
+                    self.finished = true;
+                    return Some(Err(UpstreamError::Broken(error_chain(&e))));
+                }
+                Some(Ok(frame)) => frame,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            match &mut self.framing {
+                Framing::Json(buf) => {
+                    if buf.len() + data.len() > MAX_MESSAGE {
+                        self.finished = true;
+                        return Some(Err(UpstreamError::TooLarge(MAX_MESSAGE)));
+                    }
+                    buf.extend_from_slice(&data);
+                }
+                Framing::Sse(decoder) => {
+                    decoder.push(&data);
+                    let mut batch = Vec::new();
+                    while let Some(event) = decoder.next_event() {
+                        if let Some(id) = event.id {
+                            self.last_event_id = Some(id);
+                        }
+                        if event.retry.is_some() {
+                            self.retry_ms = event.retry;
+                        }
+                        // Priming events and empty data carry no message.
+                        if !event.data.iter().all(u8::is_ascii_whitespace) {
+                            batch.push(event.data);
+                        }
+                    }
+                    if decoder.buffered() > MAX_MESSAGE {
+                        self.finished = true;
+                        return Some(Err(UpstreamError::TooLarge(MAX_MESSAGE)));
+                    }
+                    if !batch.is_empty() {
+                        return Some(Ok(batch));
+                    }
+                }
+            }
+        }
+    }
+}
