@@ -197,13 +197,9 @@ pub fn encode_priming(out: &mut BytesMut, id: &str, retry_ms: Option<u64>) {
     out.put_slice(b"data: \n\n");
 }
 
-/// Appends a standalone `retry` event (no data, so clients dispatch nothing).
-pub fn encode_retry(out: &mut BytesMut, retry_ms: u64) {
-    encode_retry_field(out, retry_ms);
-    out.put_u8(b'\n');
-}
-
-fn encode_retry_field(out: &mut BytesMut, ms: u64) {
+/// Appends a `retry:` field line; the event that follows carries it. (A
+/// retry-only event would reach some older clients as an empty message.)
+pub fn encode_retry_field(out: &mut BytesMut, ms: u64) {
     out.put_slice(b"retry: ");
     out.put_slice(ms.to_string().as_bytes());
     out.put_u8(b'\n');

@@ -3,6 +3,8 @@
 //! same server ([`upstream::DemoUpstream`]) is the upstream of the integration
 //! tests, so what newcomers see is what the tests check.
 
+mod session;
+mod stream_log;
 pub mod upstream;
 
 use crate::config::{Config, UpstreamConfig};

@@ -50,19 +50,22 @@ pub fn serve(mut reader: Reader, how: Presentation) -> Body {
     tokio::spawn(async move {
         let stream = reader.stream();
         let mut out = BytesMut::new();
+        // Without a priming event, `retry:` rides on the first real event.
+        let mut retry = how.retry_ms;
         if how.priming {
             let id = how.keyring.event_id(how.session, stream, reader.cursor());
-            crate::sse::encode_priming(&mut out, &id, how.retry_ms);
-        } else if let Some(ms) = how.retry_ms {
-            crate::sse::encode_retry(&mut out, ms);
-        }
-        if !out.is_empty() && tx.send(out.split().freeze()).await.is_err() {
-            return;
+            crate::sse::encode_priming(&mut out, &id, retry.take());
+            if tx.send(out.split().freeze()).await.is_err() {
+                return;
+            }
         }
         loop {
             let chunk = match reader.next(how.keepalive).await {
                 Ok(Next::Entries(entries)) => {
                     for entry in &entries {
+                        if let Some(ms) = retry.take() {
+                            crate::sse::encode_retry_field(&mut out, ms);
+                        }
                         let id = how.keyring.event_id(how.session, stream, entry.seq);
                         crate::sse::encode_event(&mut out, Some(&id), &entry.message);
                     }

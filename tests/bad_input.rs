@@ -1,0 +1,154 @@
+//! Bad input gets a clear status and a JSON-RPC error body, and disturbs
+//! nothing else: a call running meanwhile still completes.
+
+mod common;
+
+use common::*;
+use http::StatusCode;
+use serde_json::json;
+
+/// Sends `call` while a slow call runs; checks the answer and that the slow
+/// call was not disturbed.
+async fn rejected_without_harm(
+    rig: &Rig,
+    sid: &str,
+    call: Call,
+    status: StatusCode,
+) -> serde_json::Value {
+    let running = rig
+        .client
+        .send(Call::post(&slow_call(99, 4, 20)).session(sid))
+        .await;
+    let res = rig.client.send(call).await;
+    assert_eq!(res.status(), status);
+    let body = body_json(res).await;
+    assert_eq!(body["jsonrpc"], "2.0", "{body}");
+    assert!(body["error"]["code"].is_i64(), "{body}");
+    let messages: Vec<_> = read_all(running).await.iter().filter_map(message).collect();
+    assert_eq!(
+        messages.last().unwrap()["id"],
+        99,
+        "the running call completed"
+    );
+    body
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_parse_error() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let body = rejected_without_harm(
+        &rig,
+        &sid,
+        Call::raw_post("{\"jsonrpc\":").session(&sid),
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert_eq!(body["error"]["code"], -32700);
+}
+
+#[tokio::test]
+async fn json_that_is_not_json_rpc_is_an_invalid_request() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&json!({"hello":"world"})).session(&sid);
+    let body = rejected_without_harm(&rig, &sid, call, StatusCode::BAD_REQUEST).await;
+    assert_eq!(body["error"]["code"], -32600);
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_413() {
+    let rig = Rig::with(Default::default(), |c| c.max_body = 64 * 1024).await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let big = tool_call(5, "echo", json!({"text": "x".repeat(100 * 1024)}));
+    rejected_without_harm(
+        &rig,
+        &sid,
+        Call::post(&big).session(&sid),
+        StatusCode::PAYLOAD_TOO_LARGE,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_wrong_content_type_is_415() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&tool_call(5, "echo", json!({"text":"x"})))
+        .session(&sid)
+        .header("content-type", "text/plain");
+    rejected_without_harm(&rig, &sid, call, StatusCode::UNSUPPORTED_MEDIA_TYPE).await;
+}
+
+#[tokio::test]
+async fn a_missing_session_header_is_400() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&tool_call(5, "echo", json!({"text":"x"})));
+    rejected_without_harm(&rig, &sid, call, StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test]
+async fn an_unknown_session_is_404() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    for unknown in ["0123456789abcdef0123456789abcdef", "not-a-session"] {
+        let call = Call::post(&tool_call(5, "echo", json!({"text":"x"}))).session(unknown);
+        let body = rejected_without_harm(&rig, &sid, call, StatusCode::NOT_FOUND).await;
+        assert_eq!(body["error"]["code"], -32001);
+    }
+}
+
+#[tokio::test]
+async fn a_disallowed_origin_is_403() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&tool_call(5, "echo", json!({"text":"x"})))
+        .session(&sid)
+        .header("origin", "https://evil.example");
+    rejected_without_harm(&rig, &sid, call, StatusCode::FORBIDDEN).await;
+}
+
+#[tokio::test]
+async fn a_get_that_does_not_accept_sse_is_406() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::get()
+        .session(&sid)
+        .header("accept", "application/json");
+    rejected_without_harm(&rig, &sid, call, StatusCode::NOT_ACCEPTABLE).await;
+}
+
+#[tokio::test]
+async fn upstream_4xx_statuses_and_bodies_pass_through_unchanged() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    // End the upstream session behind the proxy's back.
+    let theirs = session_id(&rig.upstream.stats.last_headers().unwrap()).unwrap();
+    let direct = McpClient::new(rig.upstream.url());
+    let res = direct
+        .send(Call::delete().header("mcp-session-id", &theirs))
+        .await;
+    assert!(res.status().is_success());
+    let expected = direct
+        .send(
+            Call::post(&tool_call(5, "echo", json!({"text":"x"})))
+                .header("mcp-session-id", &theirs),
+        )
+        .await;
+    let (expected_status, expected_body) = (expected.status(), body_bytes(expected).await);
+    let res = rig
+        .client
+        .send(Call::post(&tool_call(5, "echo", json!({"text":"x"}))).session(&sid))
+        .await;
+    assert_eq!(res.status(), expected_status);
+    assert_eq!(body_bytes(res).await, expected_body);
+}
+
+#[tokio::test]
+async fn healthz_answers_200() {
+    let rig = Rig::start().await;
+    let health = McpClient::new(rig.client.url.replace("/mcp", "/healthz"));
+    let res = health.send(Call::get()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}

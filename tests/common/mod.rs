@@ -1,0 +1,275 @@
+//! Test support: a proxy in front of the demo upstream, on loopback, with a
+//! fresh data dir; and a small MCP client that speaks the real wire format
+//! (raw HTTP + SSE) so tests can cut and resume streams wherever they like.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use mcp_resume_proxy::config::{Config, UpstreamConfig};
+use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::sse::{Decoder, Event};
+use mcp_resume_proxy::Server;
+use serde_json::{json, Value};
+
+/// Every network wait in the tests is bounded by this.
+pub const LIMIT: Duration = Duration::from_secs(20);
+
+pub const V_LATEST: &str = "2025-11-25";
+
+pub struct Rig {
+    pub upstream: DemoUpstream,
+    pub proxy: Option<Server>,
+    pub client: McpClient,
+    pub dir: tempfile::TempDir,
+}
+
+impl Rig {
+    pub async fn start() -> Rig {
+        Self::with(DemoOptions::default(), |_| {}).await
+    }
+
+    pub async fn with(options: DemoOptions, tweak: impl FnOnce(&mut Config)) -> Rig {
+        let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options)
+            .await
+            .expect("demo upstream starts");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config {
+            listen: ([127, 0, 0, 1], 0).into(),
+            data_dir: dir.path().to_path_buf(),
+            upstream: vec![UpstreamConfig::new(upstream.url())],
+            shutdown_grace_secs: 1,
+            ..Config::default()
+        };
+        tweak(&mut config);
+        let proxy = Server::start(config).await.expect("proxy starts");
+        let client = McpClient::new(format!("http://{}/mcp", proxy.addr));
+        Rig {
+            upstream,
+            proxy: Some(proxy),
+            client,
+            dir,
+        }
+    }
+}
+
+pub struct McpClient {
+    pub url: String,
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A request under construction.
+pub struct Call {
+    pub method: Method,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl Call {
+    pub fn post(body: &Value) -> Call {
+        Call {
+            method: Method::POST,
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                (
+                    "accept".into(),
+                    "application/json, text/event-stream".into(),
+                ),
+            ],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    pub fn raw_post(body: impl Into<Bytes>) -> Call {
+        Call {
+            body: body.into(),
+            ..Call::post(&Value::Null)
+        }
+    }
+
+    pub fn get() -> Call {
+        Call {
+            method: Method::GET,
+            headers: vec![("accept".into(), "text/event-stream".into())],
+            body: Bytes::new(),
+        }
+    }
+
+    pub fn delete() -> Call {
+        Call {
+            method: Method::DELETE,
+            headers: vec![],
+            body: Bytes::new(),
+        }
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Call {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn session(self, id: &str) -> Call {
+        self.header("mcp-session-id", id)
+            .header("mcp-protocol-version", V_LATEST)
+    }
+}
+
+impl McpClient {
+    pub fn new(url: String) -> Self {
+        let http = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        Self { url, http }
+    }
+
+    pub async fn send(&self, call: Call) -> Response<Incoming> {
+        let mut req = Request::builder().method(call.method).uri(&self.url);
+        for (k, v) in &call.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let req = req.body(Full::new(call.body)).expect("request");
+        tokio::time::timeout(LIMIT, self.http.request(req))
+            .await
+            .expect("response head in time")
+            .expect("request sent")
+    }
+
+    /// `initialize` + `notifications/initialized`; returns the session id.
+    pub async fn initialize(&self, version: &str) -> String {
+        let res = self.send(Call::post(&initialize(version))).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let session = session_id(res.headers()).expect("session id");
+        let events = read_all(res).await;
+        let result = events
+            .iter()
+            .find_map(message)
+            .expect("initialize result");
+        assert!(result["result"]["protocolVersion"].is_string(), "{result}");
+        let res = self
+            .send(
+                Call::post(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}))
+                    .session(&session),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::ACCEPTED);
+        session
+    }
+}
+
+pub fn initialize(version: &str) -> Value {
+    json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion": version, "capabilities": {},
+        "clientInfo": {"name": "test", "version": "1"}}})
+}
+
+pub fn slow_call(id: u64, steps: u64, interval_ms: u64) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+        "name":"slow","arguments":{"steps":steps,"interval_ms":interval_ms},
+        "_meta":{"progressToken": format!("p{id}")}}})
+}
+
+pub fn tool_call(id: u64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":arguments}})
+}
+
+pub fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The JSON message an event carries, if any (priming events carry none).
+pub fn message(event: &Event) -> Option<Value> {
+    if event.data.is_empty() {
+        None
+    } else {
+        Some(serde_json::from_slice(&event.data).expect("event data is JSON"))
+    }
+}
+
+/// Reads SSE events from a response body, one at a time.
+pub struct SseReader {
+    body: Incoming,
+    decoder: Decoder,
+}
+
+impl SseReader {
+    pub fn new(res: Response<Incoming>) -> Self {
+        let ct = res
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        assert!(ct.starts_with("text/event-stream"), "content-type {ct}");
+        Self {
+            body: res.into_body(),
+            decoder: Decoder::new(),
+        }
+    }
+
+    /// The next event, or `None` when the body ended.
+    pub async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(event) = self.decoder.next_event() {
+                return Some(event);
+            }
+            let frame = tokio::time::timeout(LIMIT, self.body.frame())
+                .await
+                .expect("SSE event in time")?;
+            let frame = frame.ok()?;
+            if let Ok(data) = frame.into_data() {
+                self.decoder.push(&data);
+            }
+        }
+    }
+
+    /// The next event that carries a message.
+    pub async fn next_message(&mut self) -> Option<(Option<String>, Value)> {
+        loop {
+            let event = self.next().await?;
+            if let Some(m) = message(&event) {
+                return Some((event.id, m));
+            }
+        }
+    }
+}
+
+pub async fn read_all(res: Response<Incoming>) -> Vec<Event> {
+    let mut reader = SseReader::new(res);
+    let mut events = Vec::new();
+    while let Some(e) = reader.next().await {
+        events.push(e);
+    }
+    events
+}
+
+pub async fn body_json(res: Response<Incoming>) -> Value {
+    let bytes = body_bytes(res).await;
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {bytes:?}"))
+}
+
+pub async fn body_bytes(res: Response<Incoming>) -> Bytes {
+    tokio::time::timeout(LIMIT, res.into_body().collect())
+        .await
+        .expect("body in time")
+        .expect("body")
+        .to_bytes()
+}
+
+/// Polls `check` until it holds or the limit passes.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
