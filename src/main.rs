@@ -12,20 +12,20 @@ use mcp_resume_proxy::config::{Config, LogFormat, UpstreamConfig};
 #[command(version, about, long_about = None)]
 struct Cli {
     /// TOML configuration file (see proxy.toml.example).
-    #[arg(long, short, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
     /// Address to listen on [default: 127.0.0.1:8080].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", global = true)]
     listen: Option<std::net::SocketAddr>,
     /// Upstream MCP endpoint (Streamable HTTP), mounted at /mcp. Replaces the
     /// file's [[upstream]] tables.
     #[arg(long, value_name = "URL")]
     upstream: Option<String>,
     /// Directory for the durable log [default: ./mcp-resume-proxy-data].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     data_dir: Option<PathBuf>,
     /// Log output format.
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, global = true)]
     log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Option<Command>,

@@ -1,11 +1,14 @@
 //! Sealing and opening the opaque handles the proxy gives to clients.
 //!
 //! An event id names `(stream, seq)` and is bound to the session it was issued
-//! in: it carries an HMAC-SHA256 tag over the version byte, the session, the
-//! stream and the sequence number, so an id that was edited, forged, or
-//! presented in another session opens to nothing — exactly like an unknown one.
-//! Ids are deterministic (a replayed entry carries the id it had live) and
-//! visible ASCII (base64url), as `Last-Event-ID` header values must be.
+//! in. It is sealed with deterministic authenticated encryption in the SIV
+//! style: a tag = HMAC-SHA256(session ‖ version ‖ stream ‖ seq), truncated,
+//! doubles as the IV of a keystream HMAC-SHA256(tag) that hides stream and
+//! seq. So an id reveals nothing (not even how far a stream got), and one that
+//! was edited, forged, or presented in another session opens to nothing —
+//! exactly like an unknown one. Ids are deterministic (a replayed entry carries
+//! the id it had live) and visible ASCII (base64url), as `Last-Event-ID`
+//! header values must be.
 //!
 //! The key is read from the config or generated once into the data directory,
 //! so ids survive a restart; every instance of a cluster must share it. This
@@ -22,13 +25,17 @@ use crate::id::{Seq, SessionId, StreamId};
 
 const EVENT_ID_V1: u8 = 1;
 const TAG_LEN: usize = 12;
-const EVENT_ID_LEN: usize = 1 + 16 + 8 + TAG_LEN;
+const BODY_LEN: usize = 16 + 8;
+const EVENT_ID_LEN: usize = 1 + TAG_LEN + BODY_LEN;
 const KEY_FILE: &str = "token.key";
 
 /// The secret every handle is sealed with.
 #[derive(Clone)]
 pub struct Keyring {
-    key: hmac::Key,
+    /// Authenticates (and binds to a session).
+    mac: hmac::Key,
+    /// Derives the keystream that hides the body.
+    enc: hmac::Key,
 }
 
 impl std::fmt::Debug for Keyring {
@@ -39,8 +46,13 @@ impl std::fmt::Debug for Keyring {
 
 impl Keyring {
     pub fn from_secret(secret: &[u8]) -> Self {
+        // Independent subkeys, so the tag and the keystream never share a key.
+        let master = hmac::Key::new(hmac::HMAC_SHA256, secret);
+        let derive =
+            |label: &[u8]| hmac::Key::new(hmac::HMAC_SHA256, hmac::sign(&master, label).as_ref());
         Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            mac: derive(b"mcp-resume-proxy/mac"),
+            enc: derive(b"mcp-resume-proxy/enc"),
         }
     }
 
@@ -81,12 +93,15 @@ impl Keyring {
     /// The event id of entry `seq` of `stream` in `session` (seq 0 is the
     /// priming position, before the first entry).
     pub fn event_id(&self, session: SessionId, stream: StreamId, seq: Seq) -> String {
+        let mut body = [0u8; BODY_LEN];
+        body[..16].copy_from_slice(stream.as_bytes());
+        body[16..].copy_from_slice(&seq.to_be_bytes());
+        let tag = self.tag(session, &body);
         let mut raw = [0u8; EVENT_ID_LEN];
         raw[0] = EVENT_ID_V1;
-        raw[1..17].copy_from_slice(stream.as_bytes());
-        raw[17..25].copy_from_slice(&seq.to_be_bytes());
-        let tag = self.tag(session, &raw[..25]);
-        raw[25..].copy_from_slice(&tag.as_ref()[..TAG_LEN]);
+        raw[1..1 + TAG_LEN].copy_from_slice(&tag);
+        raw[1 + TAG_LEN..].copy_from_slice(&body);
+        self.apply_keystream(&tag, &mut raw[1 + TAG_LEN..]);
         URL_SAFE_NO_PAD.encode(raw)
     }
 
@@ -100,23 +115,35 @@ impl Keyring {
         if raw.len() != EVENT_ID_LEN || raw[0] != EVENT_ID_V1 {
             return None;
         }
-        let expected = self.tag(session, &raw[..25]);
+        let tag: [u8; TAG_LEN] = raw[1..1 + TAG_LEN].try_into().ok()?;
+        let mut body: [u8; BODY_LEN] = raw[1 + TAG_LEN..].try_into().ok()?;
+        self.apply_keystream(&tag, &mut body);
         // Constant-time comparison: a timing side channel must not let a
         // client discover a valid tag byte by byte.
-        if !constant_time_eq(&expected.as_ref()[..TAG_LEN], &raw[25..]) {
+        if !constant_time_eq(&self.tag(session, &body), &tag) {
             return None;
         }
-        let stream = StreamId(raw[1..17].try_into().ok()?);
-        let seq = u64::from_be_bytes(raw[17..25].try_into().ok()?);
+        let stream = StreamId(body[..16].try_into().ok()?);
+        let seq = u64::from_be_bytes(body[16..].try_into().ok()?);
         Some((stream, seq))
     }
 
-    fn tag(&self, session: SessionId, body: &[u8]) -> hmac::Tag {
-        let mut ctx = hmac::Context::with_key(&self.key);
-        ctx.update(b"mcp-resume-proxy/event-id");
+    fn tag(&self, session: SessionId, body: &[u8; BODY_LEN]) -> [u8; TAG_LEN] {
+        let mut ctx = hmac::Context::with_key(&self.mac);
+        ctx.update(b"event-id");
         ctx.update(session.as_bytes());
+        ctx.update(&[EVENT_ID_V1]);
         ctx.update(body);
-        ctx.sign()
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&ctx.sign().as_ref()[..TAG_LEN]);
+        tag
+    }
+
+    fn apply_keystream(&self, tag: &[u8; TAG_LEN], body: &mut [u8]) {
+        let stream = hmac::sign(&self.enc, tag);
+        for (b, k) in body.iter_mut().zip(stream.as_ref()) {
+            *b ^= k;
+        }
     }
 }
 
@@ -138,6 +165,20 @@ mod tests {
         let (session, stream) = (SessionId::random(), StreamId::random());
         let id = keyring().event_id(session, stream, 42);
         assert_eq!(keyring().open_event_id(session, &id), Some((stream, 42)));
+    }
+
+    #[test]
+    fn event_ids_hide_their_stream_and_position() {
+        let (session, stream) = (SessionId::random(), StreamId::random());
+        let a = URL_SAFE_NO_PAD
+            .decode(keyring().event_id(session, stream, 1))
+            .unwrap();
+        let b = URL_SAFE_NO_PAD
+            .decode(keyring().event_id(session, stream, 2))
+            .unwrap();
+        assert!(!a.windows(16).any(|w| w == stream.as_bytes()));
+        let same = a.iter().zip(&b).skip(1).filter(|(x, y)| x == y).count();
+        assert!(same < 8, "consecutive ids share {same} bytes");
     }
 
     #[test]

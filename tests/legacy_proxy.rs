@@ -271,3 +271,85 @@ async fn an_upstream_that_cuts_its_stream_is_resumed_upstream_transparently() {
     assert_eq!(messages.last().unwrap()["id"], 12);
     assert!(rig.upstream.stats.resumed_gets.load(Ordering::SeqCst) >= 1);
 }
+
+#[tokio::test]
+async fn a_silent_upstream_gets_keep_alive_comments_to_the_client() {
+    let rig = Rig::with(DemoOptions::default(), |c| c.sse.keepalive_secs = 1).await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let res = rig
+        .client
+        .send(Call::post(&slow_call(2, 1, 1500)).session(&sid))
+        .await;
+    let raw = body_bytes(res).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.contains(": keep-alive\n\n"), "{text}");
+    assert!(
+        text.contains("\"id\":2"),
+        "the result still arrives: {text}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_request_reaches_the_upstream_and_ends_its_stream() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let mut reader = SseReader::new(
+        rig.client
+            .send(Call::post(&slow_call(2, 100, 50)).session(&sid))
+            .await,
+    );
+    reader.next_message().await.unwrap();
+    let cancel = json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2,"reason":"user"}});
+    let res = rig.client.send(Call::post(&cancel).session(&sid)).await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    while let Some((_, m)) = reader.next_message().await {
+        assert!(m.get("id").is_none(), "no response after cancellation: {m}");
+    }
+    let stats = rig.upstream.stats.clone();
+    eventually("upstream cancelled the call", || {
+        stats.calls_cancelled.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_with_a_json_rpc_body() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    rig.upstream.shutdown();
+    let mut status = StatusCode::OK;
+    // The pooled connection may still be open for one request.
+    for id in 0..3 {
+        let res = rig
+            .client
+            .send(Call::post(&tool_call(id, "echo", json!({"text":"x"}))).session(&sid))
+            .await;
+        status = res.status();
+        if status == StatusCode::BAD_GATEWAY {
+            assert!(body_json(res).await["error"]["message"].is_string());
+            break;
+        }
+        body_bytes(res).await;
+    }
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+}
+
+#[tokio::test]
+async fn a_client_can_reconnect_before_answering_a_server_request() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&tool_call(6, "ask", json!({"kind":"sampling"}))).session(&sid);
+    let mut first = SseReader::new(rig.client.send(call).await);
+    let (last_id, request) = first.next_message().await.unwrap();
+    assert_eq!(request["method"], "sampling/createMessage");
+    drop(first);
+    let resume = Call::get()
+        .session(&sid)
+        .header("last-event-id", &last_id.unwrap());
+    let mut again = SseReader::new(rig.client.send(resume).await);
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"role":"assistant","content":{"type":"text","text":"hi"},"model":"m"}});
+    let res = rig.client.send(Call::post(&answer).session(&sid)).await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let (_, result) = again.next_message().await.unwrap();
+    assert_eq!(result["id"], 6);
+}

@@ -144,10 +144,7 @@ impl McpClient {
         assert_eq!(res.status(), StatusCode::OK);
         let session = session_id(res.headers()).expect("session id");
         let events = read_all(res).await;
-        let result = events
-            .iter()
-            .find_map(message)
-            .expect("initialize result");
+        let result = events.iter().find_map(message).expect("initialize result");
         assert!(result["result"]["protocolVersion"].is_string(), "{result}");
         let res = self
             .send(

@@ -1,0 +1,49 @@
+//! The binary's command line: help, version, and configuration errors that
+//! name their key and exit with status 2.
+
+use std::process::Command;
+
+fn proxy() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+}
+
+#[test]
+fn help_and_version_work() {
+    let help = proxy().arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--config",
+        "--listen",
+        "--upstream",
+        "--data-dir",
+        "--log-format",
+        "demo",
+    ] {
+        assert!(text.contains(flag), "{flag} missing from --help");
+    }
+    let version = proxy().arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn an_invalid_config_names_the_key_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    std::fs::write(
+        &file,
+        "[store]\nretention_secs = \"soon\"\n[[upstream]]\nurl = \"http://127.0.0.1:1/mcp\"\n",
+    )
+    .unwrap();
+    let out = proxy().arg("--config").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("retention_secs"), "{err}");
+}
+
+#[test]
+fn running_without_an_upstream_is_a_config_error() {
+    let out = proxy().output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
+}
