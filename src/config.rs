@@ -31,6 +31,9 @@ pub struct Config {
     pub max_body: usize,
     /// Origins allowed besides localhost ones; `"*"` allows any.
     pub allowed_origins: Vec<String>,
+    /// Host header values (host or host:port) allowed besides localhost ones.
+    /// Empty means: only localhost when listening on loopback, any otherwise.
+    pub allowed_hosts: Vec<String>,
     /// Request header that identifies the client principal.
     pub principal_header: String,
     /// Seconds to wait for connections to finish on shutdown.
@@ -69,8 +72,22 @@ pub struct UpstreamConfig {
     /// Path the upstream is mounted at on the proxy.
     #[serde(default = "default_mount")]
     pub path: String,
-    /// The upstream's Streamable HTTP endpoint.
-    pub url: String,
+    /// The upstream's Streamable HTTP endpoint. Exactly one of `url` and
+    /// `command` is given.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// A stdio MCP server: program and arguments. One child per session.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Extra environment variables for the child.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory of the child.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL when a child is stopped.
+    #[serde(default = "default_kill_grace")]
+    pub kill_grace_secs: u64,
     /// Milliseconds to wait for the upstream's response head before the
     /// client is answered with an SSE stream regardless.
     #[serde(default = "default_answer_wait")]
@@ -96,6 +113,9 @@ fn default_connect_timeout() -> u64 {
 fn default_resume_attempts() -> u32 {
     3
 }
+fn default_kill_grace() -> u64 {
+    5
+}
 
 impl Default for Config {
     fn default() -> Self {
@@ -105,6 +125,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             max_body: 4 * 1024 * 1024,
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             principal_header: "authorization".into(),
             shutdown_grace_secs: 5,
             sse: SseConfig::default(),
@@ -138,8 +159,19 @@ impl Default for StoreConfig {
 impl UpstreamConfig {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
+            url: Some(url.into()),
+            ..Self::command(Vec::new())
+        }
+    }
+
+    pub fn command(argv: Vec<String>) -> Self {
+        Self {
             path: default_mount(),
-            url: url.into(),
+            url: None,
+            command: (!argv.is_empty()).then_some(argv),
+            env: Default::default(),
+            cwd: None,
+            kill_grace_secs: default_kill_grace(),
             answer_wait_ms: default_answer_wait(),
             connect_timeout_secs: default_connect_timeout(),
             resume_attempts: default_resume_attempts(),
@@ -169,7 +201,8 @@ impl Config {
         let fail = |msg: String| Err(ConfigError(msg));
         if self.upstream.is_empty() {
             return fail(
-                "no upstream: give --upstream URL or at least one [[upstream]] table with `url`"
+                "no upstream: give --upstream URL, --upstream-command CMD, or at least one \
+                 [[upstream]] table with `url` or `command`"
                     .into(),
             );
         }
@@ -213,16 +246,23 @@ impl Config {
             if !paths.insert(up.path.trim_end_matches('/')) {
                 return fail(format!("{key}.path = {:?} is mounted twice", up.path));
             }
-            match up.url.parse::<http::Uri>() {
-                Ok(uri)
-                    if matches!(uri.scheme_str(), Some("http" | "https"))
-                        && uri.authority().is_some() => {}
-                _ => {
-                    return fail(format!(
-                        "{key}.url = {:?} is not an http:// or https:// URL",
-                        up.url
-                    ))
+            match (&up.url, &up.command) {
+                (Some(url), None) => match url.parse::<http::Uri>() {
+                    Ok(uri)
+                        if matches!(uri.scheme_str(), Some("http" | "https"))
+                            && uri.authority().is_some() => {}
+                    _ => {
+                        return fail(format!(
+                            "{key}.url = {url:?} is not an http:// or https:// URL"
+                        ))
+                    }
+                },
+                (None, Some(argv)) if argv.first().is_some_and(|p| !p.is_empty()) => {}
+                (None, Some(_)) => return fail(format!("{key}.command must name a program")),
+                (Some(_), Some(_)) => {
+                    return fail(format!("{key}: give either `url` or `command`, not both"))
                 }
+                (None, None) => return fail(format!("{key}: `url` or `command` is required")),
             }
             if up.connect_timeout_secs == 0 {
                 return fail(format!("{key}.connect_timeout_secs must be greater than 0"));
@@ -268,6 +308,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.0.contains("upstream[1].path"), "{err}");
+    }
+
+    #[test]
+    fn a_stdio_upstream_takes_a_command_and_not_a_url() {
+        let c = Config::from_toml("[[upstream]]\ncommand = [\"node\", \"server.js\"]\n").unwrap();
+        assert_eq!(c.upstream[0].command.as_deref().unwrap().len(), 2);
+        let err = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\ncommand = [\"x\"]\n")
+            .unwrap_err();
+        assert!(err.0.contains("not both"), "{err}");
+        let err = Config::from_toml("[[upstream]]\ncommand = []\n").unwrap_err();
+        assert!(err.0.contains("upstream[0].command"), "{err}");
     }
 
     #[test]

@@ -223,6 +223,35 @@ pub fn cancelled_request_ids(bytes: &[u8]) -> Vec<RequestId> {
         .collect()
 }
 
+/// The progress token a message names: `params._meta.progressToken` of a
+/// request, or `params.progressToken` of `notifications/progress` (raw JSON
+/// text, so `1` and `"1"` differ as they must).
+pub fn progress_token(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(rename = "progressToken", borrow)]
+        progress_token: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "progressToken", borrow)]
+        progress_token: Option<&'a RawValue>,
+        #[serde(rename = "_meta", borrow)]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    let message: Message<'_> = serde_json::from_slice(bytes).ok()?;
+    let params = message.params?;
+    params
+        .progress_token
+        .or(params.meta.and_then(|m| m.progress_token))
+        .map(|raw| raw.get().to_owned())
+}
+
 /// Standard and MCP-specific JSON-RPC error codes the proxy emits.
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
@@ -313,6 +342,18 @@ mod tests {
         assert_eq!(
             cancelled_request_ids(batch),
             vec![RequestId("\"a\"".into())]
+        );
+    }
+
+    #[test]
+    fn finds_progress_tokens_in_requests_and_progress_notifications() {
+        let req = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"t1"}}}"#;
+        assert_eq!(progress_token(req).as_deref(), Some("\"t1\""));
+        let note = br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":7,"progress":1}}"#;
+        assert_eq!(progress_token(note).as_deref(), Some("7"));
+        assert_eq!(
+            progress_token(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
+            None
         );
     }
 

@@ -89,7 +89,10 @@ pub async fn sweep(log: &Log, sessions: &Sessions, config: &StoreConfig) -> Resu
             .cached(record.id)
             .map(|s| s.record().last_seen_ms)
             .unwrap_or(record.last_seen_ms);
-        if now.saturating_sub(last_seen) >= idle {
+        let closed_long_ago = record
+            .closed_ms
+            .is_some_and(|at| now.saturating_sub(at) >= retention);
+        if closed_long_ago || now.saturating_sub(last_seen) >= idle {
             sessions.end(record.id).await?;
             expired += 1;
         }

@@ -19,8 +19,12 @@ struct Cli {
     listen: Option<std::net::SocketAddr>,
     /// Upstream MCP endpoint (Streamable HTTP), mounted at /mcp. Replaces the
     /// file's [[upstream]] tables.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "upstream_command")]
     upstream: Option<String>,
+    /// Upstream stdio MCP server, e.g. "npx -y @modelcontextprotocol/server-everything stdio"
+    /// (split like a shell would; one child per session), mounted at /mcp.
+    #[arg(long, value_name = "CMD")]
+    upstream_command: Option<String>,
     /// Directory for the durable log [default: ./mcp-resume-proxy-data].
     #[arg(long, value_name = "DIR", global = true)]
     data_dir: Option<PathBuf>,
@@ -36,6 +40,10 @@ enum Command {
     /// Runs a demo MCP server with a slow tool behind the proxy and prints
     /// curl commands that drop a call and resume it.
     Demo,
+    /// Runs the demo MCP server on stdin/stdout (a stdio upstream for tests
+    /// and experiments).
+    #[command(hide = true)]
+    DemoStdioServer,
 }
 
 fn config(cli: &Cli) -> Result<Config, String> {
@@ -52,6 +60,11 @@ fn config(cli: &Cli) -> Result<Config, String> {
     }
     if let Some(url) = &cli.upstream {
         config.upstream = vec![UpstreamConfig::new(url.clone())];
+    }
+    if let Some(line) = &cli.upstream_command {
+        let argv = shlex::split(line)
+            .ok_or_else(|| format!("--upstream-command {line:?}: unbalanced quotes"))?;
+        config.upstream = vec![UpstreamConfig::command(argv)];
     }
     if let Some(dir) = &cli.data_dir {
         config.data_dir = dir.clone();
@@ -86,6 +99,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::DemoStdioServer) = cli.command {
+        let stats = std::sync::Arc::new(mcp_resume_proxy::demo::upstream::DemoStats::default());
+        let served = runtime.block_on(mcp_resume_proxy::demo::stdio::serve(
+            tokio::io::stdin(),
+            tokio::io::stdout(),
+            stats,
+        ));
+        return match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo stdio server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Demo) = cli.command {
         let mut config = match config(&cli) {
             Ok(c) => c,

@@ -60,7 +60,7 @@ impl Relay {
                             pending.remove(&id);
                         }
                         if learn_version {
-                            self.learn_version(message).await;
+                            self.sessions.learn_version(&self.session, message).await;
                         }
                     }
                     if let Err(e) = self.log.append(self.stream.id, &batch).await {
@@ -125,17 +125,6 @@ impl Relay {
             Err(e) => {
                 tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
                 None
-            }
-        }
-    }
-
-    async fn learn_version(&self, message: &Bytes) {
-        if let Some(version) = jsonrpc::protocol_version(message) {
-            let update = self
-                .sessions
-                .update(&self.session, |r| r.protocol_version = Some(version));
-            if let Err(e) = update.await {
-                tracing::warn!(session = %self.session.id, error = %e, "cannot record protocol version");
             }
         }
     }

@@ -26,6 +26,8 @@ use crate::store::sled::SledStore;
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::http::HttpUpstream;
+use crate::upstream::stdio::StdioUpstream;
+use crate::upstream::Upstream;
 
 /// Everything a request needs, built once at start-up.
 pub struct App {
@@ -59,20 +61,55 @@ impl App {
             .upstream
             .iter()
             .map(|up| {
+                let upstream = match up.command {
+                    Some(_) => Upstream::Stdio(Arc::new(StdioUpstream::new(up))),
+                    None => {
+                        Upstream::Http(Arc::new(HttpUpstream::new(up).map_err(anyhow::Error::msg)?))
+                    }
+                };
                 Ok(Route {
                     path: up.path.trim_end_matches('/').to_owned(),
-                    upstream: Arc::new(HttpUpstream::new(up).map_err(anyhow::Error::msg)?),
+                    upstream,
                     shared: shared.clone(),
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        // A stdio child cannot outlive the process that ran it: sessions of
+        // stdio routes from a previous run are closed (404, re-initialize).
+        let stdio_paths: Vec<&str> = routes
+            .iter()
+            .filter(|r| matches!(r.upstream, Upstream::Stdio(_)))
+            .map(|r| r.path.as_str())
+            .collect();
+        for record in shared.log.store().list_sessions().await? {
+            if record.closed_ms.is_none() && stdio_paths.contains(&record.route.as_str()) {
+                shared.sessions.close(record.id).await?;
+            }
+        }
         Ok(Arc::new(App { routes, shared }))
+    }
+
+    /// Stops what runs on behalf of clients: stdio children.
+    pub async fn stop_upstreams(&self) {
+        for route in &self.routes {
+            if let Upstream::Stdio(stdio) = &route.upstream {
+                stdio.shutdown().await;
+            }
+        }
     }
 
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path();
         if path == "/healthz" {
             return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
+        }
+        if !self.host_allowed(req.headers()) {
+            return reply::error(
+                StatusCode::FORBIDDEN,
+                None,
+                code::SERVER_ERROR,
+                "Forbidden: Host not allowed",
+            );
         }
         if let Some(origin) = req.headers().get(http::header::ORIGIN) {
             let allowed = origin
@@ -93,6 +130,42 @@ impl App {
             None => reply::error(StatusCode::NOT_FOUND, None, code::SERVER_ERROR, "Not Found"),
         }
     }
+}
+
+impl App {
+    /// DNS-rebinding protection: on a loopback listener only localhost
+    /// names reach the upstreams, unless more are configured.
+    fn host_allowed(&self, headers: &http::HeaderMap) -> bool {
+        let config = &self.shared.config;
+        if config.allowed_hosts.is_empty() && !config.listen.ip().is_loopback() {
+            return true;
+        }
+        let Some(host) = headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+        else {
+            // HTTP/2 carries the authority in the URI, not a Host header.
+            return true;
+        };
+        host_allowed(host, &config.allowed_hosts)
+    }
+}
+
+/// Localhost hosts (any port) are always allowed; others only when listed,
+/// as `host` (any port) or `host:port`.
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .split(']')
+            .next()
+            .map(|h| format!("[{h}]"))
+            .unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default().to_owned(),
+    };
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+        || allowed
+            .iter()
+            .any(|a| a == "*" || a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(&name))
 }
 
 /// Localhost origins are always allowed; others only when configured.
@@ -116,6 +189,7 @@ pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
 /// A running proxy.
 pub struct Server {
     pub addr: SocketAddr,
+    app: Arc<App>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<()>,
 }
@@ -137,14 +211,26 @@ impl Server {
             store_config,
             stop.clone(),
         );
-        let done = tokio::spawn(accept_loop(listener, app, stop.clone(), grace, sweeper));
-        Ok(Server { addr, stop, done })
+        let done = tokio::spawn(accept_loop(
+            listener,
+            app.clone(),
+            stop.clone(),
+            grace,
+            sweeper,
+        ));
+        Ok(Server {
+            addr,
+            app,
+            stop,
+            done,
+        })
     }
 
     /// Stops accepting, lets connections finish within the grace period.
     pub async fn shutdown(self) {
         self.stop.cancel();
         let _ = self.done.await;
+        self.app.stop_upstreams().await;
     }
 
     /// Serves until `signal` resolves, then shuts down.
@@ -215,6 +301,18 @@ mod tests {
         ] {
             assert!(origin_allowed(o, &[]), "{o}");
         }
+    }
+
+    #[test]
+    fn only_localhost_hosts_pass_unless_configured() {
+        for h in ["localhost", "localhost:8080", "127.0.0.1:1", "[::1]:8080"] {
+            assert!(host_allowed(h, &[]), "{h}");
+        }
+        assert!(!host_allowed("evil.example", &[]));
+        assert!(!host_allowed("evil.example:8080", &[]));
+        let allowed = vec!["mcp.example.com".to_owned()];
+        assert!(host_allowed("mcp.example.com:443", &allowed));
+        assert!(host_allowed("anything", &["*".to_owned()]));
     }
 
     #[test]

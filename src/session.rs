@@ -166,6 +166,7 @@ impl Sessions {
             initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
             created_ms: now,
             last_seen_ms: now,
+            closed_ms: None,
         });
         self.live.insert(session.id, session.clone());
         session
@@ -192,6 +193,37 @@ impl Sessions {
         self.store.put_session(&record).await
     }
 
+    /// Records the protocol version an `initialize` result negotiated.
+    pub async fn learn_version(&self, session: &Session, initialize_result: &[u8]) {
+        let Some(version) = crate::jsonrpc::protocol_version(initialize_result) else {
+            return;
+        };
+        if let Err(e) = self
+            .update(session, |r| r.protocol_version = Some(version))
+            .await
+        {
+            tracing::warn!(session = %session.id, error = %e, "cannot record protocol version");
+        }
+    }
+
+    /// Closes a session whose upstream is gone for good (a stdio child that
+    /// exited): it answers 404 from now on, while its finished streams stay
+    /// readable until the sweeper deletes them with the session.
+    pub async fn close(&self, id: SessionId) -> Result<()> {
+        if let Some(session) = self.cached(id) {
+            return self
+                .update(&session, |r| r.closed_ms = Some(now_ms()))
+                .await;
+        }
+        match self.store.get_session(id).await? {
+            Some(mut record) if record.closed_ms.is_none() => {
+                record.closed_ms = Some(now_ms());
+                self.store.put_session(&record).await
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The session `id` on `route` as seen by `principal`; another route's or
     /// another principal's session is reported as absent.
     pub async fn get(
@@ -213,7 +245,7 @@ impl Sessions {
         };
         let stale = {
             let mut r = session.lock();
-            if r.route != route || r.principal != principal {
+            if r.route != route || r.principal != principal || r.closed_ms.is_some() {
                 return Ok(None);
             }
             let now = now_ms();

@@ -152,3 +152,13 @@ async fn healthz_answers_200() {
     let res = health.send(Call::get()).await;
     assert_eq!(res.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_foreign_host_header_is_403_on_a_loopback_listener() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&tool_call(5, "echo", json!({"text":"x"})))
+        .session(&sid)
+        .header("host", "evil.example");
+    rejected_without_harm(&rig, &sid, call, StatusCode::FORBIDDEN).await;
+}

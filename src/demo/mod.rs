@@ -4,6 +4,7 @@
 //! tests, so what newcomers see is what the tests check.
 
 mod session;
+pub mod stdio;
 mod stream_log;
 pub mod upstream;
 

@@ -2,8 +2,9 @@
 //! state (stream logs, in-flight calls, pending server-to-client requests, the
 //! standalone GET stream), routing of the client's notifications and
 //! responses, and the MCP methods and tools themselves. HTTP framing stays in
-//! `upstream`; a [`Call`] only ever appends to a [`Sink`], which is what lets
-//! its HTTP response be cut, resumed or dropped while it runs.
+//! `upstream` and line framing in `stdio`; a [`Call`] only ever appends to a
+//! [`Sink`], which is what lets its HTTP response be cut, resumed or dropped
+//! while it runs, and what lets the stdio mode reuse every tool unchanged.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,6 +118,10 @@ pub(super) enum Sink {
     Channel(mpsc::Sender<Bytes>),
     /// JSON response mode: notifications are dropped.
     Discard,
+    /// The stdio mode's single writer, shared by every call of the process:
+    /// each message becomes one line on stdout. Interactive, and the place
+    /// where `notify` writes too (stdio has no standalone stream).
+    Stdio(mpsc::Sender<Value>),
 }
 
 /// One request being answered.
@@ -206,7 +211,18 @@ impl Call {
                 sse::encode_event(&mut out, None, message.to_string().as_bytes());
                 tx.send(out.freeze()).await.is_ok()
             }
+            Sink::Stdio(tx) => tx.send(message.clone()).await.is_ok(),
             Sink::Discard => true,
+        }
+    }
+
+    /// Whether the client sees messages while the call runs, which is what a
+    /// server-to-client request needs to get answered.
+    fn interactive(&self) -> bool {
+        match &self.sink {
+            Sink::Log { interactive, .. } => *interactive,
+            Sink::Stdio(_) => true,
+            Sink::Channel(_) | Sink::Discard => false,
         }
     }
 
@@ -221,6 +237,8 @@ impl Call {
         let gone = async {
             match &self.sink {
                 Sink::Channel(tx) => tx.closed().await,
+                // The writer ends only when stdout broke.
+                Sink::Stdio(tx) => tx.closed().await,
                 _ => std::future::pending().await,
             }
         };
@@ -252,7 +270,7 @@ impl Call {
                 self.ask(args["kind"].as_str().unwrap_or("elicitation"))
                     .await
             }
-            "notify" => Some(self.notify(&args["text"])),
+            "notify" => self.notify(&args["text"]).await,
             other => Some(tool_error(&format!("unknown tool: {other:?}"))),
         };
         let counter = match result {
@@ -293,14 +311,7 @@ impl Call {
     }
 
     async fn ask(&self, kind: &str) -> Option<Value> {
-        let (
-            Some(session),
-            Sink::Log {
-                log,
-                interactive: true,
-            },
-        ) = (&self.session, &self.sink)
-        else {
+        let (Some(session), true) = (&self.session, self.interactive()) else {
             return Some(tool_error(
                 "ask needs a live SSE response stream (not JSON or buffered mode)",
             ));
@@ -331,7 +342,11 @@ impl Call {
         );
         let (tx, rx) = oneshot::channel();
         session.lock().asks.insert(id.clone(), tx);
-        log.push(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        if !self.deliver(&request).await {
+            session.lock().asks.remove(&id);
+            return None;
+        }
         let answer = tokio::select! {
             answer = tokio::time::timeout(ASK_TIMEOUT, rx) => answer.ok().and_then(Result::ok),
             () = self.cancelled() => {
@@ -352,19 +367,27 @@ impl Call {
         })
     }
 
-    fn notify(&self, text: &Value) -> Value {
+    /// A log message: over HTTP queued on the standalone GET stream, over
+    /// stdio written at once. None when the stdio client is gone.
+    async fn notify(&self, text: &Value) -> Option<Value> {
         let Some(session) = &self.session else {
-            return tool_error("notify needs a session (it uses the standalone GET stream)");
+            return Some(tool_error(
+                "notify needs a session (it uses the standalone GET stream)",
+            ));
         };
         let Some(text) = text.as_str() else {
-            return tool_error("notify needs a string argument `text`");
+            return Some(tool_error("notify needs a string argument `text`"));
         };
-        session.standalone.push(&json!({
+        let message = json!({
             "jsonrpc": "2.0",
             "method": "notifications/message",
             "params": {"level": "info", "data": text},
-        }));
-        text_result("queued")
+        });
+        if let Sink::Stdio(_) = self.sink {
+            return self.deliver(&message).await.then(|| text_result("sent"));
+        }
+        session.standalone.push(&message);
+        Some(text_result("queued"))
     }
 }
 

@@ -286,13 +286,7 @@ impl Server {
         let mut raw = [0u8; 16];
         self.random.fill(&mut raw).ok()?;
         let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let requested = init
-            .pointer("/params/protocolVersion")
-            .and_then(Value::as_str);
-        let version = requested
-            .filter(|v| LEGACY_VERSIONS.contains(v))
-            .unwrap_or(LATEST_LEGACY);
-        let session = Arc::new(Session::new(id.clone(), version.to_owned()));
+        let session = Arc::new(Session::new(id.clone(), negotiate(init).to_owned()));
         self.sessions.insert(id, session.clone());
         DemoStats::bump(&self.stats.sessions_created);
         Some(session)
@@ -525,6 +519,18 @@ impl Server {
         session.standalone.close();
         response(StatusCode::OK, None, DemoBody::empty())
     }
+}
+
+/// The revision an `initialize` request gets: the one it asks for when
+/// supported, else the latest.
+pub(super) fn negotiate(init: &Value) -> &'static str {
+    let requested = init
+        .pointer("/params/protocolVersion")
+        .and_then(Value::as_str);
+    LEGACY_VERSIONS
+        .into_iter()
+        .find(|v| requested == Some(*v))
+        .unwrap_or(LATEST_LEGACY)
 }
 
 enum NoSession {

@@ -3,6 +3,7 @@
 //! modern (stateless pass-through) handler. Also owns what both need: the
 //! shared state and reading a bounded request body.
 
+mod exchange;
 pub mod legacy;
 pub mod modern;
 
@@ -19,7 +20,7 @@ use crate::reply::{self, Body};
 use crate::session::{Era, Sessions};
 use crate::stream::Log;
 use crate::token::Keyring;
-use crate::upstream::http::HttpUpstream;
+use crate::upstream::Upstream;
 
 /// State shared by every route.
 pub struct Shared {
@@ -32,14 +33,24 @@ pub struct Shared {
 /// One upstream, mounted at `path`.
 pub struct Route {
     pub path: String,
-    pub upstream: Arc<HttpUpstream>,
+    pub upstream: Upstream,
     pub shared: Arc<Shared>,
 }
 
 impl Route {
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         match (Era::of(req.headers()), req.method()) {
-            (Era::Modern, _) => modern::forward(self, req).await,
+            (Era::Modern, _) => match &self.upstream {
+                Upstream::Http(http) => modern::forward(self, http, req).await,
+                // A stdio server speaks one revision, with a handshake; answer
+                // the way legacy HTTP servers do, so dual-era clients fall back.
+                Upstream::Stdio(_) => reply::error(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    code::SERVER_ERROR,
+                    "Bad Request: this server needs an initialize handshake (protocol revisions up to 2025-11-25)",
+                ),
+            },
             (Era::Legacy, &Method::POST) => legacy::post(self, req).await,
             (Era::Legacy, &Method::GET) => legacy::get(self, req).await,
             (Era::Legacy, &Method::DELETE) => legacy::delete(self, req).await,

@@ -12,8 +12,13 @@ use hyper::body::Incoming;
 use super::{bad_gateway, read_body, Route};
 use crate::headers;
 use crate::reply::{self, Body};
+use crate::upstream::http::HttpUpstream;
 
-pub async fn forward(route: &Route, req: Request<Incoming>) -> Response<Body> {
+pub async fn forward(
+    route: &Route,
+    upstream: &HttpUpstream,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let bytes = match read_body(body, route.shared.config.max_body).await {
         Ok(b) => b,
@@ -22,8 +27,7 @@ pub async fn forward(route: &Route, req: Request<Incoming>) -> Response<Body> {
     // A stray session id is the upstream's business (the spec tells modern
     // servers to ignore it): pass it through as it came.
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);
-    match route
-        .upstream
+    match upstream
         .send(parts.method, &parts.headers, bytes, session)
         .await
     {

@@ -52,6 +52,10 @@ pub struct SessionRecord {
     pub initialize: Option<String>,
     pub created_ms: u64,
     pub last_seen_ms: u64,
+    /// Set when the upstream side ended for good; the session then answers
+    /// 404 and is deleted with its streams after retention.
+    #[serde(default)]
+    pub closed_ms: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]

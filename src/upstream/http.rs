@@ -32,10 +32,10 @@ pub struct HttpUpstream {
 
 impl HttpUpstream {
     pub fn new(config: &UpstreamConfig) -> Result<Self, String> {
-        let url: Uri = config
-            .url
+        let text = config.url.as_deref().unwrap_or_default();
+        let url: Uri = text
             .parse()
-            .map_err(|e| format!("upstream url {:?}: {e}", config.url))?;
+            .map_err(|e| format!("upstream url {text:?}: {e}"))?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);

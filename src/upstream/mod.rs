@@ -1,10 +1,21 @@
-//! Upstreams: the MCP servers behind the proxy. Today Streamable HTTP
-//! (`http.rs`); stdio children come next and must yield the same thing — a
-//! sequence of upstream messages, as raw bytes, for the relay to log.
+//! Upstreams: the MCP servers behind the proxy — Streamable HTTP endpoints
+//! (`http.rs`) and stdio programs (`stdio.rs`, one child per session). Both
+//! yield upstream messages as the raw bytes the server wrote.
 //!
-//! Upstream code sends and decodes; it never touches the log.
+//! HTTP upstream code sends and decodes and never touches the log (the relay
+//! does); a stdio child has a single output pipe for every request, so its
+//! demultiplexer appends to the streams it routes to.
 
 pub mod http;
+pub mod stdio;
+
+use std::sync::Arc;
+
+/// The server behind one route.
+pub enum Upstream {
+    Http(Arc<http::HttpUpstream>),
+    Stdio(Arc<stdio::StdioUpstream>),
+}
 
 /// Why talking to an upstream failed. The message is safe to show clients.
 #[derive(Debug, thiserror::Error)]

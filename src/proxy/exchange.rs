@@ -1,0 +1,325 @@
+//! Exchanges: how a client POST carrying requests reaches the upstream and
+//! how its answer gets into the log, for each kind of upstream.
+//!
+//! HTTP: a detached task forwards the POST and relays the answer into a new
+//! stream, while the handler waits (up to `answer_wait_ms`) for the upstream's
+//! response head. A head that carries messages means the client gets the
+//! stream as SSE from the log; any other status passes through unchanged
+//! (clients detect protocol eras from 4xx bodies). A head that has not come by
+//! then means the client gets the SSE stream anyway — so it holds an event id
+//! to resume with — and a late refusal becomes a JSON-RPC error entry.
+//!
+//! stdio: the stream is registered with the child's demultiplexer, the
+//! message written to its stdin, and the client answered from the log.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Response};
+use hyper::body::Incoming;
+use tokio::sync::oneshot;
+
+use super::{bad_gateway, legacy, store_failure, Route};
+use crate::headers::{self, SESSION_ID};
+use crate::jsonrpc::Body as Message;
+use crate::relay::{end_unanswered, Relay};
+use crate::reply::Body;
+use crate::session::Session;
+use crate::store::{StreamKind, StreamMeta, StreamStatus};
+use crate::stream::Reader;
+use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
+use crate::upstream::stdio::Child;
+use crate::upstream::UpstreamError;
+
+/// Largest upstream error body quoted into a JSON-RPC error entry.
+const QUOTED_BODY: usize = 2048;
+
+/// Opens the request stream of a POST and tracks its request ids.
+async fn open_stream(
+    route: &Route,
+    session: &Session,
+    message: &Message,
+) -> Result<StreamMeta, Response<Body>> {
+    let origin_ids = message.request_ids();
+    let method = message.single_method().map(str::to_owned);
+    let stream = route
+        .shared
+        .log
+        .open(session.id, StreamKind::Request, origin_ids, method)
+        .await
+        .map_err(|e| store_failure(&e))?;
+    for id in &stream.origin_ids {
+        session.track(id.clone(), stream.id);
+    }
+    Ok(stream)
+}
+
+/// Sends a POST to a stdio child and answers from the log.
+pub async fn stdio(
+    route: &Route,
+    child: &Child,
+    session: Arc<Session>,
+    opens_session: bool,
+    headers: HeaderMap,
+    bytes: Bytes,
+    message: Message,
+) -> Response<Body> {
+    let stream = match open_stream(route, &session, &message).await {
+        Ok(s) => s,
+        Err(res) => return res,
+    };
+    let progress = message_progress_tokens(&bytes, &message);
+    child.expect(&stream, progress);
+    if let Err(e) = child.write(&bytes).await {
+        child.forget(stream.id);
+        end_unanswered(
+            &route.shared.log,
+            &stream,
+            &stream.origin_ids,
+            &e.to_string(),
+        )
+        .await;
+        if let Err(e) = route
+            .shared
+            .log
+            .finish(stream.id, StreamStatus::Failed)
+            .await
+        {
+            return store_failure(&e);
+        }
+    }
+    if opens_session {
+        if let Err(e) = route.shared.sessions.persist(&session).await {
+            return store_failure(&e);
+        }
+    }
+    legacy::answer(route, &session, &headers, &stream).await
+}
+
+/// Progress tokens of the requests in a POST body.
+fn message_progress_tokens(bytes: &[u8], message: &Message) -> Vec<String> {
+    match message {
+        Message::Single(_) => crate::jsonrpc::progress_token(bytes).into_iter().collect(),
+        Message::Batch(_) => serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(bytes)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|raw| crate::jsonrpc::progress_token(raw.get().as_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// What the exchange task tells the waiting handler about the upstream's
+/// response head.
+enum Head {
+    /// The upstream answers with messages; the stream is being relayed.
+    Relaying,
+    /// The upstream answered with something to pass through unchanged.
+    Refused(Response<Incoming>),
+    Unreachable(UpstreamError),
+}
+
+pub async fn http(
+    route: &Route,
+    upstream: &Arc<HttpUpstream>,
+    session: Arc<Session>,
+    opens_session: bool,
+    headers: HeaderMap,
+    bytes: Bytes,
+    message: Message,
+) -> Response<Body> {
+    let shared = &route.shared;
+    let stream = match open_stream(route, &session, &message).await {
+        Ok(s) => s,
+        Err(res) => return res,
+    };
+    let (head_tx, mut head_rx) = oneshot::channel();
+    tokio::spawn(run_exchange(
+        relay(
+            route,
+            upstream,
+            session.clone(),
+            stream.clone(),
+            headers.clone(),
+        ),
+        opens_session,
+        bytes,
+        head_tx,
+    ));
+
+    let wait = Duration::from_millis(upstream.config.answer_wait_ms);
+    let head = match tokio::time::timeout(wait, &mut head_rx).await {
+        Ok(Ok(head)) => Some(head),
+        Ok(Err(_)) => None, // the task died; its stream says why
+        Err(_) => {
+            head_rx.close();
+            head_rx.try_recv().ok()
+        }
+    };
+    match head {
+        Some(Head::Refused(res)) => {
+            forget(route, &session, opens_session, &stream).await;
+            legacy::pass_through(res, (!opens_session).then_some(session.id))
+        }
+        Some(Head::Unreachable(e)) => {
+            forget(route, &session, opens_session, &stream).await;
+            bad_gateway(&e)
+        }
+        Some(Head::Relaying) | None => {
+            if opens_session {
+                // Idempotent with the task's update; ensures the session exists
+                // before the client learns its id even if the head is late.
+                if let Err(e) = shared.sessions.persist(&session).await {
+                    return store_failure(&e);
+                }
+            }
+            legacy::answer(route, &session, &headers, &stream).await
+        }
+    }
+}
+
+/// Removes what an exchange created when its upstream refused it.
+async fn forget(route: &Route, session: &Session, opens_session: bool, stream: &StreamMeta) {
+    session.untrack(&stream.origin_ids);
+    if let Err(e) = route.shared.log.delete(stream.id).await {
+        tracing::warn!(stream = %stream.id, error = %e, "cannot delete refused stream");
+    }
+    if opens_session {
+        route.shared.sessions.discard(session.id);
+    }
+}
+
+/// The detached half of an exchange: forwards upstream, reports the head,
+/// relays the answer into the log.
+async fn run_exchange(
+    relay: Relay,
+    opens_session: bool,
+    bytes: Bytes,
+    head_tx: oneshot::Sender<Head>,
+) {
+    let upstream_session = relay.session.upstream_session();
+    let sent = relay
+        .upstream
+        .send(
+            Method::POST,
+            &relay.client_headers,
+            bytes,
+            upstream_session.as_deref(),
+        )
+        .await;
+    let res = match sent {
+        Ok(res) if carries_messages(&res) => res,
+        Ok(res) => {
+            if let Err(Head::Refused(res)) = head_tx.send(Head::Refused(res)) {
+                // The client was already answered with the stream.
+                let why = refusal_text(res).await;
+                fail(&relay, &why).await;
+            }
+            return;
+        }
+        Err(e) => {
+            if let Err(Head::Unreachable(e)) = head_tx.send(Head::Unreachable(e)) {
+                fail(&relay, &e.to_string()).await;
+            }
+            return;
+        }
+    };
+    if opens_session {
+        let upstream_id = headers::get_str(res.headers(), &SESSION_ID).map(str::to_owned);
+        let update = relay
+            .sessions
+            .update(&relay.session, |r| r.upstream_session = upstream_id);
+        if let Err(e) = update.await {
+            tracing::error!(session = %relay.session.id, error = %e, "cannot persist session");
+        }
+    }
+    let _ = head_tx.send(Head::Relaying);
+    relay.run(Messages::new(res)).await;
+}
+
+async fn refusal_text(res: Response<Incoming>) -> String {
+    use http_body_util::BodyExt;
+    let status = res.status();
+    let body = http_body_util::Limited::new(res.into_body(), QUOTED_BODY)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    format!(
+        "upstream answered HTTP {status}: {}",
+        String::from_utf8_lossy(&body)
+    )
+}
+
+async fn fail(relay: &Relay, why: &str) {
+    end_unanswered(&relay.log, &relay.stream, &relay.stream.origin_ids, why).await;
+    if let Err(e) = relay
+        .log
+        .finish(relay.stream.id, StreamStatus::Failed)
+        .await
+    {
+        tracing::error!(stream = %relay.stream.id, error = %e, "cannot finish stream");
+    }
+    relay.session.untrack(&relay.stream.origin_ids);
+}
+
+/// Attaches to the session's standalone stream, opening it upstream first
+/// when none is being relayed.
+pub async fn http_standalone(
+    route: &Route,
+    upstream: &Arc<HttpUpstream>,
+    session: &Arc<Session>,
+    headers: &HeaderMap,
+) -> Result<Reader, Response<Body>> {
+    let log = &route.shared.log;
+    if let Some(stream) = session.standalone() {
+        if let Ok(Some(meta)) = log.meta(stream).await {
+            if meta.status.is_live() {
+                // A client opening a fresh GET wants what comes next.
+                return Ok(log.attach(stream, log.end(stream)));
+            }
+        }
+    }
+    let upstream_session = session.upstream_session();
+    let res = upstream
+        .send(
+            Method::GET,
+            headers,
+            Bytes::new(),
+            upstream_session.as_deref(),
+        )
+        .await
+        .map_err(|e| bad_gateway(&e))?;
+    if !carries_messages(&res) {
+        return Err(legacy::pass_through(res, Some(session.id)));
+    }
+    let stream = log
+        .open(session.id, StreamKind::Standalone, Vec::new(), None)
+        .await
+        .map_err(|e| store_failure(&e))?;
+    session.set_standalone(Some(stream.id));
+    let reader = log.attach(stream.id, 0);
+    let relay = relay(route, upstream, session.clone(), stream, headers.clone());
+    tokio::spawn(relay.run(Messages::new(res)));
+    Ok(reader)
+}
+
+fn relay(
+    route: &Route,
+    upstream: &Arc<HttpUpstream>,
+    session: Arc<Session>,
+    stream: StreamMeta,
+    client_headers: HeaderMap,
+) -> Relay {
+    Relay {
+        log: route.shared.log.clone(),
+        sessions: route.shared.sessions.clone(),
+        upstream: upstream.clone(),
+        session,
+        stream,
+        client_headers,
+    }
+}
