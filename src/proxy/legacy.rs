@@ -19,7 +19,7 @@ use crate::id::SessionId;
 use crate::jsonrpc::{self, code, Kind, ParseError};
 use crate::reply::{self, Body};
 use crate::session::{self, Session};
-use crate::store::{StreamMeta, StreamStatus};
+use crate::store::{StreamKind, StreamMeta, StreamStatus};
 use crate::stream::{Next, Reader};
 use crate::upstream::stdio::Child;
 use crate::upstream::Upstream;
@@ -114,9 +114,8 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Response<Body> {
             Err(res) => return res,
         }
     };
-    let target = match target(route, &session) {
-        Ok(t) => t,
-        Err(res) => return res,
+    let Some(target) = target(route, &session) else {
+        return session_not_found();
     };
     if !message.has_requests() {
         return notify(route, &target, &session, &parts.headers, bytes).await;
@@ -156,13 +155,10 @@ enum Target<'a> {
 }
 
 /// A stdio session whose child is gone is gone too (404).
-fn target<'a>(route: &'a Route, session: &Session) -> Result<Target<'a>, Response<Body>> {
+fn target<'a>(route: &'a Route, session: &Session) -> Option<Target<'a>> {
     match &route.upstream {
-        Upstream::Http(up) => Ok(Target::Http(up)),
-        Upstream::Stdio(stdio) => stdio
-            .child(session.id)
-            .map(Target::Stdio)
-            .ok_or_else(session_not_found),
+        Upstream::Http(up) => Some(Target::Http(up)),
+        Upstream::Stdio(stdio) => stdio.child(session.id).map(Target::Stdio),
     }
 }
 
@@ -300,34 +296,24 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Response<Body> {
     let version = headers::get_str(&parts.headers, &headers::PROTOCOL_VERSION)
         .map(str::to_owned)
         .or_else(|| session.protocol_version());
-    let mut res = if let Some(last) = headers::get_str(&parts.headers, &headers::LAST_EVENT_ID) {
-        let unknown = || {
-            reply::error(
-                StatusCode::BAD_REQUEST,
-                None,
-                code::SERVER_ERROR,
-                "Bad Request: unknown or expired Last-Event-ID",
-            )
-        };
-        let Ok((stream, seq)) = last_event_id::open(&route.shared.keyring, session.id, last) else {
-            return unknown();
-        };
-        match log.meta(stream).await {
-            Ok(Some(meta)) if meta.session == session.id => {}
-            Ok(_) => return unknown(),
-            Err(e) => return store_failure(&e),
-        }
-        let reader = log.attach(stream, seq);
+    let resume = match headers::get_str(&parts.headers, &headers::LAST_EVENT_ID) {
+        Some(last) => match resume_point(route, &session, last).await {
+            Ok(point) => point,
+            Err(res) => return res,
+        },
+        None => None,
+    };
+    let mut res = if let Some((stream, seq)) = resume {
         reply::sse(last_event_id::serve(
-            reader,
+            log.attach(stream, seq),
             route.presentation(session.id, version.as_deref(), false),
         ))
     } else {
         let attached = match target(route, &session) {
-            Ok(Target::Http(up)) => {
+            Some(Target::Http(up)) => {
                 exchange::http_standalone(route, up, &session, &parts.headers).await
             }
-            Ok(Target::Stdio(child)) => {
+            Some(Target::Stdio(child)) => {
                 // The child's standalone stream exists from its start; the
                 // first GET gets everything it said before anyone listened.
                 let after = if child.first_standalone_attach() {
@@ -337,7 +323,7 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Response<Body> {
                 };
                 Ok(log.attach(child.standalone, after))
             }
-            Err(res) => Err(res),
+            None => Err(session_not_found()),
         };
         match attached {
             Ok(reader) => reply::sse(last_event_id::serve(
@@ -349,6 +335,38 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Response<Body> {
     };
     insert_session_header(res.headers_mut(), session.id);
     res
+}
+
+/// Where a `Last-Event-ID` resumes: its stream and cursor, or `None` when it
+/// names the end of a standalone stream that is over (its upstream GET
+/// ended) — the client then continues on the session's current one instead
+/// of reconnecting forever to a stream that will never say more.
+async fn resume_point(
+    route: &Route,
+    session: &Session,
+    last_event_id: &str,
+) -> Result<Option<(crate::id::StreamId, u64)>, Response<Body>> {
+    let unknown = || {
+        reply::error(
+            StatusCode::BAD_REQUEST,
+            None,
+            code::SERVER_ERROR,
+            "Bad Request: unknown or expired Last-Event-ID",
+        )
+    };
+    let (stream, seq) = last_event_id::open(&route.shared.keyring, session.id, last_event_id)
+        .map_err(|_| unknown())?;
+    let log = &route.shared.log;
+    match log.meta(stream).await {
+        Ok(Some(meta)) if meta.session == session.id => {
+            let exhausted = meta.kind == StreamKind::Standalone
+                && !meta.status.is_live()
+                && seq >= log.end(stream);
+            Ok((!exhausted).then_some((stream, seq)))
+        }
+        Ok(_) => Err(unknown()),
+        Err(e) => Err(store_failure(&e)),
+    }
 }
 
 pub async fn delete(route: &Route, req: Request<Incoming>) -> Response<Body> {
