@@ -106,6 +106,9 @@ fn main() -> ExitCode {
             tokio::io::stdout(),
             stats,
         ));
+        // A blocking read of stdin would keep the runtime from dropping, so
+        // leave it behind: the process is done either way.
+        runtime.shutdown_background();
         return match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
