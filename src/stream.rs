@@ -78,7 +78,7 @@ impl Log {
     /// The durable end of the stream right now: where a reader that wants
     /// only new entries starts.
     pub fn end(&self, stream: StreamId) -> Seq {
-        *self.store.subscribe(stream).borrow()
+        self.store.subscribe(stream).borrow().seq
     }
 
     pub async fn delete(&self, stream: StreamId) -> Result<()> {
@@ -158,31 +158,25 @@ impl Reader {
             // Subscribe before reading, so an append landing between the read
             // and the wait still wakes us.
             let mut appended = self.log.store.subscribe(self.stream);
-            if let Some(entries) = self.take().await? {
-                return Ok(Next::Entries(entries));
+            let mark = *appended.borrow_and_update();
+            if mark.seq > self.cursor {
+                if let Some(entries) = self.take().await? {
+                    return Ok(Next::Entries(entries));
+                }
             }
-            // Status is read before the second look at the entries: a stream
-            // leaves `Live` only after its last append, so "not live" plus
-            // "nothing after the cursor" means the reader has seen everything.
-            let status = match self.log.store.stream_meta(self.stream).await? {
-                Some(meta) => meta.status,
-                None => return Ok(Next::Gone),
-            };
-            if let Some(entries) = self.take().await? {
-                return Ok(Next::Entries(entries));
-            }
-            if !status.is_live() {
-                return Ok(Next::End(status));
+            if mark.finished {
+                // A stream leaves `Live` only after its last append, so a
+                // finished watermark at or below the cursor means the reader
+                // has seen everything.
+                return Ok(match self.log.store.stream_meta(self.stream).await? {
+                    Some(meta) => Next::End(meta.status),
+                    None => Next::Gone,
+                });
             }
             tokio::select! {
                 changed = appended.changed() => {
-                    if changed.is_err() {
-                        // The writer side went away: deleted, or never existed.
-                        if self.log.store.stream_meta(self.stream).await?.is_none() {
-                            return Ok(Next::Gone);
-                        }
-                        tokio::time::sleep_until(deadline).await;
-                        return Ok(Next::Idle);
+                    if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
+                        return Ok(Next::Gone);
                     }
                 }
                 _ = self.generation.changed() => return Ok(Next::Replaced),

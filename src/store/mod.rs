@@ -103,9 +103,18 @@ pub struct Entry {
     pub message: Bytes,
 }
 
-/// Wakes a reader when a stream got entries or changed status. The value is
-/// the highest durable seq.
-pub type Subscription = watch::Receiver<Seq>;
+/// How far a stream is: its highest durable seq, and whether it has left
+/// `Live` (all appends happen before that, so a reader at `seq` of a finished
+/// stream has seen everything).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watermark {
+    pub seq: Seq,
+    pub finished: bool,
+}
+
+/// Wakes a reader when a stream got entries or changed status; readers need
+/// no store access to learn that nothing is new.
+pub type Subscription = watch::Receiver<Watermark>;
 
 /// The log. Object-safe so the backend is chosen at start-up.
 #[async_trait::async_trait]

@@ -23,6 +23,7 @@ use tokio::sync::{watch, Mutex};
 use super::commit::{GroupCommit, SyncMode};
 use super::{
     Entry, Result, SessionRecord, Store, StoreError, StreamMeta, StreamStatus, Subscription,
+    Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 
@@ -30,7 +31,7 @@ use crate::id::{Seq, SessionId, StreamId};
 /// durable watermark to subscribed readers.
 struct Tail {
     append: Mutex<()>,
-    watermark: watch::Sender<Seq>,
+    watermark: watch::Sender<Watermark>,
 }
 
 pub struct SledStore {
@@ -121,26 +122,37 @@ impl SledStore {
         }
     }
 
-    fn tail(&self, stream: StreamId) -> Result<Arc<Tail>> {
+    /// The stream's tail; `None` for a stream that does not exist (so that
+    /// asking about a deleted stream does not bring its tail back).
+    fn tail(&self, stream: StreamId) -> Result<Option<Arc<Tail>>> {
         if let Some(tail) = self.tails.get(&stream) {
-            return Ok(tail.clone());
+            return Ok(Some(tail.clone()));
         }
-        let last = self.last_seq(stream)?;
-        Ok(self
-            .tails
-            .entry(stream)
-            .or_insert_with(|| {
-                Arc::new(Tail {
-                    append: Mutex::new(()),
-                    watermark: watch::Sender::new(last),
+        let Some(meta) = self.streams.get(stream.as_bytes()).map_err(backend)? else {
+            return Ok(None);
+        };
+        let meta: StreamMeta = decode("stream", &meta)?;
+        let mark = Watermark {
+            seq: self.last_seq(stream)?,
+            finished: !meta.status.is_live(),
+        };
+        Ok(Some(
+            self.tails
+                .entry(stream)
+                .or_insert_with(|| {
+                    Arc::new(Tail {
+                        append: Mutex::new(()),
+                        watermark: watch::Sender::new(mark),
+                    })
                 })
-            })
-            .clone())
+                .clone(),
+        ))
     }
 
-    fn wake(&self, stream: StreamId) {
-        if let Some(tail) = self.tails.get(&stream) {
-            tail.watermark.send_modify(|_| {});
+    /// Tells readers of a deleted stream that it will say nothing more.
+    fn finish_tail(&self, stream: StreamId) {
+        if let Some((_, tail)) = self.tails.remove(&stream) {
+            tail.watermark.send_modify(|w| w.finished = true);
         }
     }
 
@@ -154,8 +166,7 @@ impl SledStore {
         self.session_streams
             .remove(pair_key(session, stream))
             .map_err(backend)?;
-        self.wake(stream);
-        self.tails.remove(&stream);
+        self.finish_tail(stream);
         Ok(())
     }
 }
@@ -247,7 +258,10 @@ impl Store for SledStore {
             .insert(id.as_bytes(), encode(&meta)?)
             .map_err(backend)?;
         self.durable().await?;
-        self.wake(id);
+        if let Some(tail) = self.tails.get(&id) {
+            tail.watermark
+                .send_modify(|w| w.finished = !status.is_live());
+        }
         Ok(())
     }
 
@@ -259,9 +273,9 @@ impl Store for SledStore {
     }
 
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        let tail = self.tail(stream)?;
+        let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
         let _serial = tail.append.lock().await;
-        let mut seq = *tail.watermark.borrow();
+        let mut seq = tail.watermark.borrow().seq;
         if messages.is_empty() {
             return Ok(seq);
         }
@@ -272,13 +286,13 @@ impl Store for SledStore {
         }
         self.entries.apply_batch(batch).map_err(backend)?;
         self.durable().await?;
-        tail.watermark.send_replace(seq);
+        tail.watermark.send_modify(|w| w.seq = seq);
         Ok(seq)
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
         let watermark = match self.tails.get(&stream) {
-            Some(tail) => *tail.watermark.borrow(),
+            Some(tail) => tail.watermark.borrow().seq,
             None => self.last_seq(stream)?,
         };
         if after >= watermark {
@@ -305,10 +319,14 @@ impl Store for SledStore {
 
     fn subscribe(&self, stream: StreamId) -> Subscription {
         match self.tail(stream) {
-            Ok(tail) => tail.watermark.subscribe(),
-            // A broken tree: hand out a channel that never fires; the reader's
-            // next read reports the backend error.
-            Err(_) => watch::Sender::new(0).subscribe(),
+            Ok(Some(tail)) => tail.watermark.subscribe(),
+            // No such stream (or a broken tree): a closed channel that says
+            // "finished"; the reader's next look at the store tells which.
+            _ => watch::Sender::new(Watermark {
+                seq: 0,
+                finished: true,
+            })
+            .subscribe(),
         }
     }
 }
