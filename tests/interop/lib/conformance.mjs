@@ -42,7 +42,7 @@ export function readChecks(dir) {
     if (!fs.existsSync(file)) continue;
     const scenario = sub.replace(/^(server|client)-/, '').replace(/-\d{4}-\d{2}-\d{2}T[\d-]+Z$/, '');
     for (const c of JSON.parse(fs.readFileSync(file, 'utf8'))) {
-      out.push({ scenario, id: c.id, status: c.status, errorMessage: c.errorMessage, details: c.details });
+      out.push({ scenario, id: c.id, status: c.status, description: c.description, errorMessage: c.errorMessage, details: c.details });
     }
   }
   return out;

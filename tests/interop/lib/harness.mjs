@@ -64,6 +64,17 @@ function descendants(pid) {
   return out;
 }
 
+/** Live descendants of pid with their command lines. */
+export function descendantProcesses(pid) {
+  return descendants(pid).map((p) => {
+    try {
+      return { pid: p, cmd: fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').join(' ').trim() };
+    } catch {
+      return undefined;
+    }
+  }).filter(Boolean);
+}
+
 function signalTree(pids, sig) {
   for (const p of pids) {
     try {
@@ -89,13 +100,13 @@ function alive(pid) {
  */
 export function start(name, cmd, args, opts = {}) {
   const logFile = path.join(workdir(), `${name}.log`);
-  const fd = fs.openSync(logFile, 'a');
+  const fd = opts.stdio ? undefined : fs.openSync(logFile, 'a');
   const child = spawn(cmd, args, {
     cwd: opts.cwd ?? INTEROP_DIR,
     env: { ...process.env, ...(opts.env ?? {}) },
     stdio: opts.stdio ?? ['ignore', fd, fd],
   });
-  fs.closeSync(fd);
+  if (fd !== undefined) fs.closeSync(fd);
   child.label = name;
   child.logFile = logFile;
   child.exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal })));
@@ -265,7 +276,7 @@ export class Checks {
  * Runs main(checks) under a watchdog; prints a summary, dumps peer logs on
  * failure, stops every child and exits 0 only if every check passed.
  */
-export async function runScenario(title, main, { timeoutMs = 90000, logs = [] } = {}) {
+export async function runScenario(title, main, { timeoutMs = 90000 } = {}) {
   const checks = new Checks(title);
   const watchdog = setTimeout(() => {
     console.log(ts(), `FAIL watchdog: scenario exceeded ${timeoutMs} ms`);

