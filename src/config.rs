@@ -88,6 +88,10 @@ pub struct UpstreamConfig {
     /// Seconds between SIGTERM and SIGKILL when a child is stopped.
     #[serde(default = "default_kill_grace")]
     pub kill_grace_secs: u64,
+    /// Most children (sessions) a stdio upstream runs at once; further
+    /// `initialize` requests get 503 until a session ends.
+    #[serde(default = "default_max_children")]
+    pub max_children: usize,
     /// Milliseconds to wait for the upstream's response head before the
     /// client is answered with an SSE stream regardless.
     #[serde(default = "default_answer_wait")]
@@ -115,6 +119,9 @@ fn default_resume_attempts() -> u32 {
 }
 fn default_kill_grace() -> u64 {
     5
+}
+fn default_max_children() -> usize {
+    64
 }
 
 impl Default for Config {
@@ -172,6 +179,7 @@ impl UpstreamConfig {
             env: Default::default(),
             cwd: None,
             kill_grace_secs: default_kill_grace(),
+            max_children: default_max_children(),
             answer_wait_ms: default_answer_wait(),
             connect_timeout_secs: default_connect_timeout(),
             resume_attempts: default_resume_attempts(),

@@ -25,6 +25,10 @@ struct StdioRig {
 
 impl StdioRig {
     async fn start() -> Self {
+        Self::with(|_| {}).await
+    }
+
+    async fn with(tweak: impl FnOnce(&mut UpstreamConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let marker = format!("{:x}", rand_u64());
         let mut upstream = UpstreamConfig::command(vec![BIN.into(), "demo-stdio-server".into()]);
@@ -32,6 +36,7 @@ impl StdioRig {
             .env
             .insert("MCP_RESUME_PROXY_TEST".into(), marker.clone());
         upstream.kill_grace_secs = 2;
+        tweak(&mut upstream);
         let config = Config {
             listen: ([127, 0, 0, 1], 0).into(),
             data_dir: dir.path().to_path_buf(),
@@ -197,6 +202,32 @@ async fn a_child_that_dies_ends_live_streams_with_an_error_and_the_session() {
     assert_eq!(error["error"]["code"], -32603);
     let call = Call::post(&tool_call(3, "echo", json!({"text":"x"}))).session(&sid);
     assert_eq!(rig.client.send(call).await.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn sessions_beyond_max_children_get_503_until_one_ends() {
+    let rig = StdioRig::with(|u| u.max_children = 1).await;
+    let first = rig.client.initialize(V_LATEST).await;
+    let res = rig.client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body_json(res).await["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_children"));
+    rig.client.send(Call::delete().session(&first)).await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let res = rig.client.send(Call::post(&initialize(V_LATEST))).await;
+        if res.status() == StatusCode::OK {
+            break;
+        }
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

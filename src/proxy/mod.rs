@@ -93,12 +93,11 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Response<B
 
 /// The upstream could not be reached at all.
 pub fn bad_gateway(error: &crate::upstream::UpstreamError) -> Response<Body> {
-    reply::error(
-        StatusCode::BAD_GATEWAY,
-        None,
-        code::SERVER_ERROR,
-        &error.to_string(),
-    )
+    let status = match error {
+        crate::upstream::UpstreamError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    reply::error(status, None, code::SERVER_ERROR, &error.to_string())
 }
 
 /// The log failed: nothing can be promised to the client.

@@ -26,4 +26,6 @@ pub enum UpstreamError {
     Broken(String),
     #[error("upstream message larger than {0} bytes")]
     TooLarge(usize),
+    #[error("upstream at capacity: {0}")]
+    Busy(String),
 }

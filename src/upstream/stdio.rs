@@ -89,6 +89,12 @@ impl StdioUpstream {
         log: Arc<Log>,
         sessions: Arc<Sessions>,
     ) -> Result<Arc<Child>, UpstreamError> {
+        if self.children.len() >= self.config.max_children {
+            return Err(UpstreamError::Busy(format!(
+                "{} sessions are running (max_children)",
+                self.children.len()
+            )));
+        }
         let argv = self.config.command.as_deref().unwrap_or_default();
         let (program, args) = argv
             .split_first()
