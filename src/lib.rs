@@ -18,7 +18,8 @@
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
 //!   start-up order (open log, recover, serve).
 //! - [`proxy`]: per-route request handling; [`proxy::legacy`] (sessions,
-//!   logged streams, replay) and [`proxy::modern`] (stateless pass-through).
+//!   logged streams, replay), its exchanges with HTTP and stdio upstreams, and
+//!   [`proxy::modern`] (stateless pass-through).
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth.
@@ -27,7 +28,8 @@
 //! - [`store`]: the durable log's contract; [`store::sled`] (default) and the
 //!   group commit in [`store::commit`].
 //! - [`dialect`]: how clients come back; [`dialect::last_event_id`].
-//! - [`upstream`]: talking to MCP servers; [`upstream::http`].
+//! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
+//!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`lifetime`]: crash recovery, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
@@ -35,7 +37,8 @@
 //! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session and stream ids.
-//! - [`demo`]: an in-process demo upstream and the `demo` command.
+//! - [`demo`]: the demo MCP server (HTTP and stdio) that also serves the
+//!   tests, and the `demo` command.
 
 pub mod config;
 pub mod demo;
