@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
 use crate::jsonrpc::{self, RequestId};
-use crate::relay::end_unanswered;
 use crate::session::Sessions;
 use crate::store::{now_ms, Result, StreamKind, StreamStatus};
 use crate::stream::Log;
@@ -42,12 +41,14 @@ pub async fn recover(log: &Log) -> Result<usize> {
                 if pending.is_empty() {
                     StreamStatus::Completed
                 } else {
-                    end_unanswered(log, &meta, pending, RESTARTED).await;
+                    log.fail(&meta, pending, RESTARTED).await?;
                     StreamStatus::Failed
                 }
             }
         };
-        log.finish(meta.id, status).await?;
+        if status != StreamStatus::Failed {
+            log.finish(meta.id, status).await?;
+        }
         tracing::info!(stream = %meta.id, ?status, "recovered stream left live by a previous run");
     }
     Ok(recovered)

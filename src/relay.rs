@@ -12,10 +12,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::jsonrpc::{self, code, RequestId};
+use crate::jsonrpc::{self, RequestId};
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
@@ -63,14 +62,23 @@ impl Relay {
                             self.sessions.learn_version(&self.session, message).await;
                         }
                     }
-                    if let Err(e) = self.log.append(self.stream.id, &batch).await {
+                    // The last response in means the stream is complete: the
+                    // upstream SHOULD end it now, and nothing after it belongs
+                    // to the client.
+                    let complete = self.stream.kind == StreamKind::Request && pending.is_empty();
+                    let logged = if complete {
+                        self.log
+                            .append_final(self.stream.id, &batch, StreamStatus::Completed)
+                            .await
+                    } else {
+                        self.log.append(self.stream.id, &batch).await
+                    };
+                    if let Err(e) = logged {
                         tracing::error!(stream = %self.stream.id, error = %e, "cannot log upstream message; stream abandoned");
                         return;
                     }
-                    if self.stream.kind == StreamKind::Request && pending.is_empty() {
-                        // The last response is in: the upstream SHOULD end the
-                        // stream now, and nothing after it belongs to the client.
-                        return self.finish(StreamStatus::Completed, &pending).await;
+                    if complete {
+                        return self.release();
                     }
                 }
                 ended => {
@@ -144,43 +152,28 @@ impl Relay {
         } else {
             status
         };
-        if status == StreamStatus::Failed {
-            end_unanswered(
-                &self.log,
-                &self.stream,
-                pending,
-                "upstream ended the stream before responding",
-            )
-            .await;
-        }
-        if let Err(e) = self.log.finish(self.stream.id, status).await {
+        let finished = if status == StreamStatus::Failed {
+            self.log
+                .fail(
+                    &self.stream,
+                    pending,
+                    "upstream ended the stream before responding",
+                )
+                .await
+        } else {
+            self.log.finish(self.stream.id, status).await
+        };
+        if let Err(e) = finished {
             tracing::error!(stream = %self.stream.id, error = %e, "cannot finish stream");
         }
+        self.release();
+    }
+
+    /// Forgets what the session tracked for this stream once it ended.
+    fn release(&self) {
         self.session.untrack(&self.stream.origin_ids);
         if self.stream.kind == StreamKind::Standalone {
             self.session.clear_standalone(self.stream.id);
         }
-    }
-}
-
-/// Appends one JSON-RPC error response per unanswered request, so that a
-/// client reading the stream learns its request failed instead of waiting
-/// forever.
-pub async fn end_unanswered<'a>(
-    log: &Log,
-    stream: &StreamMeta,
-    pending: impl IntoIterator<Item = &'a RequestId>,
-    why: &str,
-) {
-    // Keep the client's order of requests, not the set's.
-    let pending: HashSet<&RequestId> = pending.into_iter().collect();
-    let errors: Vec<Bytes> = stream
-        .origin_ids
-        .iter()
-        .filter(|id| pending.contains(id))
-        .map(|id| Bytes::from(jsonrpc::error_response(Some(id), code::INTERNAL_ERROR, why)))
-        .collect();
-    if let Err(e) = log.append(stream.id, &errors).await {
-        tracing::error!(stream = %stream.id, error = %e, "cannot log error response");
     }
 }

@@ -67,6 +67,45 @@ impl Log {
         self.store.append(stream, messages).await
     }
 
+    /// Appends a stream's last messages and finishes it, durable together.
+    pub async fn append_final(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        status: StreamStatus,
+    ) -> Result<Seq> {
+        self.store
+            .append_final(stream, messages, status, now_ms())
+            .await
+    }
+
+    /// Ends a stream as failed: one JSON-RPC error response per request in
+    /// `pending` (in the client's order), so a client reading it learns its
+    /// request failed instead of waiting on silence; durable with the status.
+    pub async fn fail<'a>(
+        &self,
+        stream: &StreamMeta,
+        pending: impl IntoIterator<Item = &'a RequestId>,
+        why: &str,
+    ) -> Result<()> {
+        let pending: std::collections::HashSet<&RequestId> = pending.into_iter().collect();
+        let errors: Vec<Bytes> = stream
+            .origin_ids
+            .iter()
+            .filter(|id| pending.contains(id))
+            .map(|id| {
+                Bytes::from(crate::jsonrpc::error_response(
+                    Some(id),
+                    crate::jsonrpc::code::INTERNAL_ERROR,
+                    why,
+                ))
+            })
+            .collect();
+        self.append_final(stream.id, &errors, StreamStatus::Failed)
+            .await
+            .map(|_| ())
+    }
+
     pub async fn finish(&self, stream: StreamId, status: StreamStatus) -> Result<()> {
         self.store.set_status(stream, status, now_ms()).await
     }

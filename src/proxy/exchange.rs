@@ -23,10 +23,10 @@ use tokio::sync::oneshot;
 use super::{bad_gateway, legacy, store_failure, Route};
 use crate::headers::{self, SESSION_ID};
 use crate::jsonrpc::Body as Message;
-use crate::relay::{end_unanswered, Relay};
+use crate::relay::Relay;
 use crate::reply::Body;
 use crate::session::Session;
-use crate::store::{StreamKind, StreamMeta, StreamStatus};
+use crate::store::{StreamKind, StreamMeta};
 use crate::stream::Reader;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
@@ -73,19 +73,12 @@ pub async fn stdio(
     child.expect(&stream, progress);
     if let Err(e) = child.write(&bytes).await {
         child.forget(stream.id);
-        end_unanswered(
-            &route.shared.log,
-            &stream,
-            &stream.origin_ids,
-            &e.to_string(),
-        )
-        .await;
-        if let Err(e) = route
+        let failed = route
             .shared
             .log
-            .finish(stream.id, StreamStatus::Failed)
-            .await
-        {
+            .fail(&stream, &stream.origin_ids, &e.to_string())
+            .await;
+        if let Err(e) = failed {
             return store_failure(&e);
         }
     }
@@ -255,13 +248,9 @@ async fn refusal_text(res: Response<Incoming>) -> String {
 }
 
 async fn fail(relay: &Relay, why: &str) {
-    end_unanswered(&relay.log, &relay.stream, &relay.stream.origin_ids, why).await;
-    if let Err(e) = relay
-        .log
-        .finish(relay.stream.id, StreamStatus::Failed)
-        .await
-    {
-        tracing::error!(stream = %relay.stream.id, error = %e, "cannot finish stream");
+    let stream = &relay.stream;
+    if let Err(e) = relay.log.fail(stream, &stream.origin_ids, why).await {
+        tracing::error!(stream = %stream.id, error = %e, "cannot finish stream");
     }
     relay.session.untrack(&relay.stream.origin_ids);
 }

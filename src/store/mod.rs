@@ -137,6 +137,20 @@ pub trait Store: Send + Sync + 'static {
     /// Appends messages in order; returns the seq of the last one. Returns
     /// once they are durable per the `sync` mode, and only then wakes readers.
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq>;
+    /// Appends the last messages of a stream and finishes it, with one
+    /// durability wait for both (a call's final response costs one flush,
+    /// not two).
+    async fn append_final(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        status: StreamStatus,
+        at_ms: u64,
+    ) -> Result<Seq> {
+        let seq = self.append(stream, messages).await?;
+        self.set_status(stream, status, at_ms).await?;
+        Ok(seq)
+    }
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>>;

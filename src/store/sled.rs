@@ -149,6 +149,46 @@ impl SledStore {
         ))
     }
 
+    /// Inserts entries (and the final status), waits once for durability,
+    /// then moves the watermark readers follow.
+    async fn append_inner(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        finish: Option<(StreamStatus, u64)>,
+    ) -> Result<Seq> {
+        let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
+        let _serial = tail.append.lock().await;
+        let mut seq = tail.watermark.borrow().seq;
+        if !messages.is_empty() {
+            let mut batch = sled::Batch::default();
+            for message in messages {
+                seq += 1;
+                batch.insert(&entry_key(stream, seq)[..], message.as_ref());
+            }
+            self.entries.apply_batch(batch).map_err(backend)?;
+        }
+        if let Some((status, at_ms)) = finish {
+            let mut meta: StreamMeta = match self.streams.get(stream.as_bytes()).map_err(backend)? {
+                Some(bytes) => decode("stream", &bytes)?,
+                None => return Err(StoreError::NoSuchStream(stream)),
+            };
+            meta.status = status;
+            meta.finished_ms = (!status.is_live()).then_some(at_ms);
+            self.streams
+                .insert(stream.as_bytes(), encode(&meta)?)
+                .map_err(backend)?;
+        }
+        self.durable().await?;
+        tail.watermark.send_modify(|w| {
+            w.seq = seq;
+            if let Some((status, _)) = finish {
+                w.finished = !status.is_live();
+            }
+        });
+        Ok(seq)
+    }
+
     /// Tells readers of a deleted stream that it will say nothing more.
     fn finish_tail(&self, stream: StreamId) {
         if let Some((_, tail)) = self.tails.remove(&stream) {
@@ -273,21 +313,18 @@ impl Store for SledStore {
     }
 
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
-        let _serial = tail.append.lock().await;
-        let mut seq = tail.watermark.borrow().seq;
-        if messages.is_empty() {
-            return Ok(seq);
-        }
-        let mut batch = sled::Batch::default();
-        for message in messages {
-            seq += 1;
-            batch.insert(&entry_key(stream, seq)[..], message.as_ref());
-        }
-        self.entries.apply_batch(batch).map_err(backend)?;
-        self.durable().await?;
-        tail.watermark.send_modify(|w| w.seq = seq);
-        Ok(seq)
+        self.append_inner(stream, messages, None).await
+    }
+
+    async fn append_final(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        status: StreamStatus,
+        at_ms: u64,
+    ) -> Result<Seq> {
+        self.append_inner(stream, messages, Some((status, at_ms)))
+            .await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
@@ -437,7 +474,7 @@ mod tests {
         let session = SessionId::random();
         let mut kept = std::collections::VecDeque::new();
         let mut sizes = Vec::new();
-        for i in 1..=6000u32 {
+        for i in 1..=10_000u32 {
             let m = meta(session);
             store.create_stream(&m).await.unwrap();
             let progress = Bytes::from_static(
@@ -458,9 +495,12 @@ mod tests {
                 sizes.push(store.size_on_disk());
             }
         }
-        // sled fills its segments before reclaiming them, then plateaus.
+        // sled fills its segments before reclaiming them, then plateaus (its
+        // reclamation runs in the background, so allow it a segment or so of
+        // lag). Without the deletions this load adds ~1.5 MiB per sample.
+        let allowance = 1024 * 1024;
         assert!(
-            sizes[2] <= sizes[1] + sizes[1] / 5,
+            sizes[4] <= sizes[1] + allowance,
             "log kept growing: {sizes:?}"
         );
     }

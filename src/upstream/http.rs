@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use http::{HeaderMap, Method, Request, Response, Uri};
+use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -21,6 +23,9 @@ use crate::sse;
 
 /// Largest single upstream message the proxy will log (64 MiB).
 pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Most messages appended to the log in one batch.
+const MAX_BATCH: usize = 512;
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -146,6 +151,10 @@ pub struct Messages {
     pub last_event_id: Option<String>,
     /// The upstream's `retry:` advice, in milliseconds.
     pub retry_ms: Option<u64>,
+    /// Complete messages not yet handed out.
+    ready: Vec<Bytes>,
+    /// The body broke; reported once `ready` is drained.
+    broken: Option<UpstreamError>,
     finished: bool,
 }
 
@@ -161,6 +170,8 @@ impl Messages {
             framing,
             last_event_id: None,
             retry_ms: None,
+            ready: Vec::new(),
+            broken: None,
             finished: false,
         }
     }
@@ -169,64 +180,84 @@ impl Messages {
         matches!(self.framing, Framing::Sse(_))
     }
 
-    /// The messages that became complete with the next body frames; `None`
-    /// once the body ended cleanly.
+    /// The messages that arrived since the last call, at least one (waiting
+    /// for it if need be) and everything else already received — so that
+    /// while the log flushes one batch, the next one accumulates. `None` once
+    /// the body ended cleanly; a broken body is reported after the messages
+    /// that arrived before the break.
     pub async fn next_batch(&mut self) -> Option<Result<Vec<Bytes>, UpstreamError>> {
-        if self.finished {
-            return None;
+        while self.ready.is_empty() {
+            if let Some(e) = self.broken.take() {
+                return Some(Err(e));
+            }
+            if self.finished {
+                return None;
+            }
+            let frame = self.body.frame().await;
+            self.take_frame(frame);
         }
-        loop {
-            let frame = match self.body.frame().await {
-                None => {
-                    self.finished = true;
-                    return match &mut self.framing {
-                        Framing::Json(buf) if !buf.iter().all(u8::is_ascii_whitespace) => {
-                            Some(Ok(vec![std::mem::take(buf).freeze()]))
-                        }
-                        _ => None,
-                    };
+        while self.ready.len() < MAX_BATCH && !self.finished {
+            match self.body.frame().now_or_never() {
+                Some(frame) => self.take_frame(frame),
+                None => break,
+            }
+        }
+        Some(Ok(std::mem::take(&mut self.ready)))
+    }
+
+    fn take_frame(&mut self, frame: Option<Result<Frame<Bytes>, hyper::Error>>) {
+        match frame {
+            None => {
+                self.finished = true;
+                if let Framing::Json(buf) = &mut self.framing {
+                    if !buf.iter().all(u8::is_ascii_whitespace) {
+                        self.ready.push(std::mem::take(buf).freeze());
+                    }
                 }
-                Some(Err(e)) => {
-                    self.finished = true;
-                    return Some(Err(UpstreamError::Broken(error_chain(&e))));
-                }
-                Some(Ok(frame)) => frame,
-            };
-            let Ok(data) = frame.into_data() else {
-                continue; // trailers
-            };
-            match &mut self.framing {
-                Framing::Json(buf) => {
-                    if buf.len() + data.len() > MAX_MESSAGE {
+            }
+            Some(Err(e)) => {
+                self.finished = true;
+                self.broken = Some(UpstreamError::Broken(error_chain(&e)));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if let Err(e) = self.absorb(&data) {
                         self.finished = true;
-                        return Some(Err(UpstreamError::TooLarge(MAX_MESSAGE)));
-                    }
-                    buf.extend_from_slice(&data);
-                }
-                Framing::Sse(decoder) => {
-                    decoder.push(&data);
-                    let mut batch = Vec::new();
-                    while let Some(event) = decoder.next_event() {
-                        if let Some(id) = event.id {
-                            self.last_event_id = Some(id);
-                        }
-                        if event.retry.is_some() {
-                            self.retry_ms = event.retry;
-                        }
-                        // Priming events and empty data carry no message.
-                        if !event.data.iter().all(u8::is_ascii_whitespace) {
-                            batch.push(event.data);
-                        }
-                    }
-                    if decoder.buffered() > MAX_MESSAGE {
-                        self.finished = true;
-                        return Some(Err(UpstreamError::TooLarge(MAX_MESSAGE)));
-                    }
-                    if !batch.is_empty() {
-                        return Some(Ok(batch));
+                        self.broken = Some(e);
                     }
                 }
             }
         }
+    }
+
+    /// Feeds body bytes to the framing; complete messages go to `ready`.
+    fn absorb(&mut self, data: &[u8]) -> Result<(), UpstreamError> {
+        match &mut self.framing {
+            Framing::Json(buf) => {
+                if buf.len() + data.len() > MAX_MESSAGE {
+                    return Err(UpstreamError::TooLarge(MAX_MESSAGE));
+                }
+                buf.extend_from_slice(data);
+            }
+            Framing::Sse(decoder) => {
+                decoder.push(data);
+                while let Some(event) = decoder.next_event() {
+                    if let Some(id) = event.id {
+                        self.last_event_id = Some(id);
+                    }
+                    if event.retry.is_some() {
+                        self.retry_ms = event.retry;
+                    }
+                    // Priming events and empty data carry no message.
+                    if !event.data.iter().all(u8::is_ascii_whitespace) {
+                        self.ready.push(event.data);
+                    }
+                }
+                if decoder.buffered() > MAX_MESSAGE {
+                    return Err(UpstreamError::TooLarge(MAX_MESSAGE));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -32,7 +32,6 @@ use super::UpstreamError;
 use crate::config::UpstreamConfig;
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::{self, Kind, RequestId};
-use crate::relay::end_unanswered;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
@@ -250,13 +249,23 @@ async fn demux(
                 sessions.learn_version(&child.session, &line).await;
             }
         }
-        if let Err(e) = log.append(stream, std::slice::from_ref(&line)).await {
+        let message = std::slice::from_ref(&line);
+        let logged = match &completed {
+            Some(done) if done.id == stream => {
+                log.append_final(stream, message, StreamStatus::Completed)
+                    .await
+            }
+            _ => log.append(stream, message).await,
+        };
+        if let Err(e) = logged {
             tracing::error!(%stream, error = %e, "cannot log stdio upstream message");
             continue;
         }
         if let Some(done) = completed {
-            if let Err(e) = log.finish(done.id, StreamStatus::Completed).await {
-                tracing::error!(stream = %done.id, error = %e, "cannot finish stream");
+            if done.id != stream {
+                if let Err(e) = log.finish(done.id, StreamStatus::Completed).await {
+                    tracing::error!(stream = %done.id, error = %e, "cannot finish stream");
+                }
             }
             child.session.untrack(&done.origin_ids);
         }
@@ -407,14 +416,14 @@ impl Child {
             routes.open.drain().map(|(_, o)| o).collect()
         };
         for stream in open {
-            end_unanswered(
-                log,
-                &stream.meta,
-                &stream.pending,
-                "the stdio upstream exited before responding",
-            )
-            .await;
-            if let Err(e) = log.finish(stream.meta.id, StreamStatus::Failed).await {
+            let failed = log
+                .fail(
+                    &stream.meta,
+                    &stream.pending,
+                    "the stdio upstream exited before responding",
+                )
+                .await;
+            if let Err(e) = failed {
                 tracing::error!(stream = %stream.meta.id, error = %e, "cannot finish stream");
             }
             self.session.untrack(&stream.meta.origin_ids);
