@@ -12,7 +12,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::HeaderMap;
+use tokio::sync::mpsc;
 
 use crate::jsonrpc::{self, RequestId};
 use crate::session::{Session, Sessions};
@@ -23,6 +25,17 @@ use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 /// Longest pause before reconnecting to an upstream stream, whatever its
 /// `retry:` says.
 const MAX_RESUME_DELAY: Duration = Duration::from_secs(5);
+
+/// Batches read ahead of the log at most (backpressure on the upstream).
+const FEED_DEPTH: usize = 256;
+
+/// What the reading half of a relay hands the writing half.
+enum Feed {
+    /// Upstream messages; `complete` when they answer the last request.
+    Messages { batch: Vec<Bytes>, complete: bool },
+    /// The upstream stream ended (for good) with these requests unanswered.
+    Ended { pending: HashSet<RequestId> },
+}
 
 pub struct Relay {
     pub log: Arc<Log>,
@@ -47,9 +60,19 @@ impl Relay {
         }
     }
 
-    async fn pump(&self, mut messages: Messages) {
+    /// Reads the upstream and writes the log concurrently: while one batch
+    /// waits for its flush, the next one accumulates, so a fast upstream costs
+    /// a flush per batch rather than per message. (hyper reads a response
+    /// body only as fast as it is polled, so reading must not wait on the log.)
+    async fn pump(&self, messages: Messages) {
+        let (feed, fed) = mpsc::channel(FEED_DEPTH);
+        tokio::join!(self.read_upstream(messages, feed), self.write_log(fed));
+    }
+
+    /// The reading half: upstream messages in order, resuming the upstream
+    /// stream when it is cut before its last response.
+    async fn read_upstream(&self, mut messages: Messages, feed: mpsc::Sender<Feed>) {
         let mut pending: HashSet<RequestId> = self.stream.origin_ids.iter().cloned().collect();
-        let learn_version = self.stream.method.as_deref() == Some("initialize");
         let mut resumes_left = self.upstream.config.resume_attempts;
         loop {
             match messages.next_batch().await {
@@ -58,27 +81,13 @@ impl Relay {
                         for id in jsonrpc::response_ids(message) {
                             pending.remove(&id);
                         }
-                        if learn_version {
-                            self.sessions.learn_version(&self.session, message).await;
-                        }
                     }
                     // The last response in means the stream is complete: the
                     // upstream SHOULD end it now, and nothing after it belongs
                     // to the client.
                     let complete = self.stream.kind == StreamKind::Request && pending.is_empty();
-                    let logged = if complete {
-                        self.log
-                            .append_final(self.stream.id, &batch, StreamStatus::Completed)
-                            .await
-                    } else {
-                        self.log.append(self.stream.id, &batch).await
-                    };
-                    if let Err(e) = logged {
-                        tracing::error!(stream = %self.stream.id, error = %e, "cannot log upstream message; stream abandoned");
+                    if feed.send(Feed::Messages { batch, complete }).await.is_err() || complete {
                         return;
-                    }
-                    if complete {
-                        return self.release();
                     }
                 }
                 ended => {
@@ -92,14 +101,63 @@ impl Relay {
                             continue;
                         }
                     }
-                    let status = if self.stream.kind == StreamKind::Standalone || pending.is_empty()
-                    {
-                        StreamStatus::Completed
-                    } else {
-                        StreamStatus::Failed
-                    };
-                    return self.finish(status, &pending).await;
+                    let _ = feed.send(Feed::Ended { pending }).await;
+                    return;
                 }
+            }
+        }
+    }
+
+    /// The writing half: appends whatever has been read since the last
+    /// flush as one batch, and finishes the stream.
+    async fn write_log(&self, mut fed: mpsc::Receiver<Feed>) {
+        let learn_version = self.stream.method.as_deref() == Some("initialize");
+        while let Some(first) = fed.recv().await {
+            let (mut batch, mut complete, mut ended) = match first {
+                Feed::Messages { batch, complete } => (batch, complete, None),
+                Feed::Ended { pending } => (Vec::new(), false, Some(pending)),
+            };
+            while !complete && ended.is_none() {
+                match fed.try_recv() {
+                    Ok(Feed::Messages {
+                        batch: more,
+                        complete: last,
+                    }) => {
+                        batch.extend(more);
+                        complete = last;
+                    }
+                    Ok(Feed::Ended { pending }) => ended = Some(pending),
+                    Err(_) => break,
+                }
+            }
+            if learn_version {
+                for message in &batch {
+                    self.sessions.learn_version(&self.session, message).await;
+                }
+            }
+            let logged = if complete {
+                self.log
+                    .append_final(self.stream.id, &batch, StreamStatus::Completed)
+                    .await
+            } else if batch.is_empty() {
+                Ok(0)
+            } else {
+                self.log.append(self.stream.id, &batch).await
+            };
+            if let Err(e) = logged {
+                tracing::error!(stream = %self.stream.id, error = %e, "cannot log upstream message; stream abandoned");
+                return;
+            }
+            if complete {
+                return self.release();
+            }
+            if let Some(pending) = ended {
+                let status = if self.stream.kind == StreamKind::Standalone || pending.is_empty() {
+                    StreamStatus::Completed
+                } else {
+                    StreamStatus::Failed
+                };
+                return self.finish(status, &pending).await;
             }
         }
     }
