@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use dashmap::DashMap;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child as Process, ChildStdin, Command};
 use tokio_util::codec::{AnyDelimiterCodec, FramedRead};
@@ -219,7 +219,20 @@ async fn copy_stderr(session: SessionId, stderr: tokio::process::ChildStderr) {
     }
 }
 
-/// Reads the child's stdout and logs each message into its stream.
+/// Most lines routed and appended together.
+const MAX_LINES: usize = 512;
+
+/// Lines bound for one stream within a batch, and the stream they complete.
+struct Group {
+    stream: StreamId,
+    lines: Vec<Bytes>,
+    completes: Option<StreamMeta>,
+}
+
+/// Reads the child's stdout and logs each message into its stream. Lines
+/// already read when a batch starts are routed and appended together, one
+/// append per stream, so a chatty child costs a flush per batch rather than
+/// per line.
 async fn demux(
     child: Arc<Child>,
     stdout: tokio::process::ChildStdout,
@@ -228,44 +241,76 @@ async fn demux(
 ) {
     let codec = AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), Vec::new(), MAX_MESSAGE);
     let mut lines = FramedRead::new(stdout, codec);
-    while let Some(line) = lines.next().await {
-        let line = match line {
-            Ok(line) => trim(line),
-            Err(e) => {
-                tracing::warn!(session = %child.session.id, error = %e, "unreadable line from stdio upstream skipped");
+    while let Some(first) = lines.next().await {
+        let mut read = vec![first];
+        while read.len() < MAX_LINES {
+            match lines.next().now_or_never() {
+                Some(Some(line)) => read.push(line),
+                _ => break,
+            }
+        }
+        let mut groups: Vec<Group> = Vec::new();
+        let mut also_completed: Vec<StreamMeta> = Vec::new();
+        for line in read {
+            let line = match line {
+                Ok(line) => trim(line),
+                Err(e) => {
+                    tracing::warn!(session = %child.session.id, error = %e, "unreadable line from stdio upstream skipped");
+                    continue;
+                }
+            };
+            if line.is_empty() {
                 continue;
             }
-        };
-        if line.is_empty() {
-            continue;
-        }
-        let Ok(body) = jsonrpc::parse_body(&line) else {
-            tracing::warn!(session = %child.session.id, "stdio upstream wrote a line that is not JSON-RPC; ignored");
-            continue;
-        };
-        let (stream, completed) = child.route(&line, &body);
-        if let Some(done) = &completed {
-            if done.method.as_deref() == Some("initialize") {
+            let Ok(body) = jsonrpc::parse_body(&line) else {
+                tracing::warn!(session = %child.session.id, "stdio upstream wrote a line that is not JSON-RPC; ignored");
+                continue;
+            };
+            let (stream, completed) = child.route(&line, &body);
+            if completed
+                .as_ref()
+                .is_some_and(|d| d.method.as_deref() == Some("initialize"))
+            {
                 sessions.learn_version(&child.session, &line).await;
             }
-        }
-        let message = std::slice::from_ref(&line);
-        let logged = match &completed {
-            Some(done) if done.id == stream => {
-                log.append_final(stream, message, StreamStatus::Completed)
-                    .await
-            }
-            _ => log.append(stream, message).await,
-        };
-        if let Err(e) = logged {
-            tracing::error!(%stream, error = %e, "cannot log stdio upstream message");
-            continue;
-        }
-        if let Some(done) = completed {
-            if done.id != stream {
-                if let Err(e) = log.finish(done.id, StreamStatus::Completed).await {
-                    tracing::error!(stream = %done.id, error = %e, "cannot finish stream");
+            let at = match groups.iter().position(|g| g.stream == stream) {
+                Some(at) => at,
+                None => {
+                    groups.push(Group {
+                        stream,
+                        lines: Vec::new(),
+                        completes: None,
+                    });
+                    groups.len() - 1
                 }
+            };
+            groups[at].lines.push(line);
+            match completed {
+                Some(done) if done.id == stream => groups[at].completes = Some(done),
+                Some(other) => also_completed.push(other),
+                None => {}
+            }
+        }
+        for group in groups {
+            let logged = match &group.completes {
+                Some(_) => {
+                    log.append_final(group.stream, &group.lines, StreamStatus::Completed)
+                        .await
+                }
+                None => log.append(group.stream, &group.lines).await,
+            };
+            if let Err(e) = logged {
+                tracing::error!(stream = %group.stream, error = %e, "cannot log stdio upstream message");
+            }
+            if let Some(done) = group.completes {
+                child.session.untrack(&done.origin_ids);
+            }
+        }
+        // A batch answer can complete a stream other than the one it was
+        // logged to (responses to requests of two POSTs in one line).
+        for done in also_completed {
+            if let Err(e) = log.finish(done.id, StreamStatus::Completed).await {
+                tracing::error!(stream = %done.id, error = %e, "cannot finish stream");
             }
             child.session.untrack(&done.origin_ids);
         }
