@@ -8,7 +8,7 @@
 //!
 //! Each group is kept short (0.5 s warm-up, 3 s measurement, 20 samples) so the
 //! whole suite runs in under two minutes: these numbers are for spotting
-//! regressions and for locating cost, the load harness (`benches/load.rs`)
+//! regressions and for locating cost, the load harness (`benches/load/`)
 //! gives the end-to-end figures.
 
 use std::hint::black_box;

@@ -1,0 +1,367 @@
+//! The load harness (`cargo bench --bench load -- [--smoke] [--scenario NAME]…`):
+//! it owns the end-to-end figures of the proxy — throughput, latency, entries
+//! per second, CPU per entry, replay speed and memory per idle stream — each
+//! measured against the same fast upstream reached directly in the same run,
+//! so every figure can be read as a ratio rather than as an absolute number
+//! that depends on the machine.
+//!
+//! Three OS processes take part: this harness (client, its own tokio
+//! runtime), the fast upstream (`benches/support/fast_upstream.rs`, run by
+//! re-executing this binary as `load upstream --port P`, so upstream and
+//! client never share a runtime) and the release proxy binary
+//! (`MCP_RESUME_PROXY_BIN`, default `target/release/mcp-resume-proxy`, built
+//! when missing), one per `[store] sync` mode under test, each with its own
+//! temporary data directory. Everything listens on 127.0.0.1 only; every child
+//! is killed by a guard on drop (also when a scenario panics) and by
+//! `PR_SET_PDEATHSIG` when the harness itself dies; every scenario runs under
+//! a timeout.
+//!
+//! Scenarios: `small`, `streaming`, `replay`, `idle` (default: all four) and
+//! `peers` (only with `--peers`: the `small` load through the Rust
+//! `mcp-proxy` crate and the PyPI `mcp-persist`, installed under
+//! `/tmp/mcp-resume-proxy-peers`, never in the repository). `--smoke` runs
+//! the four at tiny sizes in a few seconds and exits non-zero unless each of
+//! them completed without errors and printed its figures.
+//!
+//! This file owns the options, the order of the scenarios and their time
+//! limits; each scenario is a module of its own (`small`, `streaming`,
+//! `replay`, `idle`, `peers`), on top of the MCP client (`client`), the child
+//! processes and `/proc` readings (`procs`) and the latency histogram
+//! (`histogram`).
+
+#[path = "../support/fast_upstream.rs"]
+mod fast_upstream;
+
+mod client;
+mod histogram;
+mod idle;
+mod peers;
+mod procs;
+mod replay;
+mod small;
+mod streaming;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::procs::{cpus, loadavg, proxy_bin, raise_nofile};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("upstream") {
+        run_upstream(&args[1..]);
+        return;
+    }
+    let opts = match Opts::parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("load: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    // Children are spawned from this (the main) thread only: PDEATHSIG fires
+    // when the spawning *thread* exits, and this one lives as long as the
+    // harness.
+    let ok = rt.block_on(run(opts));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--scenario small|streaming|replay|idle|peers]...
+       [--sync never,batch,always] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
+       [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
+
+/// The fast upstream's process: `load upstream --port P`.
+fn run_upstream(args: &[String]) {
+    let port: u16 = match args {
+        [flag, port] if flag == "--port" => port.parse().expect("--port takes a number"),
+        _ => panic!("usage: load upstream --port P"),
+    };
+    raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind upstream port");
+        fast_upstream::serve(listener).await;
+    });
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    smoke: bool,
+    peers: bool,
+    scenarios: Vec<String>,
+    rounds: usize,
+    duration: Duration,
+    warmup: Duration,
+    concurrency: Vec<usize>,
+    streaming_calls: usize,
+    progress: u32,
+    replay_entries: u32,
+    idle_streams: usize,
+    idle_hold: Duration,
+    /// `[store] sync` modes under test in `small` and `streaming` (`None`:
+    /// each scenario's own list).
+    sync: Option<Vec<String>>,
+}
+
+impl Opts {
+    fn parse(args: &[String]) -> Result<Self> {
+        let mut o = Opts {
+            smoke: false,
+            peers: false,
+            scenarios: Vec::new(),
+            rounds: 3,
+            duration: Duration::from_secs(4),
+            warmup: Duration::from_secs(1),
+            concurrency: vec![1, 32],
+            streaming_calls: 1000,
+            progress: 100,
+            replay_entries: 10_000,
+            idle_streams: 10_000,
+            idle_hold: Duration::from_secs(3),
+            sync: None,
+        };
+        let mut explicit: Vec<&str> = Vec::new();
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let mut value = || {
+                it.next()
+                    .map(String::as_str)
+                    .ok_or_else(|| anyhow!("{arg} needs a value"))
+            };
+            match arg.as_str() {
+                // cargo bench passes --bench to every bench binary.
+                "--bench" => {}
+                "--smoke" => o.smoke = true,
+                "--peers" => o.peers = true,
+                "--scenario" => o.scenarios.extend(value()?.split(',').map(str::to_owned)),
+                "--rounds" => {
+                    o.rounds = value()?.parse()?;
+                    explicit.push("rounds");
+                }
+                "--duration" => {
+                    o.duration = Duration::from_secs_f64(value()?.parse()?);
+                    explicit.push("duration");
+                }
+                "--warmup" => {
+                    o.warmup = Duration::from_secs_f64(value()?.parse()?);
+                    explicit.push("warmup");
+                }
+                "--concurrency" => {
+                    o.concurrency = value()?
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?;
+                    explicit.push("concurrency");
+                }
+                "--streaming-calls" => {
+                    o.streaming_calls = value()?.parse()?;
+                    explicit.push("streaming-calls");
+                }
+                "--progress" => {
+                    o.progress = value()?.parse()?;
+                    explicit.push("progress");
+                }
+                "--replay-entries" => {
+                    o.replay_entries = value()?.parse()?;
+                    explicit.push("replay-entries");
+                }
+                "--idle-streams" => {
+                    o.idle_streams = value()?.parse()?;
+                    explicit.push("idle-streams");
+                }
+                "--idle-hold" => {
+                    o.idle_hold = Duration::from_secs_f64(value()?.parse()?);
+                    explicit.push("idle-hold");
+                }
+                "--sync" => {
+                    let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
+                    if let Some(bad) = modes
+                        .iter()
+                        .find(|m| !["never", "batch", "always"].contains(&m.as_str()))
+                    {
+                        bail!("unknown sync mode {bad:?}");
+                    }
+                    o.sync = Some(modes);
+                }
+                other => bail!("unknown argument {other:?}"),
+            }
+        }
+        if o.smoke {
+            // Tiny sizes, unless a flag asked otherwise.
+            let keep = |name: &str| explicit.contains(&name);
+            if !keep("rounds") {
+                o.rounds = 1;
+            }
+            if !keep("duration") {
+                o.duration = Duration::from_millis(300);
+            }
+            if !keep("warmup") {
+                o.warmup = Duration::from_millis(100);
+            }
+            if !keep("concurrency") {
+                o.concurrency = vec![1, 4];
+            }
+            if !keep("streaming-calls") {
+                o.streaming_calls = 20;
+            }
+            if !keep("progress") {
+                o.progress = 10;
+            }
+            if !keep("replay-entries") {
+                o.replay_entries = 200;
+            }
+            if !keep("idle-streams") {
+                o.idle_streams = 50;
+            }
+            if !keep("idle-hold") {
+                o.idle_hold = Duration::from_millis(200);
+            }
+        }
+        if o.scenarios.is_empty() {
+            o.scenarios = ["small", "streaming", "replay", "idle"]
+                .map(str::to_owned)
+                .to_vec();
+        }
+        if o.peers && !o.scenarios.iter().any(|s| s == "peers") {
+            o.scenarios.push("peers".into());
+        }
+        for s in &o.scenarios {
+            match s.as_str() {
+                "small" | "streaming" | "replay" | "idle" => {}
+                "peers" if o.peers => {}
+                "peers" => bail!("the peers scenario runs only with --peers"),
+                other => bail!("unknown scenario {other:?}"),
+            }
+        }
+        if o.rounds == 0 {
+            bail!("--rounds must be at least 1");
+        }
+        Ok(o)
+    }
+
+    /// The `[store] sync` modes a scenario runs proxies with: `--sync`, or
+    /// the scenario's own `default`.
+    fn sync_modes(&self, default: &[&str]) -> Vec<String> {
+        self.sync
+            .clone()
+            .unwrap_or_else(|| default.iter().map(|&m| m.to_owned()).collect())
+    }
+}
+
+async fn run(opts: Opts) -> bool {
+    let started = Instant::now();
+    println!("# mcp-resume-proxy load harness");
+    println!(
+        "command: cargo bench --bench load -- {}",
+        // cargo appends --bench itself.
+        std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!("binary:  {}", std::env::args().next().unwrap_or_default());
+    println!("machine: {} cpus, {}", cpus(), loadavg());
+    let bin = match proxy_bin() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("load: cannot find or build the proxy binary: {e:#}");
+            return false;
+        }
+    };
+    println!("proxy:   {}", bin.display());
+    println!(
+        "options: rounds={} duration={:?} warmup={:?} concurrency={:?} streaming={}x{} replay={} idle={} hold={:?}",
+        opts.rounds,
+        opts.duration,
+        opts.warmup,
+        opts.concurrency,
+        opts.streaming_calls,
+        opts.progress,
+        opts.replay_entries,
+        opts.idle_streams,
+        opts.idle_hold
+    );
+    let mut all_ok = true;
+    for name in &opts.scenarios {
+        println!();
+        let limit = scenario_limit(name, &opts);
+        let t0 = Instant::now();
+        let outcome = match name.as_str() {
+            "small" => bounded(limit, small::run(&opts, &bin)).await,
+            "streaming" => bounded(limit, streaming::run(&opts, &bin)).await,
+            "replay" => bounded(limit, replay::run(&opts, &bin)).await,
+            "idle" => bounded(limit, idle::run(&opts, &bin)).await,
+            "peers" => bounded(limit, peers::run(&opts, &bin)).await,
+            _ => unreachable!("checked in Opts::parse"),
+        };
+        match outcome {
+            Ok(table) => {
+                print!("{table}");
+                println!("({name}: {:.1} s)", t0.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                all_ok = false;
+                println!("## {name}: FAILED: {e:#}");
+            }
+        }
+    }
+    println!();
+    println!(
+        "total {:.1} s, {}; {}",
+        started.elapsed().as_secs_f64(),
+        loadavg(),
+        if all_ok {
+            "all scenarios completed"
+        } else {
+            "SOME SCENARIOS FAILED"
+        }
+    );
+    all_ok
+}
+
+fn scenario_limit(name: &str, o: &Opts) -> Duration {
+    let per_run = o.duration + o.warmup + Duration::from_secs(15);
+    match name {
+        "small" => per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30),
+        "peers" => {
+            per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(1800)
+        }
+        "idle" => Duration::from_secs(120) + o.idle_hold * 2,
+        _ => Duration::from_secs(60 + 30 * o.rounds as u64),
+    }
+}
+
+async fn bounded<T>(limit: Duration, f: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| anyhow!("timed out after {limit:?}"))?
+}
+
+/// A row's figure per round, comma separated, and their median: the median
+/// is what rows are compared by, so one round disturbed by the machine does
+/// not decide the ratio.
+fn per_round_and_median(mut rates: Vec<f64>) -> (String, f64) {
+    let per_round = rates
+        .iter()
+        .map(|r| format!("{r:.0}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    rates.sort_by(f64::total_cmp);
+    let median = rates[rates.len() / 2];
+    (per_round, median)
+}

@@ -1,0 +1,302 @@
+//! The harness's child processes and what it reads about processes from
+//! `/proc`. Every child runs under a [`Proc`] guard, so a failing or panicking
+//! scenario never leaves an upstream or a proxy behind; the `/proc` readings
+//! (CPU, RSS, disk writes, fds, load average) are what the scenarios turn into
+//! per-message and per-stream figures.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use tokio::net::TcpStream;
+
+use crate::client::Target;
+
+/// A child process that is killed and reaped when dropped.
+pub struct Proc {
+    name: String,
+    child: std::process::Child,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn spawn(name: &str, mut cmd: Command, dir: Option<tempfile::TempDir>) -> Result<Self> {
+        // SAFETY: the closure only calls async-signal-safe functions (prctl,
+        // getrlimit, setrlimit) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                raise_nofile();
+                Ok(())
+            });
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawning {name}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            _dir: dir,
+        })
+    }
+
+    /// Spawns a server told to listen on `127.0.0.1:port` and returns once it
+    /// accepts connections, so no scenario measures a server still starting.
+    pub async fn spawn_listening(
+        name: &str,
+        cmd: Command,
+        dir: Option<tempfile::TempDir>,
+        port: u16,
+        limit: Duration,
+    ) -> Result<(Self, SocketAddr)> {
+        let mut p = Self::spawn(name, cmd, dir)?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        p.wait_listening(addr, limit).await?;
+        Ok((p, addr))
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        match self.child.try_wait()? {
+            Some(status) => bail!("{} exited early: {status}", self.name),
+            None => Ok(()),
+        }
+    }
+
+    async fn wait_listening(&mut self, addr: SocketAddr, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if TcpStream::connect(addr).await.is_ok() {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("{} did not listen on {addr} within {limit:?}", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd` for at most `limit`, its output into `log`; kills it when over.
+/// Returns whether it finished successfully in time.
+pub fn run_bounded(mut cmd: Command, limit: Duration, log: &Path) -> Result<bool> {
+    let file = std::fs::File::create(log)?;
+    let mut p = Proc::spawn(
+        "installer",
+        {
+            cmd.stdout(file.try_clone()?).stderr(file);
+            cmd
+        },
+        None,
+    )?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = p.child.try_wait()? {
+            return Ok(status.success());
+        }
+        if Instant::now() > deadline {
+            return Ok(false); // the guard kills it
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The cargo that runs this harness (`$CARGO`), or the one on `PATH`.
+pub fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Raises this process's soft fd limit to its hard limit (10,000 idle
+/// streams need two sockets each in the proxy). Async-signal-safe, so it is
+/// also used between fork and exec.
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc calls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+pub fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc call on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    }
+}
+
+pub fn free_port() -> Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The fast upstream, in its own process: this binary re-executed as
+/// `load upstream --port P`.
+pub async fn start_upstream() -> Result<(Proc, SocketAddr)> {
+    let port = free_port()?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["upstream", "--port", &port.to_string()])
+        .stdout(Stdio::null());
+    Proc::spawn_listening("fast upstream", cmd, None, port, Duration::from_secs(10)).await
+}
+
+/// The release proxy binary: `MCP_RESUME_PROXY_BIN`, else
+/// `target/release/mcp-resume-proxy`, built when missing.
+pub fn proxy_bin() -> Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = std::env::var_os("MCP_RESUME_PROXY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/release/mcp-resume-proxy"));
+    if !bin.exists() {
+        eprintln!(
+            "load: {} is missing; running cargo build --release",
+            bin.display()
+        );
+        let status = cargo()
+            .args(["build", "--release", "--bin", "mcp-resume-proxy"])
+            .current_dir(root)
+            .status()?;
+        if !status.success() || !bin.exists() {
+            bail!("cargo build --release failed ({status})");
+        }
+    }
+    Ok(bin)
+}
+
+/// One proxy process in front of `upstream`, with its own data directory.
+pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result<(Proc, Target)> {
+    let dir = tempfile::Builder::new()
+        .prefix("mcp-resume-proxy-load-")
+        .tempdir()?;
+    let port = free_port()?;
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[store]\nsync = \"{sync}\"\n\n\
+             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n",
+            dir.path().join("data").display()
+        ),
+    )?;
+    let log = std::fs::File::create(dir.path().join("proxy.log"))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(log);
+    let name = format!("proxy (sync={sync})");
+    let (p, addr) =
+        Proc::spawn_listening(&name, cmd, Some(dir), port, Duration::from_secs(20)).await?;
+    let target = Target::new(
+        &format!("proxy {sync}"),
+        addr,
+        "/mcp",
+        "echo",
+        Some(p.pid()),
+    );
+    Ok((p, target))
+}
+
+/// A fast upstream and one proxy per `[store] sync` mode in front of it.
+/// Fields drop in order: the proxies go before the upstream they talk to.
+pub struct Stand {
+    /// `direct` first, then one per proxy, in the order of the modes.
+    pub targets: Vec<Target>,
+    /// The proxies' processes (`peers` adds its own).
+    pub proxies: Vec<Proc>,
+    pub upstream: Proc,
+}
+
+pub async fn start_stand(bin: &Path, sync_modes: &[String]) -> Result<Stand> {
+    let (upstream, up_addr) = start_upstream().await?;
+    let mut proxies = Vec::new();
+    let mut targets = vec![Target::direct(up_addr)];
+    for sync in sync_modes {
+        let (p, t) = start_proxy(bin, up_addr, sync).await?;
+        proxies.push(p);
+        targets.push(t);
+    }
+    Ok(Stand {
+        targets,
+        proxies,
+        upstream,
+    })
+}
+
+/// utime + stime of a process, in seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at `state`.
+    let rest = &stat[stat.rfind(')').ok_or_else(|| anyhow!("bad stat"))? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields[11].parse()?;
+    let stime: u64 = fields[12].parse()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((utime + stime) as f64 / hz)
+}
+
+/// The number after `key:` in `/proc/<pid>/<file>` (both `status` and `io`
+/// are `key: value [unit]` lines).
+fn proc_number(pid: u32, file: &str, key: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))?;
+    let line = text
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))
+        .ok_or_else(|| anyhow!("no {key}"))?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .ok_or_else(|| anyhow!("bad {key}"))?
+        .parse()?)
+}
+
+/// Resident memory of a process, in KiB.
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    proc_number(pid, "status", "VmRSS")
+}
+
+/// Bytes a process caused to be sent to storage (`write_bytes` in
+/// `/proc/<pid>/io`): the log's write amplification.
+pub fn disk_write_bytes(pid: u32) -> Result<u64> {
+    proc_number(pid, "io", "write_bytes")
+}
+
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+pub fn loadavg() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let three: Vec<&str> = text.split_whitespace().take(3).collect();
+    format!("load average {}", three.join(" "))
+}

@@ -1,0 +1,113 @@
+//! The `replay` scenario: one call logs a long SSE answer through the proxy,
+//! then a `GET` with `Last-Event-ID` set to its first event id replays the
+//! rest from the log — replay speed, against live delivery of the same call
+//! directly and through the proxy.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use bytes::Bytes;
+use http::Method;
+
+use crate::client::{call, connect, open_session, read_reply, request, send, Target};
+use crate::procs::{start_proxy, start_upstream};
+use crate::Opts;
+
+pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
+    let (_up, up_addr) = start_upstream().await?;
+    let direct = Target::direct(up_addr);
+    let (_proxy, proxied) = start_proxy(bin, up_addr, "batch").await?;
+    let args = format!("{{\"delay_ms\":1,\"progress\":{}}}", o.replay_entries);
+    let n = o.replay_entries as u64 + 1;
+    let mut out = String::new();
+    writeln!(
+        out,
+        "## replay: one call logging {} progress + result, then GET with Last-Event-ID = its first event id (sync=batch)",
+        o.replay_entries
+    )?;
+    writeln!(
+        out,
+        "{:<34} {:>9} {:>14} {:>14} {:>12}",
+        "run", "messages", "first msg ms", "last msg ms", "messages/s"
+    )?;
+    // Live delivery of the same call, direct and through the proxy, as the
+    // yardstick for the replay.
+    let mut first_id = None;
+    let mut session_used = None;
+    for t in [&direct, &proxied] {
+        let mut conn = connect(t.addr).await?;
+        let session = open_session(&mut conn, t).await?;
+        let t0 = Instant::now();
+        let reply = call(&mut conn, t, &session, 1, &args).await?;
+        let total = t0.elapsed();
+        if reply.messages != n {
+            bail!("{}: {} messages, expected {n}", t.name, reply.messages);
+        }
+        row(
+            &mut out,
+            &format!("live call, {}", t.name),
+            reply.messages,
+            reply.first_message_at.map(|f| f - t0),
+            total,
+        )?;
+        if t.pid.is_some() {
+            first_id = reply.first_id;
+            session_used = Some(session);
+        }
+    }
+    let first_id = first_id.ok_or_else(|| anyhow!("the proxy sent no event id"))?;
+    let session = session_used.expect("set with first_id");
+    for round in 1..=o.rounds {
+        let mut conn = connect(proxied.addr).await?;
+        let req = request(
+            &proxied,
+            Method::GET,
+            Some(&session),
+            Some(&first_id),
+            Bytes::new(),
+        )?;
+        let t0 = Instant::now();
+        let reply = read_reply(send(&mut conn, req).await?).await?;
+        let total = t0.elapsed();
+        // Everything after the first entry: the rest of the progress and the
+        // result.
+        if reply.messages != n - 1 || !reply.result {
+            bail!(
+                "replay {round}: {} messages, expected {}",
+                reply.messages,
+                n - 1
+            );
+        }
+        row(
+            &mut out,
+            &format!("replay {round} (Last-Event-ID = 1st)"),
+            reply.messages,
+            reply.first_message_at.map(|f| f - t0),
+            total,
+        )?;
+    }
+    Ok(out)
+}
+
+/// One line of the table: the time to the first and to the last message,
+/// from the request on.
+fn row(
+    out: &mut String,
+    name: &str,
+    messages: u64,
+    first: Option<Duration>,
+    last: Duration,
+) -> Result<()> {
+    writeln!(
+        out,
+        "{:<34} {:>9} {:>14.3} {:>14.3} {:>12.0}",
+        name,
+        messages,
+        first.map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
+        last.as_secs_f64() * 1e3,
+        messages as f64 / last.as_secs_f64()
+    )?;
+    Ok(())
+}

@@ -1,0 +1,165 @@
+//! The `small` scenario: many small `tools/call` requests answered with
+//! plain JSON, back to back on keep-alive connections, at each concurrency —
+//! the proxy's per-request overhead in throughput and latency, per `[store]
+//! sync` mode, against the upstream reached directly. Its table is also what
+//! `peers` prints for the other proxies.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+
+use crate::client::{call, connect, connect_many, open_session, Target};
+use crate::histogram::Histogram;
+use crate::procs::start_stand;
+use crate::{per_round_and_median, Opts};
+
+struct SmallRun {
+    requests: u64,
+    errors: u64,
+    secs: f64,
+    hist: Histogram,
+}
+
+impl SmallRun {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.secs
+    }
+}
+
+/// `concurrency` sessions, each on its own connection, calling `tools/call`
+/// back to back; only calls that start after the warm-up and end before the
+/// deadline count.
+async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> {
+    let mut conns = connect_many(t.addr, concurrency).await?;
+    let mut sessions = Vec::with_capacity(concurrency);
+    for conn in &mut conns {
+        sessions.push(open_session(conn, t).await?);
+    }
+    let start = Instant::now();
+    let measure_from = start + o.warmup;
+    let until = measure_from + o.duration;
+    let mut tasks = Vec::new();
+    for (mut conn, session) in conns.into_iter().zip(sessions) {
+        let t = t.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::new();
+            let (mut requests, mut errors) = (0u64, 0u64);
+            let mut id = 1;
+            loop {
+                let t0 = Instant::now();
+                if t0 >= until {
+                    break;
+                }
+                let outcome = call(&mut conn, &t, &session, id, "{}").await;
+                id += 1;
+                let t1 = Instant::now();
+                match outcome {
+                    Ok(_) if t0 >= measure_from && t1 <= until => {
+                        hist.record(t1 - t0);
+                        requests += 1;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        errors += 1;
+                        if errors == 1 {
+                            eprintln!("load: {}: {e:#}", t.name);
+                        }
+                        // The connection may be gone; start over on a new one.
+                        match connect(t.addr).await {
+                            Ok(c) => conn = c,
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            (hist, requests, errors)
+        }));
+    }
+    let mut run = SmallRun {
+        requests: 0,
+        errors: 0,
+        secs: o.duration.as_secs_f64(),
+        hist: Histogram::new(),
+    };
+    for task in tasks {
+        let (hist, requests, errors) = task.await?;
+        run.hist.merge(&hist);
+        run.requests += requests;
+        run.errors += errors;
+    }
+    Ok(run)
+}
+
+/// Rounds of every target in turn (direct, proxy, …, direct, proxy, …), so
+/// drift in the machine's load hits all of them alike; one table per
+/// concurrency with the median throughput, merged latency quantiles and both
+/// against the direct row.
+pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> {
+    let mut out = String::new();
+    for &c in &o.concurrency {
+        let mut runs: Vec<Vec<SmallRun>> = targets.iter().map(|_| Vec::new()).collect();
+        for _ in 0..o.rounds {
+            for (i, t) in targets.iter().enumerate() {
+                runs[i].push(run_once(t, c, o).await?);
+            }
+        }
+        writeln!(
+            out,
+            "## {title}: tools/call, JSON upstream answer, concurrency {c}, {} rounds x {:.1} s",
+            o.rounds,
+            o.duration.as_secs_f64()
+        )?;
+        writeln!(
+            out,
+            "{:<14} {:>26} {:>9} {:>7} {:>9} {:>9} {:>9} {:>10} {:>6}",
+            "target",
+            "req/s per round",
+            "median",
+            "x direct",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "+p50 us",
+            "errors"
+        )?;
+        let mut direct: Option<(f64, f64)> = None;
+        for (t, rs) in targets.iter().zip(&runs) {
+            let (per_round, median) = per_round_and_median(rs.iter().map(SmallRun::rps).collect());
+            let mut hist = Histogram::new();
+            for r in rs {
+                hist.merge(&r.hist);
+            }
+            let errors: u64 = rs.iter().map(|r| r.errors).sum();
+            let p50 = hist.quantile_us(0.5);
+            let (base_rps, base_p50) = *direct.get_or_insert((median, p50));
+            writeln!(
+                out,
+                "{:<14} {:>26} {:>9.0} {:>7.2}x {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>6}",
+                t.name,
+                per_round,
+                median,
+                median / base_rps,
+                p50,
+                hist.quantile_us(0.99),
+                hist.quantile_us(0.999),
+                p50 - base_p50,
+                errors
+            )?;
+            if errors > 0 {
+                bail!("{}: {errors} failed calls at concurrency {c}", t.name);
+            }
+            if hist.total == 0 {
+                bail!("{}: no call completed at concurrency {c}", t.name);
+            }
+        }
+        writeln!(out)?;
+    }
+    Ok(out)
+}
+
+pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
+    let stand = start_stand(bin, &o.sync_modes(&["never", "batch", "always"])).await?;
+    table("small", &stand.targets, o).await
+}
