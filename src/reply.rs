@@ -33,10 +33,12 @@ pub fn passthrough(body: hyper::body::Incoming) -> Body {
     body.map_err(BoxError::from).boxed_unsync()
 }
 
-/// A body whose chunks a task sends; dropping the body (client gone) makes
-/// the task's next send fail, which is how the task learns to stop.
-pub fn channel(rx: mpsc::Receiver<Bytes>) -> Body {
-    ChannelBody { rx }.boxed_unsync()
+/// A body whose chunks a task sends through the returned sender; dropping
+/// the body (client gone) makes the task's next send fail, which is how the
+/// task learns to stop. The body ends when the sender is dropped.
+pub fn streamed(depth: usize) -> (mpsc::Sender<Bytes>, Body) {
+    let (tx, rx) = mpsc::channel(depth);
+    (tx, ChannelBody { rx }.boxed_unsync())
 }
 
 struct ChannelBody {

@@ -1,6 +1,6 @@
 //! The demo upstream's SSE plumbing: the in-memory per-stream event log that
-//! makes its streams resumable, the pump that copies a log onto an HTTP
-//! response, and the small body type those responses use.
+//! makes its streams resumable, and the pump that copies a log onto an HTTP
+//! response (whose body is the proxy's own `reply::Body`).
 //!
 //! Every POST stream (and a session's standalone GET stream) is a [`StreamLog`].
 //! The calls append to the log and never write to a socket themselves, so a
@@ -8,14 +8,10 @@
 //! call keeps running; a later GET with `Last-Event-ID` simply starts a second
 //! pump on the same log further along.
 
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Mutex;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{mpsc, watch};
 
 use crate::sse;
@@ -228,56 +224,6 @@ pub(crate) async fn pump(
                     return;
                 }
             }
-        }
-    }
-}
-
-/// Response body: either fully known (sent with `Content-Length`) or fed by a
-/// channel (chunked). When hyper drops it (client gone, server shut down) the
-/// channel's sender sees `closed()`, which is how calls learn about it.
-pub(crate) enum DemoBody {
-    Full(Option<Bytes>),
-    Channel(mpsc::Receiver<Bytes>),
-}
-
-impl DemoBody {
-    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
-        Self::Full(Some(bytes.into()))
-    }
-
-    pub(crate) fn empty() -> Self {
-        Self::Full(None)
-    }
-
-    /// A streaming body and the sender that feeds it.
-    pub(crate) fn channel() -> (mpsc::Sender<Bytes>, Self) {
-        let (tx, rx) = mpsc::channel(16);
-        (tx, Self::Channel(rx))
-    }
-}
-
-impl Body for DemoBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            Self::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Self::Channel(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self, Self::Full(None))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Self::Channel(_) => SizeHint::default(),
         }
     }
 }

@@ -32,7 +32,8 @@ use super::session::{
     is_notification, is_request, is_response, lock, on_notification, on_response, Call, Session,
     Sink,
 };
-use super::stream_log::{pump, DemoBody, PumpOptions, StreamLog};
+use super::stream_log::{pump, PumpOptions, StreamLog};
+use crate::reply::{self, Body};
 
 const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const LATEST_LEGACY: &str = "2025-11-25";
@@ -175,7 +176,7 @@ struct Server {
 }
 
 impl Server {
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<DemoBody> {
+    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         lock(&self.stats.requests).push(req.headers().clone());
         if req.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found");
@@ -193,7 +194,7 @@ impl Server {
         }
     }
 
-    async fn post(&self, req: Request<Incoming>) -> Response<DemoBody> {
+    async fn post(&self, req: Request<Incoming>) -> Response<Body> {
         let is_json = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -275,7 +276,7 @@ impl Server {
         }
         if requests.is_empty() {
             return with_session(
-                response(StatusCode::ACCEPTED, None, DemoBody::empty()),
+                response(StatusCode::ACCEPTED, None, reply::empty()),
                 &session,
             );
         }
@@ -313,7 +314,7 @@ impl Server {
         requests: Vec<Value>,
         batch: bool,
         http11: bool,
-    ) -> Response<DemoBody> {
+    ) -> Response<Body> {
         if self.opts.json_response {
             return self.respond_json(Some(session), requests, batch).await;
         }
@@ -349,9 +350,9 @@ impl Server {
         let retry = limit.map(|_| POLL_RETRY_MS);
         let sse = |body| with_session(sse_response(body), &session);
         if self.opts.buffered_sse {
-            return sse(DemoBody::full(log.encode_when_done(limit, retry).await));
+            return sse(reply::full(log.encode_when_done(limit, retry).await));
         }
-        let (tx, body) = DemoBody::channel();
+        let (tx, body) = reply::streamed(16);
         let opts = PumpOptions {
             limit,
             keep_alive: false,
@@ -374,7 +375,7 @@ impl Server {
         session: Option<Arc<Session>>,
         requests: Vec<Value>,
         batch: bool,
-    ) -> Response<DemoBody> {
+    ) -> Response<Body> {
         let calls = requests.iter().map(|request| {
             let call = self.start_call(session.clone(), Sink::Discard, request);
             async move { call.answer(request).await }
@@ -392,7 +393,7 @@ impl Server {
         let resp = match body {
             Some(body) => json_response(StatusCode::OK, &body),
             // Every request was cancelled: nothing to answer.
-            None => response(StatusCode::ACCEPTED, None, DemoBody::empty()),
+            None => response(StatusCode::ACCEPTED, None, reply::empty()),
         };
         match &session {
             Some(session) => with_session(resp, session),
@@ -402,14 +403,14 @@ impl Server {
 
     /// A stateless 2026-07-28 request: no session; `tools/call` streams (no
     /// ids, no priming), the rest is plain JSON.
-    async fn post_modern(&self, message: Value) -> Response<DemoBody> {
+    async fn post_modern(&self, message: Value) -> Response<Body> {
         if !is_request(&message) {
-            return response(StatusCode::ACCEPTED, None, DemoBody::empty());
+            return response(StatusCode::ACCEPTED, None, reply::empty());
         }
         if message["method"] != "tools/call" || self.opts.json_response {
             return self.respond_json(None, vec![message], false).await;
         }
-        let (tx, body) = DemoBody::channel();
+        let (tx, body) = reply::streamed(16);
         let call = self.start_call(None, Sink::Channel(tx), &message);
         tokio::spawn(async move {
             if let Some(answer) = call.answer(&message).await {
@@ -419,7 +420,7 @@ impl Server {
         sse_response(body)
     }
 
-    fn get(&self, headers: &HeaderMap) -> Response<DemoBody> {
+    fn get(&self, headers: &HeaderMap) -> Response<Body> {
         let session = match self.session_for(headers) {
             Ok(session) => session,
             Err(no_session) => return no_session.response(),
@@ -460,7 +461,7 @@ impl Server {
             Some((None, from)) => self.open_standalone(session, Some(from)),
             Some((Some(log), from)) => {
                 DemoStats::bump(&self.stats.resumed_gets);
-                let (tx, body) = DemoBody::channel();
+                let (tx, body) = reply::streamed(16);
                 let opts = PumpOptions {
                     limit: None,
                     keep_alive: false,
@@ -474,7 +475,7 @@ impl Server {
 
     /// The session's standalone GET stream, from where the last one stopped
     /// (or from `from` when resumed). At most one per session.
-    fn open_standalone(&self, session: Arc<Session>, from: Option<usize>) -> Response<DemoBody> {
+    fn open_standalone(&self, session: Arc<Session>, from: Option<usize>) -> Response<Body> {
         let cursor = {
             let mut state = session.lock();
             if state.get_open {
@@ -490,7 +491,7 @@ impl Server {
         if from.is_some() {
             DemoStats::bump(&self.stats.resumed_gets);
         }
-        let (tx, body) = DemoBody::channel();
+        let (tx, body) = reply::streamed(16);
         let resp = with_session(sse_response(body), &session);
         tokio::spawn(async move {
             let opts = PumpOptions {
@@ -508,7 +509,7 @@ impl Server {
         resp
     }
 
-    fn delete(&self, headers: &HeaderMap) -> Response<DemoBody> {
+    fn delete(&self, headers: &HeaderMap) -> Response<Body> {
         let session = match self.session_for(headers) {
             Ok(session) => session,
             Err(no_session) => return no_session.response(),
@@ -517,7 +518,7 @@ impl Server {
             DemoStats::bump(&self.stats.sessions_deleted);
         }
         session.standalone.close();
-        response(StatusCode::OK, None, DemoBody::empty())
+        response(StatusCode::OK, None, reply::empty())
     }
 }
 
@@ -539,7 +540,7 @@ enum NoSession {
 }
 
 impl NoSession {
-    fn response(self) -> Response<DemoBody> {
+    fn response(self) -> Response<Body> {
         match self {
             NoSession::Missing => rpc_error_response(
                 StatusCode::BAD_REQUEST,
@@ -553,11 +554,7 @@ impl NoSession {
     }
 }
 
-fn response(
-    status: StatusCode,
-    content_type: Option<&'static str>,
-    body: DemoBody,
-) -> Response<DemoBody> {
+fn response(status: StatusCode, content_type: Option<&'static str>, body: Body) -> Response<Body> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     if let Some(content_type) = content_type {
@@ -567,38 +564,34 @@ fn response(
     resp
 }
 
-fn plain(status: StatusCode, text: &'static str) -> Response<DemoBody> {
-    response(
-        status,
-        Some("text/plain; charset=utf-8"),
-        DemoBody::full(text),
-    )
+fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
+    response(status, Some("text/plain; charset=utf-8"), reply::full(text))
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<DemoBody> {
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     response(
         status,
         Some("application/json"),
-        DemoBody::full(body.to_string()),
+        reply::full(body.to_string()),
     )
 }
 
 /// A JSON-RPC error with a null id, keys in the order SDK servers write them.
-fn rpc_error_response(status: StatusCode, code: i64, message: &str) -> Response<DemoBody> {
+fn rpc_error_response(status: StatusCode, code: i64, message: &str) -> Response<Body> {
     let message = Value::from(message);
     let body =
         format!(r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":{code},"message":{message}}}}}"#);
-    response(status, Some("application/json"), DemoBody::full(body))
+    response(status, Some("application/json"), reply::full(body))
 }
 
-fn sse_response(body: DemoBody) -> Response<DemoBody> {
+fn sse_response(body: Body) -> Response<Body> {
     let mut resp = response(StatusCode::OK, Some("text/event-stream"), body);
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
 }
 
-fn with_session(mut resp: Response<DemoBody>, session: &Session) -> Response<DemoBody> {
+fn with_session(mut resp: Response<Body>, session: &Session) -> Response<Body> {
     // Our ids are hex, so this cannot fail; the check costs nothing.
     if let Ok(id) = HeaderValue::from_str(&session.id) {
         resp.headers_mut().insert(SESSION_HEADER, id);

@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::sync::mpsc;
 
 use crate::id::{SessionId, StreamId};
 use crate::reply::{self, Body};
@@ -46,7 +45,7 @@ pub fn open(
 /// Streams `reader` to the client as SSE until the stream ends, the client
 /// goes away, or another reader takes the stream over.
 pub fn serve(mut reader: Reader, how: Presentation) -> Body {
-    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let (tx, body) = reply::streamed(8);
     tokio::spawn(async move {
         let stream = reader.stream();
         let mut out = BytesMut::new();
@@ -85,5 +84,5 @@ pub fn serve(mut reader: Reader, how: Presentation) -> Body {
             }
         }
     });
-    reply::channel(rx)
+    body
 }
