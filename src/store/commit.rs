@@ -62,10 +62,6 @@ impl GroupCommit {
         })
     }
 
-    pub fn mode(&self) -> SyncMode {
-        self.mode
-    }
-
     /// Returns once everything inserted before the call is durable per the
     /// mode.
     pub async fn durable(self: &Arc<Self>) -> std::io::Result<()> {

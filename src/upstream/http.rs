@@ -62,10 +62,6 @@ impl HttpUpstream {
         })
     }
 
-    pub fn url(&self) -> &Uri {
-        &self.url
-    }
-
     /// Sends one request upstream with the client's end-to-end headers and
     /// the upstream's own session id.
     pub async fn send(

@@ -133,7 +133,6 @@ impl StdioUpstream {
             .open(session.id, StreamKind::Standalone, Vec::new(), None)
             .await
             .map_err(|e| UpstreamError::Broken(e.to_string()))?;
-        session.set_standalone(Some(standalone.id));
         let child = Arc::new(Child {
             session: session.clone(),
             stdin: tokio::sync::Mutex::new(stdin),
