@@ -348,7 +348,9 @@ impl Store for SledStore {
                 );
                 Ok(Entry {
                     seq,
-                    message: Bytes::copy_from_slice(&value),
+                    // Share sled's reference-counted buffer instead of copying
+                    // every replayed message.
+                    message: Bytes::from_owner(value),
                 })
             })
             .collect()
