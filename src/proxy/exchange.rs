@@ -35,6 +35,28 @@ use crate::upstream::UpstreamError;
 /// Largest upstream error body quoted into a JSON-RPC error entry.
 const QUOTED_BODY: usize = 2048;
 
+/// A client POST that carries requests, checked and classified.
+pub struct Post {
+    pub session: Arc<Session>,
+    /// An `initialize` that minted `session`: it is persisted only once the
+    /// upstream took it.
+    pub opens_session: bool,
+    pub headers: HeaderMap,
+    pub bytes: Bytes,
+    pub message: Message,
+}
+
+/// Answers the client from `stream`, persisting a session the POST opened
+/// first, so the session exists before the client learns its id.
+async fn answer(route: &Route, post: &Post, stream: &StreamMeta) -> Response<Body> {
+    if post.opens_session {
+        if let Err(e) = route.shared.sessions.persist(&post.session).await {
+            return store_failure(&e);
+        }
+    }
+    legacy::answer(route, &post.session, &post.headers, stream).await
+}
+
 /// Opens the request stream of a POST and tracks its request ids.
 async fn open_stream(
     route: &Route,
@@ -56,22 +78,14 @@ async fn open_stream(
 }
 
 /// Sends a POST to a stdio child and answers from the log.
-pub async fn stdio(
-    route: &Route,
-    child: &Child,
-    session: Arc<Session>,
-    opens_session: bool,
-    headers: HeaderMap,
-    bytes: Bytes,
-    message: Message,
-) -> Response<Body> {
-    let stream = match open_stream(route, &session, &message).await {
+pub async fn stdio(route: &Route, child: &Child, post: Post) -> Response<Body> {
+    let stream = match open_stream(route, &post.session, &post.message).await {
         Ok(s) => s,
         Err(res) => return res,
     };
-    let progress = message_progress_tokens(&bytes, &message);
+    let progress = message_progress_tokens(&post.bytes, &post.message);
     child.expect(&stream, progress);
-    if let Err(e) = child.write(&bytes).await {
+    if let Err(e) = child.write(&post.bytes).await {
         child.forget(stream.id);
         let failed = route
             .shared
@@ -82,12 +96,7 @@ pub async fn stdio(
             return store_failure(&e);
         }
     }
-    if opens_session {
-        if let Err(e) = route.shared.sessions.persist(&session).await {
-            return store_failure(&e);
-        }
-    }
-    legacy::answer(route, &session, &headers, &stream).await
+    answer(route, &post, &stream).await
 }
 
 /// Progress tokens of the requests in a POST body.
@@ -115,17 +124,9 @@ enum Head {
     Unreachable(UpstreamError),
 }
 
-pub async fn http(
-    route: &Route,
-    upstream: &Arc<HttpUpstream>,
-    session: Arc<Session>,
-    opens_session: bool,
-    headers: HeaderMap,
-    bytes: Bytes,
-    message: Message,
-) -> Response<Body> {
-    let shared = &route.shared;
-    let stream = match open_stream(route, &session, &message).await {
+pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Response<Body> {
+    let (session, opens_session) = (&post.session, post.opens_session);
+    let stream = match open_stream(route, session, &post.message).await {
         Ok(s) => s,
         Err(res) => return res,
     };
@@ -136,10 +137,10 @@ pub async fn http(
             upstream,
             session.clone(),
             stream.clone(),
-            headers.clone(),
+            post.headers.clone(),
         ),
         opens_session,
-        bytes,
+        post.bytes.clone(),
         head_tx,
     ));
 
@@ -154,23 +155,16 @@ pub async fn http(
     };
     match head {
         Some(Head::Refused(res)) => {
-            forget(route, &session, opens_session, &stream).await;
+            forget(route, session, opens_session, &stream).await;
             legacy::pass_through(res, (!opens_session).then_some(session.id))
         }
         Some(Head::Unreachable(e)) => {
-            forget(route, &session, opens_session, &stream).await;
+            forget(route, session, opens_session, &stream).await;
             bad_gateway(&e)
         }
-        Some(Head::Relaying) | None => {
-            if opens_session {
-                // Idempotent with the task's update; ensures the session exists
-                // before the client learns its id even if the head is late.
-                if let Err(e) = shared.sessions.persist(&session).await {
-                    return store_failure(&e);
-                }
-            }
-            legacy::answer(route, &session, &headers, &stream).await
-        }
+        // Persisting here is idempotent with the task's update and covers a
+        // head that came late.
+        Some(Head::Relaying) | None => answer(route, &post, &stream).await,
     }
 }
 

@@ -120,31 +120,16 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Response<Body> {
     if !message.has_requests() {
         return notify(route, &target, &session, &parts.headers, bytes).await;
     }
+    let post = exchange::Post {
+        session,
+        opens_session,
+        headers: parts.headers,
+        bytes,
+        message,
+    };
     match target {
-        Target::Http(up) => {
-            exchange::http(
-                route,
-                up,
-                session,
-                opens_session,
-                parts.headers,
-                bytes,
-                message,
-            )
-            .await
-        }
-        Target::Stdio(child) => {
-            exchange::stdio(
-                route,
-                &child,
-                session,
-                opens_session,
-                parts.headers,
-                bytes,
-                message,
-            )
-            .await
-        }
+        Target::Http(up) => exchange::http(route, up, post).await,
+        Target::Stdio(child) => exchange::stdio(route, &child, post).await,
     }
 }
 
