@@ -24,7 +24,7 @@ async fn rejected_without_harm(
     let body = body_json(res).await;
     assert_eq!(body["jsonrpc"], "2.0", "{body}");
     assert!(body["error"]["code"].is_i64(), "{body}");
-    let messages: Vec<_> = read_all(running).await.iter().filter_map(message).collect();
+    let messages = messages(running).await;
     assert_eq!(
         messages.last().unwrap()["id"],
         99,

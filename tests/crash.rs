@@ -4,69 +4,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::process::{free_addr, ProxyProcess};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use serde_json::json;
-
-struct ProxyProcess {
-    child: Child,
-    addr: std::net::SocketAddr,
-}
-
-impl ProxyProcess {
-    async fn start(upstream: &str, data_dir: &std::path::Path, addr: std::net::SocketAddr) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
-            .args(["--upstream", upstream, "--listen", &addr.to_string()])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("proxy binary starts");
-        let proxy = Self { child, addr };
-        let health = McpClient::new(format!("http://{addr}/healthz"));
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok() {
-                let res = health.send(Call::get()).await;
-                if res.status() == StatusCode::OK {
-                    return proxy;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "proxy never came up"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL"); // Child::kill is SIGKILL on Unix
-        self.child.wait().expect("reaped");
-    }
-
-    fn client(&self) -> McpClient {
-        McpClient::new(format!("http://{}/mcp", self.addr))
-    }
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_addr() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
 
 #[tokio::test]
 async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
@@ -75,7 +19,8 @@ async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let mut proxy = ProxyProcess::start(&upstream.url(), dir.path(), addr).await;
+    let mut proxy =
+        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
     let client = proxy.client();
     let sid = client.initialize(V_LATEST).await;
 
@@ -96,7 +41,7 @@ async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
     proxy.kill9();
     drop(live);
 
-    let proxy = ProxyProcess::start(&upstream.url(), dir.path(), addr).await;
+    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
     let client = proxy.client();
     let res = client
         .send(Call::get().session(&sid).header("last-event-id", &last_id))
@@ -125,11 +70,7 @@ async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
 
     // The session still maps to the same upstream session.
     let call = Call::post(&tool_call(3, "echo", json!({"text":"still here"}))).session(&sid);
-    let messages: Vec<_> = read_all(client.send(call).await)
-        .await
-        .iter()
-        .filter_map(message)
-        .collect();
+    let messages = messages(client.send(call).await).await;
     assert_eq!(messages[0]["result"]["content"][0]["text"], "still here");
 }
 
@@ -140,7 +81,8 @@ async fn a_completed_call_is_fully_replayable_after_kill9() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let addr = free_addr();
-    let mut proxy = ProxyProcess::start(&upstream.url(), dir.path(), addr).await;
+    let mut proxy =
+        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
     let client = proxy.client();
     let sid = client.initialize(V_LATEST).await;
     let events = read_all(
@@ -152,12 +94,12 @@ async fn a_completed_call_is_fully_replayable_after_kill9() {
     let before: Vec<_> = events.iter().filter_map(message).collect();
     proxy.kill9();
 
-    let proxy = ProxyProcess::start(&upstream.url(), dir.path(), addr).await;
+    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
     let priming = events[0].id.clone().unwrap();
     let res = proxy
         .client()
         .send(Call::get().session(&sid).header("last-event-id", &priming))
         .await;
-    let after: Vec<_> = read_all(res).await.iter().filter_map(message).collect();
+    let after = messages(res).await;
     assert_eq!(after, before);
 }

@@ -35,7 +35,7 @@ async fn modern_requests_are_forwarded_with_their_headers_and_no_session() {
         .await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(session_id(res.headers()).is_none(), "no session minted");
-    let messages: Vec<_> = read_all(res).await.iter().filter_map(message).collect();
+    let messages = messages(res).await;
     assert_eq!(messages.last().unwrap()["id"], 1);
     let seen = rig.upstream.stats.last_headers().unwrap();
     assert_eq!(seen["mcp-protocol-version"], MODERN);

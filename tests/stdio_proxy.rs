@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::process::{free_addr, ProxyProcess};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
@@ -102,11 +103,7 @@ async fn a_stdio_server_gets_one_child_per_session() {
     let _b = rig.client.initialize(V_LATEST).await;
     assert_eq!(rig.children().len(), 2);
     let call = Call::post(&tool_call(2, "echo", json!({"text":"hi"}))).session(&a);
-    let messages: Vec<_> = read_all(rig.client.send(call).await)
-        .await
-        .iter()
-        .filter_map(message)
-        .collect();
+    let messages = messages(rig.client.send(call).await).await;
     assert_eq!(messages[0]["result"]["content"][0]["text"], "hi");
 }
 
@@ -254,31 +251,20 @@ async fn proxy_shutdown_terminates_every_child() {
 async fn kill9_of_the_proxy_leaves_no_orphan_child() {
     let dir = tempfile::tempdir().unwrap();
     let marker = format!("k9-{:x}", rand_u64());
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut proxy = std::process::Command::new(BIN)
-        .args(["--upstream-command", &format!("{BIN} demo-stdio-server")])
-        .args(["--listen", &addr.to_string()])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("MCP_RESUME_PROXY_TEST", &marker)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let client = McpClient::new(format!("http://{addr}/mcp"));
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "proxy never came up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let addr = free_addr();
+    let command = format!("{BIN} demo-stdio-server");
+    let upstream = ["--upstream-command", command.as_str()];
+    let mut proxy = ProxyProcess::start(
+        &upstream,
+        dir.path(),
+        addr,
+        &[("MCP_RESUME_PROXY_TEST", marker.as_str())],
+    )
+    .await;
+    let client = proxy.client();
     let sid = client.initialize(V_LATEST).await;
     // The proxy's environment is inherited by its children; exclude the proxy.
-    let proxy_pid = proxy.id();
+    let proxy_pid = proxy.pid();
     let children = || -> Vec<u32> {
         pids_with_env("MCP_RESUME_PROXY_TEST", &marker)
             .into_iter()
@@ -286,30 +272,11 @@ async fn kill9_of_the_proxy_leaves_no_orphan_child() {
             .collect()
     };
     assert_eq!(children().len(), 1);
-    proxy.kill().unwrap(); // SIGKILL
-    proxy.wait().unwrap();
+    proxy.kill9();
     gone("child followed its parent", || children().is_empty()).await;
 
     // After a restart the stdio session is gone for good: 404, re-initialize.
-    let mut again = std::process::Command::new(BIN)
-        .args(["--upstream-command", &format!("{BIN} demo-stdio-server")])
-        .args(["--listen", &addr.to_string()])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "proxy never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let _again = ProxyProcess::start(&upstream, dir.path(), addr, &[]).await;
     let call = Call::post(&tool_call(2, "echo", json!({"text":"x"}))).session(&sid);
-    let status = client.send(call).await.status();
-    let _ = again.kill();
-    let _ = again.wait();
-    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(client.send(call).await.status(), StatusCode::NOT_FOUND);
 }

@@ -3,6 +3,8 @@
 //! (raw HTTP + SSE) so tests can cut and resume streams wherever they like.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -244,6 +246,11 @@ pub async fn read_all(res: Response<Incoming>) -> Vec<Event> {
         events.push(e);
     }
     events
+}
+
+/// Every message of an SSE answer, in order (priming events carry none).
+pub async fn messages(res: Response<Incoming>) -> Vec<Value> {
+    read_all(res).await.iter().filter_map(message).collect()
 }
 
 pub async fn body_json(res: Response<Incoming>) -> Value {

@@ -1,0 +1,77 @@
+//! The proxy as a real OS process, for tests that must `kill -9` it.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::{Call, McpClient, LIMIT};
+
+pub struct ProxyProcess {
+    child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl ProxyProcess {
+    /// Starts the binary with `upstream_args` (e.g. `["--upstream", url]`)
+    /// and extra environment, and waits until `/healthz` answers.
+    pub async fn start(
+        upstream_args: &[&str],
+        data_dir: &std::path::Path,
+        addr: std::net::SocketAddr,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+            .args(upstream_args)
+            .args(["--listen", &addr.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("proxy binary starts");
+        let proxy = Self { child, addr };
+        let health = McpClient::new(format!("http://{addr}/healthz"));
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
+            if tokio::net::TcpStream::connect(addr).await.is_ok()
+                && health.send(Call::get()).await.status() == StatusCode::OK
+            {
+                return proxy;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "proxy never came up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL"); // Child::kill is SIGKILL on Unix
+        self.child.wait().expect("reaped");
+    }
+
+    pub fn client(&self) -> McpClient {
+        McpClient::new(format!("http://{}/mcp", self.addr))
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback address nothing listens on right now.
+pub fn free_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("local addr")
+}
