@@ -179,19 +179,7 @@ async fn a_batch_of_requests_is_answered_on_one_stream() {
 async fn server_to_client_requests_reach_the_client_and_its_answer_reaches_the_upstream() {
     let rig = Rig::start().await;
     let sid = rig.client.initialize(V_LATEST).await;
-    let call = Call::post(&tool_call(6, "ask", json!({"kind":"elicitation"}))).session(&sid);
-    let mut reader = SseReader::new(rig.client.send(call).await);
-    let (_, request) = reader.next_message().await.unwrap();
-    assert_eq!(request["method"], "elicitation/create");
-    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"accept","content":{"colour":"teal"}}});
-    let res = rig.client.send(Call::post(&answer).session(&sid)).await;
-    assert_eq!(res.status(), StatusCode::ACCEPTED);
-    let (_, result) = reader.next_message().await.unwrap();
-    assert_eq!(result["id"], 6);
-    assert!(result["result"]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .contains("teal"));
+    elicitation_round_trip(&rig.client, &sid, 6).await;
 }
 
 #[tokio::test]

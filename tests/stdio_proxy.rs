@@ -141,19 +141,7 @@ async fn a_dropped_stdio_call_resumes_with_every_progress_once() {
 async fn server_requests_of_a_stdio_child_round_trip_through_the_proxy() {
     let rig = StdioRig::start().await;
     let sid = rig.client.initialize(V_LATEST).await;
-    let call = Call::post(&tool_call(3, "ask", json!({"kind":"elicitation"}))).session(&sid);
-    let mut reader = SseReader::new(rig.client.send(call).await);
-    let (_, request) = reader.next_message().await.unwrap();
-    assert_eq!(request["method"], "elicitation/create");
-    let answer = json!({"jsonrpc":"2.0","id":request["id"],"result":{"action":"accept","content":{"colour":"red"}}});
-    let res = rig.client.send(Call::post(&answer).session(&sid)).await;
-    assert_eq!(res.status(), StatusCode::ACCEPTED);
-    let (_, result) = reader.next_message().await.unwrap();
-    assert_eq!(result["id"], 3);
-    assert!(result["result"]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .contains("red"));
+    elicitation_round_trip(&rig.client, &sid, 3).await;
 }
 
 #[tokio::test]

@@ -159,6 +159,27 @@ impl McpClient {
     }
 }
 
+/// The demo `ask` tool's elicitation round trip: the server's request must
+/// reach the client on the call's stream, the client's answer (a separate
+/// POST, 202) must reach the upstream, and the result must carry it.
+pub async fn elicitation_round_trip(client: &McpClient, session: &str, id: u64) {
+    let call = Call::post(&tool_call(id, "ask", json!({"kind":"elicitation"}))).session(session);
+    let mut reader = SseReader::new(client.send(call).await);
+    let (_, request) = reader.next_message().await.expect("the server's request");
+    assert_eq!(request["method"], "elicitation/create");
+    let colour = format!("colour-{id}");
+    let answer = json!({"jsonrpc":"2.0","id":request["id"],
+        "result":{"action":"accept","content":{"colour":colour}}});
+    let res = client.send(Call::post(&answer).session(session)).await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    let (_, result) = reader.next_message().await.expect("the tool result");
+    assert_eq!(result["id"], id);
+    let text = result["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains(&colour), "{result}");
+}
+
 pub fn initialize(version: &str) -> Value {
     json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
         "protocolVersion": version, "capabilities": {},
