@@ -52,11 +52,22 @@ pub struct SseConfig {
     pub keepalive_secs: u64,
 }
 
+/// Where the log lives (`[store] backend`).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Append-only segment files under `data_dir/journal` (the default).
+    #[default]
+    Journal,
+    /// sled trees under `data_dir/log`: the first backend, kept for
+    /// comparison and for data directories written by it.
+    Sled,
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Only `"sled"` today.
-    pub backend: String,
+    pub backend: Backend,
     pub sync: SyncMode,
     /// Seconds a finished stream stays replayable.
     pub retention_secs: u64,
@@ -154,7 +165,7 @@ impl Default for SseConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            backend: "sled".into(),
+            backend: Backend::Journal,
             sync: SyncMode::Batch,
             retention_secs: 900,
             session_idle_secs: 86_400,
@@ -218,12 +229,6 @@ impl Config {
             return fail(format!(
                 "max_body = {} is too small (minimum 1024)",
                 self.max_body
-            ));
-        }
-        if self.store.backend != "sled" {
-            return fail(format!(
-                "store.backend = {:?} is not supported (supported: \"sled\")",
-                self.store.backend
             ));
         }
         for (key, value) in [

@@ -17,12 +17,14 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::jsonrpc::code;
 use crate::proxy::{Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
+use crate::store::journal::Journal;
 use crate::store::sled::SledStore;
+use crate::store::SharedStore;
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::http::HttpUpstream;
@@ -43,8 +45,11 @@ impl App {
         })?;
         let keyring = Keyring::load_or_create(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
-        let store = SledStore::open(&config.data_dir, config.store.sync)?;
-        let log = Log::new(Arc::new(store));
+        let store: SharedStore = match config.store.backend {
+            Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
+            Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
+        };
+        let log = Log::new(store);
         let recovered = crate::lifetime::recover(&log).await?;
         if recovered > 0 {
             tracing::warn!(recovered, "finished streams a previous run left live");

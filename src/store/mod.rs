@@ -9,6 +9,7 @@
 //! can never be shown an entry a crash could take back.
 
 pub mod commit;
+pub mod journal;
 pub mod sled;
 
 use std::sync::Arc;

@@ -1,0 +1,191 @@
+//! The journal's in-memory index: every session and stream record, and where
+//! each entry's bytes sit on disk.
+//!
+//! The index is the journal's source of truth for *metadata* (it is small,
+//! and a snapshot of it opens every segment), while entries stay on disk and
+//! are found through a [`Loc`] per entry. It also keeps the accounting that
+//! decides when a segment file may be deleted: the number of streams with
+//! entries in it. It performs no I/O.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::id::{Seq, SessionId, StreamId};
+use crate::store::{SessionRecord, StreamMeta, StreamStatus, Watermark};
+
+/// Segment files are numbered from 1; the number orders them.
+pub type SegmentNo = u32;
+
+/// Where one entry's message bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    pub segment: SegmentNo,
+    pub len: u32,
+    pub offset: u64,
+}
+
+pub struct StreamState {
+    pub meta: StreamMeta,
+    /// Entry `seq` is at `locs[seq - 1]`.
+    pub locs: Vec<Loc>,
+    /// Moved only once the entries below it are durable (see `Store`).
+    pub watermark: Arc<watch::Sender<Watermark>>,
+    /// Segments holding this stream's entries, oldest first.
+    segments: Vec<SegmentNo>,
+}
+
+impl StreamState {
+    pub fn new(meta: StreamMeta, locs: Vec<Loc>) -> Self {
+        let watermark = Arc::new(watch::Sender::new(Watermark {
+            seq: locs.len() as Seq,
+            finished: !meta.status.is_live(),
+        }));
+        Self {
+            meta,
+            locs,
+            watermark,
+            segments: Vec::new(),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Index {
+    pub sessions: HashMap<SessionId, SessionRecord>,
+    pub streams: HashMap<StreamId, StreamState>,
+    /// Streams per session, for `streams_of_session` and session deletion.
+    by_session: HashMap<SessionId, Vec<StreamId>>,
+    /// For each segment, how many streams have entries in it.
+    users: BTreeMap<SegmentNo, u32>,
+}
+
+impl Index {
+    pub fn add_stream(&mut self, state: StreamState) {
+        let id = state.meta.id;
+        self.by_session
+            .entry(state.meta.session)
+            .or_default()
+            .push(id);
+        let segments = distinct_segments(&state.locs);
+        for s in &segments {
+            *self.users.entry(*s).or_default() += 1;
+        }
+        let mut state = state;
+        state.segments = segments;
+        self.streams.insert(id, state);
+    }
+
+    /// Records that `locs` were appended to `stream` (already written).
+    pub fn push_locs(&mut self, stream: StreamId, locs: &[Loc]) {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        for loc in locs {
+            if state.segments.last() != Some(&loc.segment) {
+                state.segments.push(loc.segment);
+                *self.users.entry(loc.segment).or_default() += 1;
+            }
+        }
+        state.locs.extend_from_slice(locs);
+    }
+
+    pub fn set_status(&mut self, stream: StreamId, status: StreamStatus, at_ms: u64) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.meta.status = status;
+            state.meta.finished_ms = (!status.is_live()).then_some(at_ms);
+        }
+    }
+
+    /// Forgets a stream; its readers learn it is over. Returns segments that
+    /// no stream uses any more (candidates for deletion).
+    pub fn remove_stream(&mut self, id: StreamId) -> Vec<SegmentNo> {
+        let Some(state) = self.streams.remove(&id) else {
+            return Vec::new();
+        };
+        state.watermark.send_modify(|w| w.finished = true);
+        if let Some(list) = self.by_session.get_mut(&state.meta.session) {
+            list.retain(|s| *s != id);
+            if list.is_empty() {
+                self.by_session.remove(&state.meta.session);
+            }
+        }
+        let mut unused = Vec::new();
+        for s in state.segments {
+            if let Some(n) = self.users.get_mut(&s) {
+                *n -= 1;
+                if *n == 0 {
+                    self.users.remove(&s);
+                    unused.push(s);
+                }
+            }
+        }
+        unused
+    }
+
+    pub fn streams_of(&self, session: SessionId) -> Vec<StreamId> {
+        self.by_session.get(&session).cloned().unwrap_or_default()
+    }
+
+    /// Whether any stream still has entries in `segment`.
+    pub fn in_use(&self, segment: SegmentNo) -> bool {
+        self.users.contains_key(&segment)
+    }
+}
+
+fn distinct_segments(locs: &[Loc]) -> Vec<SegmentNo> {
+    let mut out: Vec<SegmentNo> = Vec::new();
+    for loc in locs {
+        if !out.contains(&loc.segment) {
+            out.push(loc.segment);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{now_ms, StreamKind};
+
+    fn state(session: SessionId) -> StreamState {
+        StreamState::new(
+            StreamMeta {
+                id: StreamId::random(),
+                session,
+                kind: StreamKind::Request,
+                origin_ids: vec![],
+                method: None,
+                status: StreamStatus::Live,
+                created_ms: now_ms(),
+                finished_ms: None,
+            },
+            Vec::new(),
+        )
+    }
+
+    fn loc(segment: SegmentNo) -> Loc {
+        Loc {
+            segment,
+            len: 1,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_segment_is_unused_once_every_stream_with_entries_in_it_is_gone() {
+        let mut index = Index::default();
+        let session = SessionId::random();
+        let (a, b) = (state(session), state(session));
+        let (ida, idb) = (a.meta.id, b.meta.id);
+        index.add_stream(a);
+        index.add_stream(b);
+        index.push_locs(ida, &[loc(1), loc(1), loc(2)]);
+        index.push_locs(idb, &[loc(2)]);
+        assert_eq!(index.remove_stream(ida), vec![1]);
+        assert!(index.in_use(2));
+        assert_eq!(index.remove_stream(idb), vec![2]);
+        assert!(index.streams_of(session).is_empty());
+    }
+}

@@ -1,0 +1,560 @@
+//! The embedded default backend: an append-only journal of segment files
+//! under `data_dir/journal`, with an in-memory index.
+//!
+//! Why not a general-purpose embedded database: the proxy's writes are
+//! appends to streams that are read back in order and deleted whole, which is
+//! exactly a log. Every change — a session record, a stream's creation, a
+//! batch of entries, a status, a deletion — is one checksummed record
+//! appended with one positioned `write`; durability is one `fdatasync` per
+//! group commit (`commit.rs`), shared by every writer that wrote before it
+//! started. The measured cost per call is a few microseconds plus the shared
+//! sync, where sled spent hundreds (see BENCHMARKS.md).
+//!
+//! Metadata lives in memory (`index.rs`) and is written as a snapshot at the
+//! head of every new segment, so recovery (`recover.rs`) needs only the newest
+//! segment's metadata plus the entries of older segments. A segment file is
+//! deleted as soon as no stream has entries in it — retention and session
+//! deletion therefore give disk space back without compaction. Entries are
+//! read with positioned reads straight from the files (the page cache keeps
+//! recent ones hot); the index holds 16 bytes per entry, never the messages.
+//!
+//! This module owns the locking and the order of operations; it must not
+//! move a stream's watermark before the entries below it are durable.
+
+mod index;
+mod record;
+mod recover;
+mod segment;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::watch;
+
+use self::index::{Index, Loc, SegmentNo, StreamState};
+use self::segment::Writer;
+use super::commit::{GroupCommit, SyncMode};
+use super::{
+    Entry, Result, SessionRecord, Store, StoreError, StreamMeta, StreamStatus, Subscription,
+    Watermark,
+};
+use crate::id::{Seq, SessionId, StreamId};
+
+/// Size at which the active segment is sealed and a new one started.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Entries of one batch are split into records of at most this many bytes.
+const RECORD_TARGET: usize = 16 * 1024 * 1024;
+
+/// How often `sync = "never"` syncs in the background: what a power loss can
+/// take (a `kill -9` takes nothing: written records are in the page cache).
+const NEVER_SYNC_EVERY: Duration = Duration::from_millis(200);
+
+fn io(e: std::io::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+struct Inner {
+    writer: Writer,
+    index: Index,
+    /// Every segment still on disk, for reads (the active one included).
+    files: HashMap<SegmentNo, Arc<File>>,
+    /// Reused encoding buffer.
+    buf: Vec<u8>,
+}
+
+pub struct Journal {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+    /// The file the group commit syncs (swapped on rollover).
+    active: Arc<Mutex<Arc<File>>>,
+    commit: Arc<GroupCommit>,
+    segment_bytes: u64,
+    /// Held for the journal's lifetime: one process per data directory.
+    _lock: File,
+}
+
+fn lock_dir(dir: &Path) -> Result<File> {
+    let file = File::create(dir.join("LOCK")).map_err(io)?;
+    // SAFETY: flock on a descriptor we own; no memory is shared.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(StoreError::Backend(format!(
+            "{} is in use by another process",
+            dir.display()
+        )));
+    }
+    Ok(file)
+}
+
+impl Journal {
+    /// Opens (or creates) the journal under `data_dir/journal`, recovering
+    /// whatever a previous run (or crash) left.
+    pub fn open(data_dir: &Path, sync: SyncMode) -> Result<Arc<Self>> {
+        Self::open_with(data_dir, sync, DEFAULT_SEGMENT_BYTES)
+    }
+
+    pub fn open_with(data_dir: &Path, sync: SyncMode, segment_bytes: u64) -> Result<Arc<Self>> {
+        let dir = data_dir.join("journal");
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let dir_lock = lock_dir(&dir)?;
+        let recovered = recover::recover(&dir)?;
+        // Every open starts a new segment whose snapshot records the
+        // recovered state; the old segments then only serve entries.
+        let writer = Writer::create(&dir, recovered.last + 1).map_err(io)?;
+        let active = Arc::new(Mutex::new(writer.file.clone()));
+        let flush_target = active.clone();
+        let commit = GroupCommit::new(
+            sync,
+            Arc::new(move || {
+                let file = lock(&flush_target).clone();
+                file.sync_data()
+            }),
+        );
+        let mut files = recovered.files;
+        files.insert(writer.no, writer.file.clone());
+        let journal = Arc::new(Self {
+            dir,
+            inner: Mutex::new(Inner {
+                writer,
+                index: recovered.index,
+                files,
+                buf: Vec::new(),
+            }),
+            active,
+            commit,
+            segment_bytes,
+            _lock: dir_lock,
+        });
+        {
+            let mut inner = journal.lock();
+            journal.write_snapshot(&mut inner)?;
+            journal.drop_unused_segments(&mut inner)?;
+        }
+        if sync == SyncMode::Never {
+            spawn_background_sync(Arc::downgrade(&journal));
+        }
+        Ok(journal)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
+    }
+
+    /// Bytes the journal occupies on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        let inner = self.lock();
+        inner
+            .files
+            .values()
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    async fn durable(&self) -> Result<()> {
+        self.commit.durable().await.map_err(io)
+    }
+
+    /// Appends the encoded records in `inner.buf` to the active segment;
+    /// returns the segment and offset they start at. Rolls over afterwards
+    /// when the segment is full.
+    fn write(&self, inner: &mut Inner) -> Result<(SegmentNo, u64)> {
+        let at = inner.writer.append(&inner.buf).map_err(io)?;
+        let no = inner.writer.no;
+        inner.buf.clear();
+        if inner.writer.len >= self.segment_bytes {
+            self.roll_over(inner)?;
+        }
+        Ok((no, at))
+    }
+
+    /// Seals the active segment and starts the next with a snapshot; then
+    /// deletes segments no stream needs any more.
+    fn roll_over(&self, inner: &mut Inner) -> Result<()> {
+        inner.writer.file.sync_data().map_err(io)?;
+        let writer = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
+        inner.files.insert(writer.no, writer.file.clone());
+        *lock(&self.active) = writer.file.clone();
+        inner.writer = writer;
+        self.write_snapshot(inner)?;
+        self.drop_unused_segments(inner)
+    }
+
+    /// Writes every session and stream record and the snapshot's end into
+    /// the (new) active segment, durably.
+    fn write_snapshot(&self, inner: &mut Inner) -> Result<()> {
+        let Inner {
+            writer, index, buf, ..
+        } = inner;
+        buf.clear();
+        for session in index.sessions.values() {
+            record::session(buf, session);
+        }
+        for state in index.streams.values() {
+            record::stream(buf, &state.meta);
+        }
+        record::snapshot_end(buf);
+        writer.append(buf).map_err(io)?;
+        buf.clear();
+        writer.file.sync_data().map_err(io)?;
+        segment::sync_dir(&self.dir).map_err(io)
+    }
+
+    /// Deletes sealed segments without entries of any existing stream. Only
+    /// called when what made them unused is durable (a snapshot, or a sync
+    /// just done), so a crash cannot bring back a stream whose entries are
+    /// gone.
+    fn drop_unused_segments(&self, inner: &mut Inner) -> Result<()> {
+        let active = inner.writer.no;
+        let unused: Vec<SegmentNo> = inner
+            .files
+            .keys()
+            .copied()
+            .filter(|&no| no != active && !inner.index.in_use(no))
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        for no in &unused {
+            inner.files.remove(no);
+            match std::fs::remove_file(segment::path(&self.dir, *no)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        tracing::debug!(segments = ?unused, "journal segments deleted");
+        segment::sync_dir(&self.dir).map_err(io)
+    }
+
+    /// Removes streams from the index after their tombstones were written;
+    /// gives back the segments that leaves unused.
+    fn forget_streams(&self, inner: &mut Inner, ids: &[StreamId]) -> Result<()> {
+        let active = inner.writer.no;
+        let mut freed = false;
+        for id in ids {
+            freed |= inner
+                .index
+                .remove_stream(*id)
+                .into_iter()
+                .any(|no| no != active);
+        }
+        if freed {
+            // The tombstones must outlive the entries they make unneeded.
+            inner.writer.file.sync_data().map_err(io)?;
+            self.drop_unused_segments(inner)?;
+        }
+        Ok(())
+    }
+
+    /// Writes entries (and the final status) for one stream, waits once for
+    /// durability, then moves the watermark readers follow.
+    async fn append_inner(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        finish: Option<(StreamStatus, u64)>,
+    ) -> Result<Seq> {
+        let (last, watermark) = {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            let state = inner
+                .index
+                .streams
+                .get(&stream)
+                .ok_or(StoreError::NoSuchStream(stream))?;
+            let watermark = state.watermark.clone();
+            let first = state.locs.len() as Seq + 1;
+            let mut placed = Vec::with_capacity(messages.len());
+            let mut seq = first;
+            for chunk in chunks(messages) {
+                placed.extend(record::entries(&mut inner.buf, stream, seq, chunk));
+                seq += chunk.len() as Seq;
+            }
+            if let Some((status, at_ms)) = finish {
+                record::status(&mut inner.buf, stream, status, at_ms);
+            }
+            let (no, at) = self.write(inner)?;
+            let locs: Vec<Loc> = placed
+                .into_iter()
+                .map(|(offset, len)| Loc {
+                    segment: no,
+                    len,
+                    offset: at + offset,
+                })
+                .collect();
+            inner.index.push_locs(stream, &locs);
+            if let Some((status, at_ms)) = finish {
+                inner.index.set_status(stream, status, at_ms);
+            }
+            (seq - 1, watermark)
+        };
+        self.durable().await?;
+        // Concurrent appends to one stream were written in seq order, so a
+        // flush covering this one covers every lower seq too.
+        watermark.send_if_modified(|w| {
+            let mut moved = false;
+            if last > w.seq {
+                w.seq = last;
+                moved = true;
+            }
+            if let Some((status, _)) = finish {
+                moved |= w.finished != !status.is_live();
+                w.finished = !status.is_live();
+            }
+            moved
+        });
+        Ok(last)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The state under these locks is updated only after the I/O it describes
+    // succeeded, so a panic elsewhere leaves it consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Splits a batch into runs small enough for one record each.
+fn chunks(messages: &[Bytes]) -> impl Iterator<Item = &[Bytes]> {
+    let mut rest = messages;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut size = 0;
+        let mut n = 0;
+        while n < rest.len() && (n == 0 || size + rest[n].len() <= RECORD_TARGET) {
+            size += rest[n].len() + 4;
+            n += 1;
+        }
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
+/// `sync = "never"` still syncs now and then, so a power loss costs at most
+/// this interval. Stops when the journal is dropped.
+fn spawn_background_sync(journal: Weak<Journal>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval(NEVER_SYNC_EVERY);
+        loop {
+            tick.tick().await;
+            let Some(journal) = journal.upgrade() else {
+                return;
+            };
+            let file = lock(&journal.active).clone();
+            drop(journal);
+            if let Err(e) = tokio::task::spawn_blocking(move || file.sync_data()).await {
+                tracing::warn!(error = %e, "journal background sync failed");
+            }
+        }
+    });
+}
+
+/// Reads the message bytes at `locs`, one positioned read per run of
+/// neighbouring entries (a batch's entries sit back to back, separated only
+/// by their 4-byte length prefixes).
+fn read_locs(
+    files: &HashMap<SegmentNo, Arc<File>>,
+    first: Seq,
+    locs: &[Loc],
+) -> Result<Vec<Entry>> {
+    const NEAR: u64 = 64;
+    let mut out = Vec::with_capacity(locs.len());
+    let mut i = 0;
+    while i < locs.len() {
+        let start = locs[i];
+        let mut end = start.offset + start.len as u64;
+        let mut j = i + 1;
+        while j < locs.len()
+            && locs[j].segment == start.segment
+            && locs[j].offset >= end
+            && locs[j].offset - end <= NEAR
+        {
+            end = locs[j].offset + locs[j].len as u64;
+            j += 1;
+        }
+        let file = files
+            .get(&start.segment)
+            .ok_or_else(|| StoreError::Corrupt(format!("segment {} is gone", start.segment)))?;
+        let mut buf = BytesMut::zeroed((end - start.offset) as usize);
+        file.read_exact_at(&mut buf, start.offset).map_err(io)?;
+        let span = buf.freeze();
+        for (k, loc) in locs[i..j].iter().enumerate() {
+            let from = (loc.offset - start.offset) as usize;
+            out.push(Entry {
+                seq: first + (i + k) as Seq,
+                message: span.slice(from..from + loc.len as usize),
+            });
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+#[async_trait::async_trait]
+impl Store for Journal {
+    async fn put_session(&self, session: &SessionRecord) -> Result<()> {
+        {
+            let mut inner = self.lock();
+            record::session(&mut inner.buf, session);
+            self.write(&mut inner)?;
+            inner.index.sessions.insert(session.id, session.clone());
+        }
+        self.durable().await
+    }
+
+    async fn get_session(&self, id: SessionId) -> Result<Option<SessionRecord>> {
+        Ok(self.lock().index.sessions.get(&id).cloned())
+    }
+
+    async fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
+        Ok(self.lock().index.sessions.values().cloned().collect())
+    }
+
+    async fn delete_session(&self, id: SessionId) -> Result<()> {
+        {
+            let mut inner = self.lock();
+            let streams = inner.index.streams_of(id);
+            for stream in &streams {
+                record::stream_gone(&mut inner.buf, *stream);
+            }
+            record::session_gone(&mut inner.buf, id);
+            self.write(&mut inner)?;
+            inner.index.sessions.remove(&id);
+            self.forget_streams(&mut inner, &streams)?;
+        }
+        self.durable().await
+    }
+
+    async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
+        // Not synced on its own: the first append's sync covers it (the
+        // journal is sequential), and a stream without entries that a crash
+        // loses was never shown to anyone.
+        let mut inner = self.lock();
+        record::stream(&mut inner.buf, meta);
+        self.write(&mut inner)?;
+        inner
+            .index
+            .add_stream(StreamState::new(meta.clone(), Vec::new()));
+        Ok(())
+    }
+
+    async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
+        Ok(self.lock().index.streams.get(&id).map(|s| s.meta.clone()))
+    }
+
+    async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
+        Ok(self
+            .lock()
+            .index
+            .streams
+            .values()
+            .map(|s| s.meta.clone())
+            .collect())
+    }
+
+    async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
+        let inner = self.lock();
+        Ok(inner
+            .index
+            .streams_of(session)
+            .iter()
+            .filter_map(|id| inner.index.streams.get(id).map(|s| s.meta.clone()))
+            .collect())
+    }
+
+    async fn set_status(&self, id: StreamId, status: StreamStatus, at_ms: u64) -> Result<()> {
+        let watermark = {
+            let mut inner = self.lock();
+            let watermark = inner
+                .index
+                .streams
+                .get(&id)
+                .ok_or(StoreError::NoSuchStream(id))?
+                .watermark
+                .clone();
+            record::status(&mut inner.buf, id, status, at_ms);
+            self.write(&mut inner)?;
+            inner.index.set_status(id, status, at_ms);
+            watermark
+        };
+        self.durable().await?;
+        watermark.send_modify(|w| w.finished = !status.is_live());
+        Ok(())
+    }
+
+    async fn delete_stream(&self, id: StreamId) -> Result<()> {
+        let mut inner = self.lock();
+        if !inner.index.streams.contains_key(&id) {
+            return Ok(());
+        }
+        record::stream_gone(&mut inner.buf, id);
+        self.write(&mut inner)?;
+        self.forget_streams(&mut inner, &[id])
+    }
+
+    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
+        self.append_inner(stream, messages, None).await
+    }
+
+    async fn append_final(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        status: StreamStatus,
+        at_ms: u64,
+    ) -> Result<Seq> {
+        self.append_inner(stream, messages, Some((status, at_ms)))
+            .await
+    }
+
+    async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
+        let (locs, files) = {
+            let inner = self.lock();
+            let Some(state) = inner.index.streams.get(&stream) else {
+                return Ok(Vec::new());
+            };
+            let durable = state.watermark.borrow().seq;
+            if after >= durable {
+                return Ok(Vec::new());
+            }
+            let end = durable.min(after.saturating_add(limit as Seq)) as usize;
+            let locs = state.locs[after as usize..end].to_vec();
+            let mut files = HashMap::new();
+            for loc in &locs {
+                if let Some(f) = inner.files.get(&loc.segment) {
+                    files.entry(loc.segment).or_insert_with(|| f.clone());
+                }
+            }
+            (locs, files)
+        };
+        // Outside the lock: a read of a deleted segment still works on the
+        // open file, and writers never wait for readers' I/O.
+        read_locs(&files, after + 1, &locs)
+    }
+
+    fn subscribe(&self, stream: StreamId) -> Subscription {
+        match self.lock().index.streams.get(&stream) {
+            Some(state) => state.watermark.subscribe(),
+            // No such stream: a closed channel that says "finished"; the
+            // reader's next look at the store tells it the stream is gone.
+            None => watch::Sender::new(Watermark {
+                seq: 0,
+                finished: true,
+            })
+            .subscribe(),
+        }
+    }
+}
