@@ -25,6 +25,25 @@ fn random_16() -> [u8; 16] {
     bytes
 }
 
+/// Lowercase hex of `bytes`, written into `out` (twice as long). Ids are
+/// printed on every response header, so this avoids `fmt` per byte.
+pub fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = DIGITS[(b >> 4) as usize];
+        out[2 * i + 1] = DIGITS[(b & 0x0f) as usize];
+    }
+    let out = &out[..2 * bytes.len()];
+    // Every byte written is an ASCII hex digit.
+    std::str::from_utf8(out).unwrap_or_default()
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; 2 * bytes.len()];
+    hex_into(bytes, &mut out).to_owned()
+}
+
 macro_rules! random_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -43,10 +62,8 @@ macro_rules! random_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                for b in self.0 {
-                    write!(f, "{b:02x}")?;
-                }
-                Ok(())
+                let mut out = [0u8; 32];
+                f.write_str(hex_into(&self.0, &mut out))
             }
         }
 

@@ -33,6 +33,15 @@ pub fn passthrough(body: hyper::body::Incoming) -> Body {
     body.map_err(BoxError::from).boxed_unsync()
 }
 
+/// A body produced by polling `chunks` from the connection's own task.
+pub fn polled<S>(chunks: S) -> Body
+where
+    S: futures_util::Stream<Item = Bytes> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    http_body_util::StreamBody::new(chunks.map(|b| Ok::<_, BoxError>(Frame::data(b)))).boxed_unsync()
+}
+
 /// A body whose chunks a task sends through the returned sender; dropping
 /// the body (client gone) makes the task's next send fail, which is how the
 /// task learns to stop. The body ends when the sender is dropped.

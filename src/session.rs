@@ -62,7 +62,7 @@ pub fn wants_priming(version: Option<&str>) -> bool {
 pub fn principal(headers: &HeaderMap, header: &str) -> String {
     let value = headers.get(header).map(|v| v.as_bytes()).unwrap_or(b"");
     let d = digest::digest(&digest::SHA256, value);
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    crate::id::hex(d.as_ref())
 }
 
 /// A live session.

@@ -32,6 +32,9 @@
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
 
+#[path = "../support/floor_proxy.rs"]
+mod floor_proxy;
+
 mod client;
 mod histogram;
 mod idle;
@@ -52,6 +55,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("upstream") {
         run_upstream(&args[1..]);
+        return;
+    }
+    if args.first().map(String::as_str) == Some("floor") {
+        run_floor(&args[1..]);
         return;
     }
     let opts = match Opts::parse(&args) {
@@ -95,6 +102,28 @@ fn run_upstream(args: &[String]) {
             .await
             .expect("bind upstream port");
         fast_upstream::serve(listener).await;
+    });
+}
+
+/// The floor proxy's process: `load floor --port P --upstream ADDR`.
+fn run_floor(args: &[String]) {
+    let (port, upstream): (u16, std::net::SocketAddr) = match args {
+        [p, port, u, addr] if p == "--port" && u == "--upstream" => (
+            port.parse().expect("--port takes a number"),
+            addr.parse().expect("--upstream takes host:port"),
+        ),
+        _ => panic!("usage: load floor --port P --upstream ADDR"),
+    };
+    raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind floor port");
+        floor_proxy::serve(listener, upstream).await;
     });
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use crate::client::Target;
-use crate::procs::{cargo, free_port, run_bounded, start_stand, Proc};
+use crate::procs::{cargo, free_port, run_bounded, start_floor, start_stand, Proc};
 use crate::{small, Opts};
 
 /// Where peers are installed: outside the repository, reused across runs.
@@ -124,6 +124,9 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         }
         Err(e) => writeln!(notes, "mcp-persist skipped: {e:#}")?,
     }
+    let (floor, target) = start_floor(up_addr).await?;
+    stand.targets.push(target);
+    stand.proxies.push(floor);
     let mut out = small::table("peers", &stand.targets, o).await?;
     out.push_str(&notes);
     Ok(out)

@@ -165,6 +165,25 @@ pub async fn start_upstream() -> Result<(Proc, SocketAddr)> {
     Proc::spawn_listening("fast upstream", cmd, None, port, Duration::from_secs(10)).await
 }
 
+/// The floor proxy (`benches/support/floor_proxy.rs`) in front of
+/// `upstream`, in its own process.
+pub async fn start_floor(upstream: SocketAddr) -> Result<(Proc, Target)> {
+    let port = free_port()?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args([
+        "floor",
+        "--port",
+        &port.to_string(),
+        "--upstream",
+        &upstream.to_string(),
+    ])
+    .stdout(Stdio::null());
+    let (p, addr) =
+        Proc::spawn_listening("floor proxy", cmd, None, port, Duration::from_secs(10)).await?;
+    let target = Target::new("floor", addr, "/mcp", "echo", Some(p.pid()));
+    Ok((p, target))
+}
+
 /// The release proxy binary: `MCP_RESUME_PROXY_BIN`, else
 /// `target/release/mcp-resume-proxy`, built when missing.
 pub fn proxy_bin() -> Result<PathBuf> {

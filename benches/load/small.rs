@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 
 use crate::client::{call, connect, connect_many, open_session, Target};
 use crate::histogram::Histogram;
-use crate::procs::start_stand;
+use crate::procs::{start_floor, start_stand};
 use crate::{per_round_and_median, Opts};
 
 struct SmallRun {
@@ -159,7 +159,12 @@ pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> 
     Ok(out)
 }
 
+/// Direct, the floor proxy, then ours per sync mode.
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let stand = start_stand(bin, &o.sync_modes(&["never", "batch", "always"])).await?;
+    let mut stand = start_stand(bin, &o.sync_modes(&["never", "batch", "always"])).await?;
+    let upstream = stand.targets[0].addr;
+    let (floor, target) = start_floor(upstream).await?;
+    stand.targets.insert(1, target);
+    stand.proxies.push(floor);
     table("small", &stand.targets, o).await
 }

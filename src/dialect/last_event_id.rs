@@ -44,45 +44,60 @@ pub fn open(
 
 /// Streams `reader` to the client as SSE until the stream ends, the client
 /// goes away, or another reader takes the stream over.
-pub fn serve(mut reader: Reader, how: Presentation) -> Body {
-    let (tx, body) = reply::streamed(8);
-    tokio::spawn(async move {
-        let stream = reader.stream();
-        let mut out = BytesMut::new();
-        // Without a priming event, `retry:` rides on the first real event.
-        let mut retry = how.retry_ms;
-        if how.priming {
-            let id = how.keyring.event_id(how.session, stream, reader.cursor());
-            crate::sse::encode_priming(&mut out, &id, retry.take());
-            if tx.send(out.split().freeze()).await.is_err() {
-                return;
+pub fn serve(reader: Reader, how: Presentation) -> Body {
+    // The body is polled by the client connection's own task: an entry made
+    // durable wakes that task directly, with no relay task or channel between
+    // the log and the socket. Dropping the body (client gone) drops the
+    // reader.
+    let state = Serving {
+        reader,
+        how,
+        out: BytesMut::new(),
+        primed: false,
+    };
+    reply::polled(futures_util::stream::unfold(state, |mut s| async move {
+        let chunk = s.next_chunk().await?;
+        Some((chunk, s))
+    }))
+}
+
+struct Serving {
+    reader: Reader,
+    how: Presentation,
+    out: BytesMut,
+    primed: bool,
+}
+
+impl Serving {
+    /// The next bytes for the client; `None` ends the response.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        let stream = self.reader.stream();
+        let how = &mut self.how;
+        if !self.primed {
+            self.primed = true;
+            if how.priming {
+                let id = how.keyring.event_id(how.session, stream, self.reader.cursor());
+                crate::sse::encode_priming(&mut self.out, &id, how.retry_ms.take());
+                return Some(self.out.split().freeze());
             }
         }
-        loop {
-            let chunk = match reader.next(how.keepalive).await {
-                Ok(Next::Entries(entries)) => {
-                    for entry in &entries {
-                        if let Some(ms) = retry.take() {
-                            crate::sse::encode_retry_field(&mut out, ms);
-                        }
-                        let id = how.keyring.event_id(how.session, stream, entry.seq);
-                        crate::sse::encode_event(&mut out, Some(&id), &entry.message);
+        match self.reader.next(how.keepalive).await {
+            Ok(Next::Entries(entries)) => {
+                for entry in &entries {
+                    if let Some(ms) = how.retry_ms.take() {
+                        crate::sse::encode_retry_field(&mut self.out, ms);
                     }
-                    out.split().freeze()
+                    let id = how.keyring.event_id(how.session, stream, entry.seq);
+                    crate::sse::encode_event(&mut self.out, Some(&id), &entry.message);
                 }
-                Ok(Next::Idle) => Bytes::from_static(crate::sse::KEEP_ALIVE),
-                Ok(Next::End(_) | Next::Gone | Next::Replaced) => return,
-                Err(e) => {
-                    tracing::error!(stream = %stream, error = %e, "cannot read stream; closing the client's connection");
-                    return;
-                }
-            };
-            if tx.send(chunk).await.is_err() {
-                // The client went away. The stream stays in the log for the
-                // client to resume with Last-Event-ID.
-                return;
+                Some(self.out.split().freeze())
+            }
+            Ok(Next::Idle) => Some(Bytes::from_static(crate::sse::KEEP_ALIVE)),
+            Ok(Next::End(_) | Next::Gone | Next::Replaced) => None,
+            Err(e) => {
+                tracing::error!(stream = %stream, error = %e, "cannot read stream; closing the client's connection");
+                None
             }
         }
-    });
-    body
+    }
 }

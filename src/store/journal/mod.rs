@@ -178,7 +178,7 @@ impl Journal {
     /// Seals the active segment and starts the next with a snapshot; then
     /// deletes segments no stream needs any more.
     fn roll_over(&self, inner: &mut Inner) -> Result<()> {
-        inner.writer.file.sync_data().map_err(io)?;
+        inner.writer.seal().map_err(io)?;
         let writer = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
         inner.files.insert(writer.no, writer.file.clone());
         *lock(&self.active) = writer.file.clone();
