@@ -39,7 +39,8 @@ where
     S: futures_util::Stream<Item = Bytes> + Send + 'static,
 {
     use futures_util::StreamExt;
-    http_body_util::StreamBody::new(chunks.map(|b| Ok::<_, BoxError>(Frame::data(b)))).boxed_unsync()
+    http_body_util::StreamBody::new(chunks.map(|b| Ok::<_, BoxError>(Frame::data(b))))
+        .boxed_unsync()
 }
 
 /// A body whose chunks a task sends through the returned sender; dropping

@@ -200,6 +200,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// The log this server writes (for tests and embedding).
+    pub fn store(&self) -> &SharedStore {
+        self.app.shared.log.store()
+    }
+
     /// Binds, opens the log, and serves in the background.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let listener = TcpListener::bind(config.listen)

@@ -233,6 +233,46 @@ async fn a_slow_json_upstream_is_answered_with_a_resumable_stream_at_once() {
 }
 
 #[tokio::test]
+async fn a_client_that_leaves_before_the_answer_does_not_cancel_the_call() {
+    let rig = Rig::with(
+        DemoOptions {
+            json_response: true,
+            ..Default::default()
+        },
+        |c| c.upstream[0].answer_wait_ms = 10_000,
+    )
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    // The proxy is still waiting for the upstream's answer when the client
+    // gives up and closes its connection.
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        rig.client
+            .send(Call::post(&slow_call(9, 3, 100)).session(&sid)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the answer came before the client left");
+    let store = rig.proxy.as_ref().unwrap().store().clone();
+    let session: mcp_resume_proxy::id::SessionId = sid.parse().unwrap();
+    let mut logged = Vec::new();
+    for _ in 0..200 {
+        let streams = store.streams_of_session(session).await.unwrap();
+        let call = streams
+            .iter()
+            .find(|s| s.method.as_deref() == Some("tools/call") && !s.status.is_live());
+        if let Some(s) = call {
+            logged = store.read_after(s.id, 0, 10).await.unwrap();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let last: serde_json::Value =
+        serde_json::from_slice(&logged.last().expect("call logged").message).unwrap();
+    assert_eq!(last["id"], 9);
+    assert!(last["result"].is_object(), "{last}");
+}
+
+#[tokio::test]
 async fn an_upstream_that_cuts_its_stream_is_resumed_upstream_transparently() {
     let rig = Rig::with(
         DemoOptions {

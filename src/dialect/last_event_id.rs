@@ -76,7 +76,9 @@ impl Serving {
         if !self.primed {
             self.primed = true;
             if how.priming {
-                let id = how.keyring.event_id(how.session, stream, self.reader.cursor());
+                let id = how
+                    .keyring
+                    .event_id(how.session, stream, self.reader.cursor());
                 crate::sse::encode_priming(&mut self.out, &id, how.retry_ms.take());
                 return Some(self.out.split().freeze());
             }

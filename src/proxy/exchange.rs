@@ -1,24 +1,27 @@
 //! Exchanges: how a client POST carrying requests reaches the upstream and
 //! how its answer gets into the log, for each kind of upstream.
 //!
-//! HTTP: a detached task forwards the POST and relays the answer into a new
-//! stream, while the handler waits (up to `answer_wait_ms`) for the upstream's
-//! response head. A head that carries messages means the client gets the
+//! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
+//! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
+//! task of its own. A head that carries messages means the client gets the
 //! stream as SSE from the log; any other status passes through unchanged
-//! (clients detect protocol eras from 4xx bodies). A head that has not come by
-//! then means the client gets the SSE stream anyway — so it holds an event id
-//! to resume with — and a late refusal becomes a JSON-RPC error entry.
+//! (clients detect protocol eras from 4xx bodies). An exchange not done by
+//! then (or whose client left) continues in a task of its own, the client
+//! gets the SSE stream anyway — so it holds an event id to resume with — and
+//! a late refusal becomes a JSON-RPC error entry.
 //!
 //! stdio: the stream is registered with the child's demultiplexer, the
 //! message written to its stdin, and the client answered from the log.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
-use tokio::sync::oneshot;
 
 use super::{bad_gateway, legacy, store_failure, Route};
 use crate::headers::{self, SESSION_ID};
@@ -114,14 +117,53 @@ fn message_progress_tokens(bytes: &[u8], message: &Message) -> Vec<String> {
     }
 }
 
-/// What the exchange task tells the waiting handler about the upstream's
-/// response head.
-enum Head {
-    /// The upstream answers with messages; the stream is being relayed.
+/// How an exchange ended for the handler that drove it.
+enum Outcome {
+    /// The whole answer is in the log (a JSON answer read inline).
+    Logged,
+    /// The answer is an SSE stream, relayed into the log by its own task.
     Relaying,
     /// The upstream answered with something to pass through unchanged.
     Refused(Response<Incoming>),
     Unreachable(UpstreamError),
+}
+
+/// An exchange the handler polls itself — one task, no hand-offs, for the
+/// common call that completes within `answer_wait_ms` — and that is handed
+/// to a task of its own when the handler stops polling it (the wait ran out,
+/// or the client went away: under the legacy protocols a disconnect is not
+/// cancellation, so the exchange must run to its end either way).
+struct Inline {
+    exchange: Option<Pin<Box<dyn Future<Output = Outcome> + Send>>>,
+    /// Tells the exchange nobody waits for its outcome, so it logs a late
+    /// refusal as an error entry instead of returning it.
+    orphaned: Arc<AtomicBool>,
+}
+
+impl Inline {
+    async fn outcome(&mut self) -> Option<Outcome> {
+        let outcome = self.exchange.as_mut()?.await;
+        self.exchange = None;
+        Some(outcome)
+    }
+
+    fn detach(&mut self) {
+        if let Some(exchange) = self.exchange.take() {
+            self.orphaned.store(true, Ordering::Release);
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(exchange);
+                }
+                Err(_) => tracing::error!("no runtime to finish a detached exchange"),
+            }
+        }
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        self.detach();
+    }
 }
 
 pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Response<Body> {
@@ -130,41 +172,42 @@ pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Re
         Ok(s) => s,
         Err(res) => return res,
     };
-    let (head_tx, mut head_rx) = oneshot::channel();
-    tokio::spawn(run_exchange(
-        relay(
-            route,
-            upstream,
-            session.clone(),
-            stream.clone(),
-            post.headers.clone(),
-        ),
-        opens_session,
-        post.bytes.clone(),
-        head_tx,
-    ));
-
+    let orphaned = Arc::new(AtomicBool::new(false));
+    let mut inline = Inline {
+        exchange: Some(Box::pin(exchange(
+            relay(
+                route,
+                upstream,
+                session.clone(),
+                stream.clone(),
+                post.headers.clone(),
+            ),
+            opens_session,
+            post.bytes.clone(),
+            orphaned.clone(),
+        ))),
+        orphaned,
+    };
     let wait = Duration::from_millis(upstream.config.answer_wait_ms);
-    let head = match tokio::time::timeout(wait, &mut head_rx).await {
-        Ok(Ok(head)) => Some(head),
-        Ok(Err(_)) => None, // the task died; its stream says why
+    let outcome = match tokio::time::timeout(wait, inline.outcome()).await {
+        Ok(outcome) => outcome,
         Err(_) => {
-            head_rx.close();
-            head_rx.try_recv().ok()
+            inline.detach();
+            None
         }
     };
-    match head {
-        Some(Head::Refused(res)) => {
+    match outcome {
+        Some(Outcome::Refused(res)) => {
             forget(route, session, opens_session, &stream).await;
             legacy::pass_through(res, (!opens_session).then_some(session.id))
         }
-        Some(Head::Unreachable(e)) => {
+        Some(Outcome::Unreachable(e)) => {
             forget(route, session, opens_session, &stream).await;
             bad_gateway(&e)
         }
-        // Persisting here is idempotent with the task's update and covers a
-        // head that came late.
-        Some(Head::Relaying) | None => answer(route, &post, &stream).await,
+        // Persisting here is idempotent with the exchange's update and
+        // covers a head that came late.
+        Some(Outcome::Logged | Outcome::Relaying) | None => answer(route, &post, &stream).await,
     }
 }
 
@@ -179,14 +222,16 @@ async fn forget(route: &Route, session: &Session, opens_session: bool, stream: &
     }
 }
 
-/// The detached half of an exchange: forwards upstream, reports the head,
-/// relays the answer into the log.
-async fn run_exchange(
+/// Forwards the POST, learns the upstream's session id, and relays the
+/// answer into the log: inline for a JSON answer (one message, usually
+/// already read with the head), in a task of its own for an SSE stream (the
+/// client must be answered while it runs).
+async fn exchange(
     relay: Relay,
     opens_session: bool,
     bytes: Bytes,
-    head_tx: oneshot::Sender<Head>,
-) {
+    orphaned: Arc<AtomicBool>,
+) -> Outcome {
     let upstream_session = relay.session.upstream_session();
     let sent = relay
         .upstream
@@ -199,20 +244,18 @@ async fn run_exchange(
         .await;
     let res = match sent {
         Ok(res) if carries_messages(&res) => res,
-        Ok(res) => {
-            if let Err(Head::Refused(res)) = head_tx.send(Head::Refused(res)) {
-                // The client was already answered with the stream.
-                let why = refusal_text(res).await;
-                fail(&relay, &why).await;
-            }
-            return;
+        Ok(res) if orphaned.load(Ordering::Acquire) => {
+            // The client was already answered with the stream.
+            let why = refusal_text(res).await;
+            fail(&relay, &why).await;
+            return Outcome::Relaying;
         }
-        Err(e) => {
-            if let Err(Head::Unreachable(e)) = head_tx.send(Head::Unreachable(e)) {
-                fail(&relay, &e.to_string()).await;
-            }
-            return;
+        Ok(res) => return Outcome::Refused(res),
+        Err(e) if orphaned.load(Ordering::Acquire) => {
+            fail(&relay, &e.to_string()).await;
+            return Outcome::Relaying;
         }
+        Err(e) => return Outcome::Unreachable(e),
     };
     if opens_session {
         let upstream_id = headers::get_str(res.headers(), &SESSION_ID).map(str::to_owned);
@@ -223,8 +266,14 @@ async fn run_exchange(
             tracing::error!(session = %relay.session.id, error = %e, "cannot persist session");
         }
     }
-    let _ = head_tx.send(Head::Relaying);
-    relay.run(Messages::new(res)).await;
+    let messages = Messages::new(res);
+    if messages.is_sse() {
+        tokio::spawn(relay.run(messages));
+        Outcome::Relaying
+    } else {
+        relay.run(messages).await;
+        Outcome::Logged
+    }
 }
 
 async fn refusal_text(res: Response<Incoming>) -> String {

@@ -113,7 +113,9 @@ impl Writer {
             }
             Err(e) => {
                 // Zero what may have been written so recovery stops here.
-                let _ = self.file.write_all_at(&ZEROES[..bytes.len().min(ZEROES.len())], at);
+                let _ = self
+                    .file
+                    .write_all_at(&ZEROES[..bytes.len().min(ZEROES.len())], at);
                 Err(e)
             }
         }
