@@ -1,9 +1,9 @@
 //! Criterion micro-benchmarks of the proxy's hot paths, through the crate's
 //! public API only: SSE framing (`sse::encode_event`, `sse::Decoder`),
 //! envelope classification (`jsonrpc::classify`, `jsonrpc::parse_body`),
-//! sealed event ids (`token::Keyring`) and the sled log (`append` with
-//! `sync = "never"` and `"batch"`, one stream and 16 concurrent streams, and
-//! `read_after`). Every message is one of two sizes seen on the wire: a
+//! sealed event ids (`token::Keyring`) and both log backends, the journal
+//! (default) and sled (`append` with `sync = "never"` and `"batch"`, one
+//! stream and 16 concurrent streams, and `read_after`). Every message is one of two sizes seen on the wire: a
 //! ~200-byte progress notification and a ~10 KB tool result.
 //!
 //! Each group is kept short (0.5 s warm-up, 3 s measurement, 20 samples) so the
@@ -21,8 +21,9 @@ use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::jsonrpc;
 use mcp_resume_proxy::sse::{encode_event, Decoder};
 use mcp_resume_proxy::store::commit::SyncMode;
+use mcp_resume_proxy::store::journal::Journal;
 use mcp_resume_proxy::store::sled::SledStore;
-use mcp_resume_proxy::store::{now_ms, Store, StreamKind, StreamMeta, StreamStatus};
+use mcp_resume_proxy::store::{now_ms, SharedStore, StreamKind, StreamMeta, StreamStatus};
 use mcp_resume_proxy::token::Keyring;
 
 /// A `notifications/progress` of about 200 bytes.
@@ -144,7 +145,7 @@ fn token(c: &mut Criterion) {
     g.finish();
 }
 
-fn open_stream(rt: &tokio::runtime::Runtime, store: &SledStore, session: SessionId) -> StreamId {
+fn open_stream(rt: &tokio::runtime::Runtime, store: &SharedStore, session: SessionId) -> StreamId {
     let meta = StreamMeta {
         id: StreamId::random(),
         session,
@@ -160,6 +161,16 @@ fn open_stream(rt: &tokio::runtime::Runtime, store: &SledStore, session: Session
     meta.id
 }
 
+type Backend = fn(&std::path::Path, SyncMode) -> SharedStore;
+
+fn open_journal(dir: &std::path::Path, sync: SyncMode) -> SharedStore {
+    Journal::open(dir, sync).expect("open journal")
+}
+
+fn open_sled(dir: &std::path::Path, sync: SyncMode) -> SharedStore {
+    Arc::new(SledStore::open(dir, sync).expect("open sled"))
+}
+
 fn store(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -169,12 +180,18 @@ fn store(c: &mut Criterion) {
     let msg = small_message();
     let mut g = c.benchmark_group("store");
     g.throughput(Throughput::Elements(1));
-    for (mode_name, mode) in [("never", SyncMode::Never), ("batch", SyncMode::Batch)] {
+    let backends: [(&str, Backend); 2] = [("journal", open_journal), ("sled", open_sled)];
+    for ((backend, open), (mode_name, mode)) in backends.iter().flat_map(|b| {
+        [
+            (b, ("never", SyncMode::Never)),
+            (b, ("batch", SyncMode::Batch)),
+        ]
+    }) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(SledStore::open(dir.path(), mode).expect("open sled"));
+        let store = rt.block_on(async { open(dir.path(), mode) });
         let session = SessionId::random();
         let one = open_stream(&rt, &store, session);
-        g.bench_function(format!("append_200B/{mode_name}/1_stream"), |b| {
+        g.bench_function(format!("{backend}/append_200B/{mode_name}/1_stream"), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
                     let start = Instant::now();
@@ -191,55 +208,60 @@ fn store(c: &mut Criterion) {
         // 16 writers on 16 streams at once: what group commit is for. The
         // time reported is per append (elapsed / total appends).
         let streams: Vec<StreamId> = (0..16).map(|_| open_stream(&rt, &store, session)).collect();
-        g.bench_function(format!("append_200B/{mode_name}/16_streams"), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let per_task = iters.div_ceil(16);
-                    let start = Instant::now();
-                    let tasks: Vec<_> = streams
-                        .iter()
-                        .map(|&s| {
-                            let store = store.clone();
-                            let msg = msg.clone();
-                            tokio::spawn(async move {
-                                for _ in 0..per_task {
-                                    store
-                                        .append(s, std::slice::from_ref(&msg))
-                                        .await
-                                        .expect("append");
-                                }
+        g.bench_function(
+            format!("{backend}/append_200B/{mode_name}/16_streams"),
+            |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let per_task = iters.div_ceil(16);
+                        let start = Instant::now();
+                        let tasks: Vec<_> = streams
+                            .iter()
+                            .map(|&s| {
+                                let store = store.clone();
+                                let msg = msg.clone();
+                                tokio::spawn(async move {
+                                    for _ in 0..per_task {
+                                        store
+                                            .append(s, std::slice::from_ref(&msg))
+                                            .await
+                                            .expect("append");
+                                    }
+                                })
                             })
-                        })
-                        .collect();
-                    for t in tasks {
-                        t.await.expect("append task");
-                    }
-                    // Scale back to `iters` appends.
-                    start
-                        .elapsed()
-                        .mul_f64(iters as f64 / (per_task * 16) as f64)
+                            .collect();
+                        for t in tasks {
+                            t.await.expect("append task");
+                        }
+                        // Scale back to `iters` appends.
+                        start
+                            .elapsed()
+                            .mul_f64(iters as f64 / (per_task * 16) as f64)
+                    })
                 })
+            },
+        );
+    }
+    // read_after on a stream of 10,000 entries: the replay path.
+    g.throughput(Throughput::Elements(100));
+    for (backend, open) in backends {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = rt.block_on(async { open(dir.path(), SyncMode::Never) });
+        let stream = open_stream(&rt, &store, SessionId::random());
+        rt.block_on(async {
+            let batch: Vec<Bytes> = (0..100).map(|_| msg.clone()).collect();
+            for _ in 0..100 {
+                store.append(stream, &batch).await.expect("append");
+            }
+        });
+        g.bench_function(format!("{backend}/read_after/100_of_10k"), |b| {
+            b.iter(|| {
+                rt.block_on(store.read_after(stream, black_box(5_000), 100))
+                    .expect("read")
+                    .len()
             })
         });
     }
-    // read_after on a stream of 10,000 entries: the replay path.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path(), SyncMode::Never).expect("open sled");
-    let stream = open_stream(&rt, &store, SessionId::random());
-    rt.block_on(async {
-        let batch: Vec<Bytes> = (0..100).map(|_| msg.clone()).collect();
-        for _ in 0..100 {
-            store.append(stream, &batch).await.expect("append");
-        }
-    });
-    g.throughput(Throughput::Elements(100));
-    g.bench_function("read_after/100_of_10k", |b| {
-        b.iter(|| {
-            rt.block_on(store.read_after(stream, black_box(5_000), 100))
-                .expect("read")
-                .len()
-        })
-    });
     g.finish();
 }
 

@@ -252,12 +252,12 @@ impl Drop for Reader {
 mod tests {
     use super::*;
     use crate::store::commit::SyncMode;
-    use crate::store::sled::SledStore;
+    use crate::store::journal::Journal;
 
     async fn log() -> (tempfile::TempDir, Arc<Log>) {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-        (dir, Log::new(Arc::new(store)))
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        (dir, Log::new(store))
     }
 
     const IDLE: Duration = Duration::from_secs(5);

@@ -9,6 +9,8 @@
 //! can never be shown an entry a crash could take back.
 
 pub mod commit;
+#[cfg(test)]
+mod contract;
 pub mod journal;
 pub mod sled;
 

@@ -373,101 +373,11 @@ impl Store for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{now_ms, StreamKind};
+    use crate::store::contract::meta;
 
-    fn meta(session: SessionId) -> StreamMeta {
-        StreamMeta {
-            id: StreamId::random(),
-            session,
-            kind: StreamKind::Request,
-            origin_ids: vec![],
-            method: Some("tools/call".into()),
-            status: StreamStatus::Live,
-            created_ms: now_ms(),
-            finished_ms: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn appended_entries_read_back_in_order_after_any_cursor() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-        let m = meta(SessionId::random());
-        store.create_stream(&m).await.unwrap();
-        let messages: Vec<Bytes> = (1..=10).map(|i| Bytes::from(format!("m{i}"))).collect();
-        assert_eq!(store.append(m.id, &messages[..4]).await.unwrap(), 4);
-        assert_eq!(store.append(m.id, &messages[4..]).await.unwrap(), 10);
-        for cut in 0..=10u64 {
-            let got = store.read_after(m.id, cut, 100).await.unwrap();
-            let want: Vec<Bytes> = messages[cut as usize..].to_vec();
-            assert_eq!(
-                got.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
-                want
-            );
-            assert!(got.iter().zip(cut + 1..).all(|(e, s)| e.seq == s));
-        }
-    }
-
-    #[tokio::test]
-    async fn entries_and_sequence_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = meta(SessionId::random());
-        {
-            let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-            store.create_stream(&m).await.unwrap();
-            store
-                .append(m.id, &[Bytes::from_static(b"a")])
-                .await
-                .unwrap();
-        }
-        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-        assert_eq!(store.stream_meta(m.id).await.unwrap(), Some(m.clone()));
-        assert_eq!(
-            store
-                .append(m.id, &[Bytes::from_static(b"b")])
-                .await
-                .unwrap(),
-            2
-        );
-    }
-
-    #[tokio::test]
-    async fn deleting_a_session_removes_its_streams_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), SyncMode::Never).unwrap();
-        let (a, b) = (meta(SessionId::random()), meta(SessionId::random()));
-        for m in [&a, &b] {
-            store.create_stream(m).await.unwrap();
-            store
-                .append(m.id, &[Bytes::from_static(b"x")])
-                .await
-                .unwrap();
-        }
-        store.delete_session(a.session).await.unwrap();
-        assert_eq!(store.stream_meta(a.id).await.unwrap(), None);
-        assert!(store.read_after(a.id, 0, 10).await.unwrap().is_empty());
-        assert_eq!(store.read_after(b.id, 0, 10).await.unwrap().len(), 1);
-    }
-
-    #[tokio::test]
-    async fn subscribers_wake_on_append_and_on_status() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-        let m = meta(SessionId::random());
-        store.create_stream(&m).await.unwrap();
-        let mut sub = store.subscribe(m.id);
-        store
-            .append(m.id, &[Bytes::from_static(b"x")])
-            .await
-            .unwrap();
-        assert!(sub.has_changed().unwrap());
-        sub.mark_unchanged();
-        store
-            .set_status(m.id, StreamStatus::Completed, now_ms())
-            .await
-            .unwrap();
-        assert!(sub.has_changed().unwrap());
-    }
+    crate::store::contract::contract_tests!(|dir: &Path, sync| -> crate::store::SharedStore {
+        Arc::new(SledStore::open(dir, sync).unwrap())
+    });
 
     #[tokio::test]
     async fn the_log_stays_bounded_when_streams_are_deleted_as_fast_as_written() {

@@ -33,7 +33,7 @@ pub struct StreamState {
     /// Moved only once the entries below it are durable (see `Store`).
     pub watermark: Arc<watch::Sender<Watermark>>,
     /// Segments holding this stream's entries, oldest first.
-    segments: Vec<SegmentNo>,
+    pub segments: Vec<SegmentNo>,
 }
 
 impl StreamState {

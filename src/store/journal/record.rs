@@ -166,6 +166,9 @@ pub fn decode(bytes: &[u8]) -> Scan {
         return Scan::End;
     }
     if bytes.len() < FRAME + 1 {
+        if bytes.iter().all(|&b| b == 0) {
+            return Scan::End;
+        }
         return Scan::Torn(format!(
             "{} trailing bytes, too short for a record",
             bytes.len()
@@ -173,7 +176,12 @@ pub fn decode(bytes: &[u8]) -> Scan {
     }
     let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
     let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    if len == 0 || len > MAX_RECORD {
+    if len == 0 {
+        // Segments are zero-filled ahead of their records: no record has
+        // length 0, so this is where the records end.
+        return Scan::End;
+    }
+    if len > MAX_RECORD {
         return Scan::Torn(format!("record length {len} out of range"));
     }
     let Some(body) = bytes.get(FRAME..FRAME + len) else {

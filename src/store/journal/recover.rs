@@ -6,9 +6,10 @@
 //! Entries come from every segment, kept only for streams that still exist;
 //! where two records hold the same seq (an entry copied forward), the later
 //! one wins. A torn record can only be at the end of the last segment (writes
-//! are sequential and a segment is synced before the next one starts), so it
-//! is cut off there; anywhere else it is damage and opening fails with the
-//! file and offset rather than silently dropping what follows.
+//! are sequential and a segment is synced before the next one starts) with
+//! nothing but zero fill after it, so it is cut off there; anywhere else it
+//! is damage and opening fails with the file and offset rather than silently
+//! dropping what follows.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -97,7 +98,7 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         loop {
             match record::decode(&bytes[at..]) {
                 Scan::End => break,
-                Scan::Torn(why) if is_last => {
+                Scan::Torn(why) if is_last && only_zeros_after(&bytes[at..]) => {
                     tracing::warn!(
                         segment = %segment::path(dir, no).display(),
                         offset = at,
@@ -150,6 +151,16 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         index.add_stream(StreamState::new(meta, locs));
     }
     Ok(Recovered { index, files, last })
+}
+
+/// Whether a bad record at the start of `bytes` is the tail a crash tore:
+/// no valid record follows it before the zero fill. (A damaged length can
+/// claim any extent, so the bytes after it are searched for a record rather
+/// than trusted.) Records after it mean damage, which must not be cut off
+/// silently.
+fn only_zeros_after(bytes: &[u8]) -> bool {
+    let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    !(1..written).any(|at| matches!(record::decode(&bytes[at..]), Scan::Record(..)))
 }
 
 /// Puts the entries of one record at their seqs. A record that would leave a
