@@ -305,6 +305,17 @@ mod tests {
     }
 
     #[test]
+    fn the_journal_is_the_default_backend_and_sled_can_be_chosen() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(c.store.backend, Backend::Journal);
+        let c = Config::from_toml(&format!("[store]\nbackend = \"sled\"\n{up}")).unwrap();
+        assert_eq!(c.store.backend, Backend::Sled);
+        let err = Config::from_toml(&format!("[store]\nbackend = \"postgres\"\n{up}")).unwrap_err();
+        assert!(err.0.contains("backend"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = Config::from_toml("[store]\nsinc = \"batch\"\n").unwrap_err();
         assert!(err.0.contains("sinc"), "{err}");

@@ -25,7 +25,8 @@
 //!   with the truth.
 //! - [`stream`]: the log as the proxy sees it; readers that replay then follow,
 //!   one reader per stream.
-//! - [`store`]: the durable log's contract; [`store::sled`] (default) and the
+//! - [`store`]: the durable log's contract; [`store::journal`] (default:
+//!   append-only segment files, in-memory index), [`store::sled`], and the
 //!   group commit in [`store::commit`].
 //! - [`dialect`]: how clients come back; [`dialect::last_event_id`].
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable

@@ -58,6 +58,10 @@ struct Shared {
 pub struct GroupCommit {
     mode: SyncMode,
     shared: Arc<Shared>,
+    /// Joined on drop: the flush closure may own the backend's files (sled
+    /// keeps its lock until the last handle goes), so a store that was
+    /// dropped must be closed for good before the call returns.
+    syncer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl GroupCommit {
@@ -73,18 +77,24 @@ impl GroupCommit {
             work: Condvar::new(),
             done: watch::Sender::new(Done::default()),
         });
+        let mut syncer = None;
         if mode == SyncMode::Batch {
-            let syncer = shared.clone();
-            let started = std::thread::Builder::new()
+            let state = shared.clone();
+            match std::thread::Builder::new()
                 .name("log-sync".into())
-                .spawn(move || syncer.run());
-            if let Err(e) = started {
+                .spawn(move || state.run())
+            {
+                Ok(handle) => syncer = Some(handle),
                 // Writers then wait for a flush that never comes and fail
                 // with "group commit stopped" once the sender is gone.
-                tracing::error!(error = %e, "cannot start the log syncer thread");
+                Err(e) => tracing::error!(error = %e, "cannot start the log syncer thread"),
             }
         }
-        Arc::new(Self { mode, shared })
+        Arc::new(Self {
+            mode,
+            shared,
+            syncer,
+        })
     }
 
     /// Returns once everything inserted before the call is durable per the
@@ -126,6 +136,9 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         lock(&self.shared.queue).stop = true;
         self.shared.work.notify_one();
+        if let Some(syncer) = self.syncer.take() {
+            let _ = syncer.join();
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The durable log's contract: what every backend (sled today, Redis for
-//! several instances) must offer, and the records it keeps.
+//! The durable log's contract: what every backend (the journal by default,
+//! sled, Redis for several instances) must offer, and the records it keeps.
+//! `contract.rs` states the contract as tests every backend runs.
 //!
 //! The store knows sessions, streams and entries, and nothing of dialects,
 //! HTTP or JSON-RPC: an entry is opaque bytes. Its one promise that everything
