@@ -56,6 +56,28 @@ async fn replay_from_every_cut_point_yields_exactly_the_missing_suffix() {
 }
 
 #[tokio::test]
+async fn the_sled_backend_replays_the_missing_suffix_too() {
+    let rig = Rig::with(Default::default(), |c| {
+        c.store.backend = mcp_resume_proxy::config::Backend::Sled
+    })
+    .await;
+    assert!(
+        rig.dir.path().join("log").exists(),
+        "sled's files are in use"
+    );
+    let sid = rig.client.initialize(V_LATEST).await;
+    let all = completed_call(&rig, &sid, 2, 4).await;
+    let res = resume(&rig, &sid, &all[1].0).await;
+    let replayed: Vec<_> = read_all(res)
+        .await
+        .iter()
+        .filter(|e| !e.data.is_empty())
+        .map(|e| (e.id.clone().unwrap(), message(e)))
+        .collect();
+    assert_eq!(replayed, all[2..].to_vec());
+}
+
+#[tokio::test]
 async fn a_dropped_call_keeps_running_and_resumes_live_to_its_result() {
     let rig = Rig::start().await;
     let sid = rig.client.initialize(V_LATEST).await;

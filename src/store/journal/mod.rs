@@ -166,9 +166,12 @@ impl Journal {
     /// returns the segment and offset they start at. Rolls over afterwards
     /// when the segment is full.
     fn write(&self, inner: &mut Inner) -> Result<(SegmentNo, u64)> {
-        let at = inner.writer.append(&inner.buf).map_err(io)?;
-        let no = inner.writer.no;
+        let written = inner.writer.append(&inner.buf);
+        // Cleared either way: records whose write failed were never
+        // acknowledged, and must not ride along with the next write.
         inner.buf.clear();
+        let at = written.map_err(io)?;
+        let no = inner.writer.no;
         if inner.writer.len >= self.segment_bytes {
             self.roll_over(inner)?;
         }
