@@ -32,7 +32,7 @@ pub struct StreamState {
     pub locs: Vec<Loc>,
     /// Moved only once the entries below it are durable (see `Store`).
     pub watermark: Arc<watch::Sender<Watermark>>,
-    /// Segments holding this stream's entries, oldest first.
+    /// Segments holding this stream's entries (each once).
     pub segments: Vec<SegmentNo>,
 }
 
@@ -83,12 +83,40 @@ impl Index {
             return;
         };
         for loc in locs {
-            if state.segments.last() != Some(&loc.segment) {
+            if !state.segments.contains(&loc.segment) {
                 state.segments.push(loc.segment);
                 *self.users.entry(loc.segment).or_default() += 1;
             }
         }
         state.locs.extend_from_slice(locs);
+    }
+
+    /// Points entries `start + 1 ..` of `stream` at new locations (copies
+    /// written elsewhere); returns segments that no stream uses any more.
+    pub fn move_locs(&mut self, stream: StreamId, start: usize, locs: &[Loc]) -> Vec<SegmentNo> {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return Vec::new();
+        };
+        let Some(slots) = state.locs.get_mut(start..start + locs.len()) else {
+            return Vec::new();
+        };
+        slots.copy_from_slice(locs);
+        let now = distinct_segments(&state.locs);
+        let before = std::mem::replace(&mut state.segments, now.clone());
+        for s in now.iter().filter(|s| !before.contains(s)) {
+            *self.users.entry(*s).or_default() += 1;
+        }
+        let mut unused = Vec::new();
+        for s in before.iter().filter(|s| !now.contains(s)) {
+            if let Some(n) = self.users.get_mut(s) {
+                *n -= 1;
+                if *n == 0 {
+                    self.users.remove(s);
+                    unused.push(*s);
+                }
+            }
+        }
+        unused
     }
 
     pub fn set_status(&mut self, stream: StreamId, status: StreamStatus, at_ms: u64) {

@@ -14,13 +14,15 @@
 //! head of every new segment, so recovery (`recover.rs`) needs only the newest
 //! segment's metadata plus the entries of older segments. A segment file is
 //! deleted as soon as no stream has entries in it — retention and session
-//! deletion therefore give disk space back without compaction. Entries are
+//! deletion therefore give disk space back; the few entries long-lived
+//! streams keep in mostly dead segments are copied forward at rollover. Entries are
 //! read with positioned reads straight from the files (the page cache keeps
 //! recent ones hot); the index holds 16 bytes per entry, never the messages.
 //!
 //! This module owns the locking and the order of operations; it must not
 //! move a stream's watermark before the entries below it are durable.
 
+mod compact;
 mod index;
 mod record;
 mod recover;
@@ -134,7 +136,11 @@ impl Journal {
         });
         {
             let mut inner = journal.lock();
-            journal.write_snapshot(&mut inner)?;
+            let Inner {
+                writer, index, buf, ..
+            } = &mut *inner;
+            journal.write_snapshot(writer, index, buf)?;
+            journal.copy_forward(&mut inner)?;
             journal.drop_unused_segments(&mut inner)?;
         }
         if sync == SyncMode::Never {
@@ -171,31 +177,42 @@ impl Journal {
         // acknowledged, and must not ride along with the next write.
         inner.buf.clear();
         let at = written.map_err(io)?;
-        let no = inner.writer.no;
-        if inner.writer.len >= self.segment_bytes {
-            self.roll_over(inner)?;
-        }
-        Ok((no, at))
+        Ok((inner.writer.no, at))
     }
 
-    /// Seals the active segment and starts the next with a snapshot; then
-    /// deletes segments no stream needs any more.
+    /// Rolls over once the active segment is full. Called at the end of a
+    /// change, after the index knows what was written: a rollover deletes
+    /// the segments the index says nobody needs. A failed rollover leaves
+    /// the active segment in place and is tried again at the next change.
+    fn wrote(&self, inner: &mut Inner) {
+        if inner.writer.len >= self.segment_bytes {
+            if let Err(e) = self.roll_over(inner) {
+                tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
+            }
+        }
+    }
+
+    /// Starts the next segment with a snapshot, seals the active one, then
+    /// copies forward and deletes segments no stream needs any more.
     fn roll_over(&self, inner: &mut Inner) -> Result<()> {
-        inner.writer.seal().map_err(io)?;
-        let writer = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
-        inner.files.insert(writer.no, writer.file.clone());
-        *lock(&self.active) = writer.file.clone();
-        inner.writer = writer;
-        self.write_snapshot(inner)?;
+        let mut next = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
+        let ready = self
+            .write_snapshot(&mut next, &inner.index, &mut inner.buf)
+            .and_then(|()| inner.writer.seal().map_err(io));
+        if let Err(e) = ready {
+            let _ = std::fs::remove_file(segment::path(&self.dir, next.no));
+            return Err(e);
+        }
+        inner.files.insert(next.no, next.file.clone());
+        *lock(&self.active) = next.file.clone();
+        inner.writer = next;
+        self.copy_forward(inner)?;
         self.drop_unused_segments(inner)
     }
 
     /// Writes every session and stream record and the snapshot's end into
     /// the (new) active segment, durably.
-    fn write_snapshot(&self, inner: &mut Inner) -> Result<()> {
-        let Inner {
-            writer, index, buf, ..
-        } = inner;
+    fn write_snapshot(&self, writer: &mut Writer, index: &Index, buf: &mut Vec<u8>) -> Result<()> {
         buf.clear();
         for session in index.sessions.values() {
             record::session(buf, session);
@@ -204,8 +221,9 @@ impl Journal {
             record::stream(buf, &state.meta);
         }
         record::snapshot_end(buf);
-        writer.append(buf).map_err(io)?;
+        let written = writer.append(buf);
         buf.clear();
+        written.map_err(io)?;
         writer.file.sync_data().map_err(io)?;
         segment::sync_dir(&self.dir).map_err(io)
     }
@@ -297,6 +315,7 @@ impl Journal {
             if let Some((status, at_ms)) = finish {
                 inner.index.set_status(stream, status, at_ms);
             }
+            self.wrote(inner);
             (seq - 1, watermark)
         };
         self.durable().await?;
@@ -415,6 +434,7 @@ impl Store for Journal {
             record::session(&mut inner.buf, session);
             self.write(&mut inner)?;
             inner.index.sessions.insert(session.id, session.clone());
+            self.wrote(&mut inner);
         }
         self.durable().await
     }
@@ -438,6 +458,7 @@ impl Store for Journal {
             self.write(&mut inner)?;
             inner.index.sessions.remove(&id);
             self.forget_streams(&mut inner, &streams)?;
+            self.wrote(&mut inner);
         }
         self.durable().await
     }
@@ -452,6 +473,7 @@ impl Store for Journal {
         inner
             .index
             .add_stream(StreamState::new(meta.clone(), Vec::new()));
+        self.wrote(&mut inner);
         Ok(())
     }
 
@@ -492,6 +514,7 @@ impl Store for Journal {
             record::status(&mut inner.buf, id, status, at_ms);
             self.write(&mut inner)?;
             inner.index.set_status(id, status, at_ms);
+            self.wrote(&mut inner);
             watermark
         };
         self.durable().await?;
@@ -506,7 +529,9 @@ impl Store for Journal {
         }
         record::stream_gone(&mut inner.buf, id);
         self.write(&mut inner)?;
-        self.forget_streams(&mut inner, &[id])
+        self.forget_streams(&mut inner, &[id])?;
+        self.wrote(&mut inner);
+        Ok(())
     }
 
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
@@ -564,230 +589,4 @@ impl Store for Journal {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::contract::{meta, session};
-    use crate::store::SharedStore;
-
-    crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
-        Journal::open(dir, sync).unwrap()
-    });
-
-    const SMALL: u64 = 64 * 1024;
-
-    fn progress(i: u32) -> Bytes {
-        Bytes::from(format!(
-            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"p","progress":{i}}}}}"#
-        ))
-    }
-
-    fn segments(dir: &Path) -> Vec<SegmentNo> {
-        segment::list(&dir.join("journal")).unwrap()
-    }
-
-    #[tokio::test]
-    async fn a_stream_spanning_segments_reads_back_whole_after_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = meta(SessionId::random());
-        let want: Vec<Bytes> = (0..2000).map(progress).collect();
-        {
-            let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
-            store.create_stream(&m).await.unwrap();
-            for chunk in want.chunks(7) {
-                store.append(m.id, chunk).await.unwrap();
-            }
-            assert!(store.lock().index.streams[&m.id].segments.len() > 2);
-        }
-        let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
-        let mut got = Vec::new();
-        let mut after = 0;
-        loop {
-            let batch = store.read_after(m.id, after, 333).await.unwrap();
-            let Some(last) = batch.last() else { break };
-            after = last.seq;
-            got.extend(batch.into_iter().map(|e| e.message));
-        }
-        assert_eq!(got, want);
-    }
-
-    #[tokio::test]
-    async fn segments_are_deleted_once_no_stream_has_entries_in_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
-        let session = SessionId::random();
-        let mut kept = std::collections::VecDeque::new();
-        let mut sizes = Vec::new();
-        for i in 1..=10_000u32 {
-            let m = meta(session);
-            store.create_stream(&m).await.unwrap();
-            store
-                .append(m.id, &[progress(i), progress(i + 1)])
-                .await
-                .unwrap();
-            kept.push_back(m.id);
-            if kept.len() > 100 {
-                store
-                    .delete_stream(kept.pop_front().unwrap())
-                    .await
-                    .unwrap();
-            }
-            if i % 2000 == 0 {
-                sizes.push(store.size_on_disk());
-            }
-        }
-        // 10,000 streams write ~3 MiB of records; with deletions keeping 100
-        // alive, the journal holds a few 64 KiB segments plus zero fill.
-        assert!(
-            sizes.iter().all(|&s| s < 3 * 1024 * 1024),
-            "journal kept growing: {sizes:?}"
-        );
-        assert!(
-            segments(dir.path()).len() < 10,
-            "{:?}",
-            segments(dir.path())
-        );
-    }
-
-    #[tokio::test]
-    async fn a_torn_last_record_is_cut_off_and_everything_before_it_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = meta(SessionId::random());
-        let last_no = {
-            let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-            store.create_stream(&m).await.unwrap();
-            store
-                .append(m.id, &[progress(1), progress(2)])
-                .await
-                .unwrap();
-            store.append(m.id, &[progress(3)]).await.unwrap();
-            let inner = store.lock();
-            // Tear the last record: keep all but its final 5 bytes.
-            inner.writer.file.set_len(inner.writer.len - 5).unwrap();
-            inner.writer.no
-        };
-        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        let got = store.read_after(m.id, 0, 10).await.unwrap();
-        assert_eq!(
-            got.into_iter().map(|e| e.message).collect::<Vec<_>>(),
-            vec![progress(1), progress(2)]
-        );
-        assert_eq!(store.append(m.id, &[progress(9)]).await.unwrap(), 3);
-        drop(store);
-        // The cut is durable: the old segment now ends cleanly.
-        let bytes = std::fs::read(segment::path(&dir.path().join("journal"), last_no)).unwrap();
-        let mut at = record::MAGIC.len();
-        while let record::Scan::Record(_, used) = record::decode(&bytes[at..]) {
-            at += used;
-        }
-        assert_eq!(record::decode(&bytes[at..]), record::Scan::End);
-        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 3);
-    }
-
-    #[tokio::test]
-    async fn damage_followed_by_good_records_is_refused_with_file_and_offset() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-            store
-                .put_session(&session(SessionId::random()))
-                .await
-                .unwrap();
-            let m = meta(SessionId::random());
-            store.create_stream(&m).await.unwrap();
-            store.append(m.id, &[progress(1)]).await.unwrap();
-        }
-        // Damage the first record of segment 1 (the last one): records
-        // follow it, so this is not a torn tail to cut off.
-        let first = segment::path(&dir.path().join("journal"), 1);
-        let mut bytes = std::fs::read(&first).unwrap();
-        bytes[record::MAGIC.len() + 10] ^= 0xff;
-        std::fs::write(&first, bytes).unwrap();
-        let err = Journal::open(dir.path(), SyncMode::Batch)
-            .err()
-            .expect("refused");
-        let text = err.to_string();
-        assert!(
-            text.contains("0000000001.seg") && text.contains("checksum"),
-            "{text}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_foreign_file_named_like_a_segment_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("journal")).unwrap();
-        std::fs::write(
-            segment::path(&dir.path().join("journal"), 1),
-            b"not a journal at all",
-        )
-        .unwrap();
-        let err = Journal::open(dir.path(), SyncMode::Batch)
-            .err()
-            .expect("refused");
-        assert!(err.to_string().contains("not a journal segment"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn a_second_process_cannot_open_the_same_journal() {
-        let dir = tempfile::tempdir().unwrap();
-        let _first = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        // flock is per open file description, so a second open in this
-        // process conflicts just as another process would.
-        let err = Journal::open(dir.path(), SyncMode::Batch)
-            .err()
-            .expect("refused");
-        assert!(
-            err.to_string().contains("in use by another process"),
-            "{err}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_crash_during_rollover_leaves_a_journal_that_opens() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = meta(SessionId::random());
-        {
-            let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-            store.create_stream(&m).await.unwrap();
-            store.append(m.id, &[progress(1)]).await.unwrap();
-        }
-        // The next segment was created, and the crash came before its
-        // snapshot was complete: only part of a record made it.
-        let journal = dir.path().join("journal");
-        let next = segments(dir.path()).last().unwrap() + 1;
-        let mut partial = record::MAGIC.to_vec();
-        let mut snap = Vec::new();
-        record::stream(&mut snap, &m);
-        partial.extend_from_slice(&snap[..snap.len() / 2]);
-        std::fs::write(segment::path(&journal, next), partial).unwrap();
-        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        assert_eq!(store.stream_meta(m.id).await.unwrap(), Some(m.clone()));
-        assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 1);
-    }
-
-    #[tokio::test]
-    async fn concurrent_appends_to_one_stream_get_distinct_ordered_seqs() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        let m = meta(SessionId::random());
-        store.create_stream(&m).await.unwrap();
-        let writers: Vec<_> = (0..8u32)
-            .map(|w| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    for i in 0..50 {
-                        store.append(m.id, &[progress(w * 1000 + i)]).await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        for w in writers {
-            w.await.unwrap();
-        }
-        let got = store.read_after(m.id, 0, 1000).await.unwrap();
-        assert_eq!(got.len(), 400);
-        assert!(got.iter().zip(1..).all(|(e, s)| e.seq == s));
-        assert_eq!(store.subscribe(m.id).borrow().seq, 400);
-    }
-}
+mod tests;

@@ -5,7 +5,7 @@
 //! the changes since, so older segments' metadata records are superseded.
 //! Entries come from every segment, kept only for streams that still exist;
 //! where two records hold the same seq (an entry copied forward), the later
-//! one wins. A torn record can only be at the end of the last segment (writes
+//! one wins, and a stream keeps its entries up to the first missing seq. A torn record can only be at the end of the last segment (writes
 //! are sequential and a segment is synced before the next one starts) with
 //! nothing but zero fill after it, so it is cut off there; anywhere else it
 //! is damage and opening fails with the file and offset rather than silently
@@ -78,7 +78,7 @@ fn io(e: std::io::Error) -> StoreError {
 
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
-    let mut entries: HashMap<StreamId, Vec<Loc>> = HashMap::new();
+    let mut entries: HashMap<StreamId, Vec<Option<Loc>>> = HashMap::new();
     let mut metadata = Metadata::default();
     let mut files = HashMap::new();
     let mut last = 0;
@@ -147,7 +147,11 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
     let mut index = Index::default();
     index.sessions = metadata.sessions;
     for (id, meta) in metadata.streams {
-        let locs = entries.remove(&id).unwrap_or_default();
+        let slots = entries.remove(&id).unwrap_or_default();
+        let locs: Vec<Loc> = slots.iter().map_while(|slot| *slot).collect();
+        if locs.len() < slots.len() {
+            tracing::warn!(stream = %id, kept = locs.len(), "journal entries after a gap ignored");
+        }
         index.add_stream(StreamState::new(meta, locs));
     }
     Ok(Recovered { index, files, last })
@@ -163,28 +167,25 @@ fn only_zeros_after(bytes: &[u8]) -> bool {
     !(1..written).any(|at| matches!(record::decode(&bytes[at..]), Scan::Record(..)))
 }
 
-/// Puts the entries of one record at their seqs. A record that would leave a
-/// gap is ignored (it cannot be written that way; keeping the prefix intact
-/// matters more than keeping it).
-fn place(locs: &mut Vec<Loc>, first: u64, messages: &[(u64, u32)], no: SegmentNo, record_at: u64) {
+/// Puts the entries of one record at their seqs; a later record for the
+/// same seq (an entry copied forward out of a sparse segment) wins. Records
+/// may come in any seq order: copies forward are written after newer entries.
+fn place(
+    slots: &mut Vec<Option<Loc>>,
+    first: u64,
+    messages: &[(u64, u32)],
+    no: SegmentNo,
+    record_at: u64,
+) {
     let start = (first - 1) as usize;
-    if start > locs.len() {
-        tracing::warn!(
-            first,
-            have = locs.len(),
-            "journal entries with a gap ignored"
-        );
-        return;
+    if slots.len() < start + messages.len() {
+        slots.resize(start + messages.len(), None);
     }
     for (i, &(offset, len)) in messages.iter().enumerate() {
-        let loc = Loc {
+        slots[start + i] = Some(Loc {
             segment: no,
             len,
             offset: record_at + offset,
-        };
-        match locs.get_mut(start + i) {
-            Some(slot) => *slot = loc,
-            None => locs.push(loc),
-        }
+        });
     }
 }

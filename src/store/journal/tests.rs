@@ -1,0 +1,293 @@
+//! The journal's own behaviour beyond the store contract: segments,
+//! rollover, copying forward, recovery from torn and damaged files.
+
+use super::*;
+use crate::store::contract::{meta, session};
+use crate::store::SharedStore;
+
+crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
+    Journal::open(dir, sync).unwrap()
+});
+
+const SMALL: u64 = 64 * 1024;
+
+fn progress(i: u32) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"p","progress":{i}}}}}"#
+    ))
+}
+
+fn segments(dir: &Path) -> Vec<SegmentNo> {
+    segment::list(&dir.join("journal")).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_spanning_segments_reads_back_whole_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    let want: Vec<Bytes> = (0..2000).map(progress).collect();
+    {
+        let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+        store.create_stream(&m).await.unwrap();
+        for chunk in want.chunks(7) {
+            store.append(m.id, chunk).await.unwrap();
+        }
+        assert!(store.lock().index.streams[&m.id].segments.len() > 2);
+    }
+    let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+    let mut got = Vec::new();
+    let mut after = 0;
+    loop {
+        let batch = store.read_after(m.id, after, 333).await.unwrap();
+        let Some(last) = batch.last() else { break };
+        after = last.seq;
+        got.extend(batch.into_iter().map(|e| e.message));
+    }
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn segments_are_deleted_once_no_stream_has_entries_in_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+    let session = SessionId::random();
+    let mut kept = std::collections::VecDeque::new();
+    let mut sizes = Vec::new();
+    for i in 1..=10_000u32 {
+        let m = meta(session);
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, &[progress(i), progress(i + 1)])
+            .await
+            .unwrap();
+        kept.push_back(m.id);
+        if kept.len() > 100 {
+            store
+                .delete_stream(kept.pop_front().unwrap())
+                .await
+                .unwrap();
+        }
+        if i % 2000 == 0 {
+            sizes.push(store.size_on_disk());
+        }
+    }
+    // 10,000 streams write ~3 MiB of records; with deletions keeping 100
+    // alive, the journal holds a few 64 KiB segments plus zero fill.
+    assert!(
+        sizes.iter().all(|&s| s < 3 * 1024 * 1024),
+        "journal kept growing: {sizes:?}"
+    );
+    assert!(
+        segments(dir.path()).len() < 10,
+        "{:?}",
+        segments(dir.path())
+    );
+}
+
+#[tokio::test]
+async fn a_long_lived_stream_does_not_pin_the_segments_it_wrote_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+    let session = SessionId::random();
+    // A GET stream that gets one message now and then, for the whole
+    // run, while short calls come and go around it.
+    let long = meta(session);
+    store.create_stream(&long).await.unwrap();
+    let mut want = Vec::new();
+    let mut kept = std::collections::VecDeque::new();
+    for i in 1..=10_000u32 {
+        if i % 50 == 0 {
+            want.push(progress(i));
+            store.append(long.id, &[progress(i)]).await.unwrap();
+        }
+        let m = meta(session);
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, &[progress(i), progress(i)])
+            .await
+            .unwrap();
+        kept.push_back(m.id);
+        if kept.len() > 100 {
+            store
+                .delete_stream(kept.pop_front().unwrap())
+                .await
+                .unwrap();
+        }
+    }
+    // ~3 MiB written through 64 KiB segments; without copying forward
+    // the long stream would keep nearly all of them.
+    let count = segments(dir.path()).len();
+    assert!(count < 10, "{count} segments kept");
+    let read = |store: Arc<Journal>| async move {
+        store
+            .read_after(long.id, 0, 1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.message)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read(store.clone()).await, want);
+    drop(store);
+    let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+    assert_eq!(read(store.clone()).await, want);
+    assert_eq!(
+        store.append(long.id, &[progress(0)]).await.unwrap(),
+        want.len() as Seq + 1
+    );
+}
+
+#[tokio::test]
+async fn an_append_that_fills_a_segment_stays_readable_across_the_rollover_it_causes() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = Bytes::from(vec![b'x'; 100 * 1024]);
+    let m = meta(SessionId::random());
+    {
+        let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, std::slice::from_ref(&big))
+            .await
+            .unwrap();
+        let got = store.read_after(m.id, 0, 10).await.unwrap();
+        assert_eq!(got[0].message, big);
+    }
+    let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+    assert_eq!(store.read_after(m.id, 0, 10).await.unwrap()[0].message, big);
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_cut_off_and_everything_before_it_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, &[progress(1), progress(2)])
+            .await
+            .unwrap();
+        store.append(m.id, &[progress(3)]).await.unwrap();
+        let inner = store.lock();
+        // Tear the last record: keep all but its final 5 bytes.
+        inner.writer.file.set_len(inner.writer.len - 5).unwrap();
+    }
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    let got = store.read_after(m.id, 0, 10).await.unwrap();
+    assert_eq!(
+        got.into_iter().map(|e| e.message).collect::<Vec<_>>(),
+        vec![progress(1), progress(2)]
+    );
+    assert_eq!(store.append(m.id, &[progress(9)]).await.unwrap(), 3);
+    drop(store);
+    // The cut is durable: opening again finds the same three entries.
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn damage_followed_by_good_records_is_refused_with_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store
+            .put_session(&session(SessionId::random()))
+            .await
+            .unwrap();
+        let m = meta(SessionId::random());
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &[progress(1)]).await.unwrap();
+    }
+    // Damage the first record of segment 1 (the last one): records
+    // follow it, so this is not a torn tail to cut off.
+    let first = segment::path(&dir.path().join("journal"), 1);
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[record::MAGIC.len() + 10] ^= 0xff;
+    std::fs::write(&first, bytes).unwrap();
+    let err = Journal::open(dir.path(), SyncMode::Batch)
+        .err()
+        .expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("0000000001.seg") && text.contains("checksum"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_file_named_like_a_segment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("journal")).unwrap();
+    std::fs::write(
+        segment::path(&dir.path().join("journal"), 1),
+        b"not a journal at all",
+    )
+    .unwrap();
+    let err = Journal::open(dir.path(), SyncMode::Batch)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("not a journal segment"), "{err}");
+}
+
+#[tokio::test]
+async fn a_second_process_cannot_open_the_same_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    // flock is per open file description, so a second open in this
+    // process conflicts just as another process would.
+    let err = Journal::open(dir.path(), SyncMode::Batch)
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_during_rollover_leaves_a_journal_that_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &[progress(1)]).await.unwrap();
+    }
+    // The next segment was created, and the crash came before its
+    // snapshot was complete: only part of a record made it.
+    let journal = dir.path().join("journal");
+    let next = segments(dir.path()).last().unwrap() + 1;
+    let mut partial = record::MAGIC.to_vec();
+    let mut snap = Vec::new();
+    record::stream(&mut snap, &m);
+    partial.extend_from_slice(&snap[..snap.len() / 2]);
+    std::fs::write(segment::path(&journal, next), partial).unwrap();
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    assert_eq!(store.stream_meta(m.id).await.unwrap(), Some(m.clone()));
+    assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_appends_to_one_stream_get_distinct_ordered_seqs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    let writers: Vec<_> = (0..8u32)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in 0..50 {
+                    store.append(m.id, &[progress(w * 1000 + i)]).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let got = store.read_after(m.id, 0, 1000).await.unwrap();
+    assert_eq!(got.len(), 400);
+    assert!(got.iter().zip(1..).all(|(e, s)| e.seq == s));
+    assert_eq!(store.subscribe(m.id).borrow().seq, 400);
+}
