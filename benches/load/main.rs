@@ -92,17 +92,7 @@ fn run_upstream(args: &[String]) {
         [flag, port] if flag == "--port" => port.parse().expect("--port takes a number"),
         _ => panic!("usage: load upstream --port P"),
     };
-    raise_nofile();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .expect("bind upstream port");
-        fast_upstream::serve(listener).await;
-    });
+    serve_on(port, fast_upstream::serve);
 }
 
 /// The floor proxy's process: `load floor --port P --upstream ADDR`.
@@ -114,6 +104,16 @@ fn run_floor(args: &[String]) {
         ),
         _ => panic!("usage: load floor --port P --upstream ADDR"),
     };
+    serve_on(port, move |listener| floor_proxy::serve(listener, upstream));
+}
+
+/// Runs a server of this harness's own (upstream, floor) on 127.0.0.1:`port`
+/// in its own runtime, until the process is killed.
+fn serve_on<F, S>(port: u16, serve: S)
+where
+    S: FnOnce(tokio::net::TcpListener) -> F,
+    F: Future<Output = ()>,
+{
     raise_nofile();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -122,8 +122,8 @@ fn run_floor(args: &[String]) {
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
-            .expect("bind floor port");
-        floor_proxy::serve(listener, upstream).await;
+            .expect("bind 127.0.0.1 port");
+        serve(listener).await;
     });
 }
 

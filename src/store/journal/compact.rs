@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::index::{Loc, SegmentNo};
-use super::{chunks, io, read_locs, record, Inner, Journal};
+use super::index::SegmentNo;
+use super::{encode_entries, io, locate, read_locs, Inner, Journal};
 use crate::id::{Seq, StreamId};
 use crate::store::Result;
 
@@ -72,23 +72,10 @@ impl Journal {
                         .into_iter()
                         .map(|e| e.message)
                         .collect();
-                let mut placed = Vec::with_capacity(messages.len());
-                let mut seq = start as Seq + 1;
-                for chunk in chunks(&messages) {
-                    placed.extend(record::entries(&mut inner.buf, id, seq, chunk));
-                    seq += chunk.len() as Seq;
-                }
+                let placed = encode_entries(&mut inner.buf, id, start as Seq + 1, &messages);
                 let written = inner.writer.append(&inner.buf);
                 inner.buf.clear();
-                let at = written.map_err(io)?;
-                let moved: Vec<Loc> = placed
-                    .into_iter()
-                    .map(|(offset, len)| Loc {
-                        segment: active,
-                        len,
-                        offset: at + offset,
-                    })
-                    .collect();
+                let moved = locate(placed, active, written.map_err(io)?);
                 inner.index.move_locs(id, start, &moved);
                 copied += moved.len();
             }

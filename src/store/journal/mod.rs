@@ -293,30 +293,17 @@ impl Journal {
                 .ok_or(StoreError::NoSuchStream(stream))?;
             let watermark = state.watermark.clone();
             let first = state.locs.len() as Seq + 1;
-            let mut placed = Vec::with_capacity(messages.len());
-            let mut seq = first;
-            for chunk in chunks(messages) {
-                placed.extend(record::entries(&mut inner.buf, stream, seq, chunk));
-                seq += chunk.len() as Seq;
-            }
+            let placed = encode_entries(&mut inner.buf, stream, first, messages);
             if let Some((status, at_ms)) = finish {
                 record::status(&mut inner.buf, stream, status, at_ms);
             }
             let (no, at) = self.write(inner)?;
-            let locs: Vec<Loc> = placed
-                .into_iter()
-                .map(|(offset, len)| Loc {
-                    segment: no,
-                    len,
-                    offset: at + offset,
-                })
-                .collect();
-            inner.index.push_locs(stream, &locs);
+            inner.index.push_locs(stream, &locate(placed, no, at));
             if let Some((status, at_ms)) = finish {
                 inner.index.set_status(stream, status, at_ms);
             }
             self.wrote(inner);
-            (seq - 1, watermark)
+            (first + messages.len() as Seq - 1, watermark)
         };
         self.durable().await?;
         // Concurrent appends to one stream were written in seq order, so a
@@ -342,6 +329,36 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The state under these locks is updated only after the I/O it describes
     // succeeded, so a panic elsewhere leaves it consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Encodes `messages` as entries `first..` of `stream` (split into records
+/// of a bounded size); returns where each message sits in `buf`.
+fn encode_entries(
+    buf: &mut Vec<u8>,
+    stream: StreamId,
+    first: Seq,
+    messages: &[Bytes],
+) -> Vec<(u64, u32)> {
+    let mut placed = Vec::with_capacity(messages.len());
+    let mut seq = first;
+    for chunk in chunks(messages) {
+        placed.extend(record::entries(buf, stream, seq, chunk));
+        seq += chunk.len() as Seq;
+    }
+    placed
+}
+
+/// Turns positions in an encoded buffer into entry locations, once the
+/// buffer was written to segment `no` at offset `at`.
+fn locate(placed: Vec<(u64, u32)>, no: SegmentNo, at: u64) -> Vec<Loc> {
+    placed
+        .into_iter()
+        .map(|(offset, len)| Loc {
+            segment: no,
+            len,
+            offset: at + offset,
+        })
+        .collect()
 }
 
 /// Splits a batch into runs small enough for one record each.
