@@ -36,6 +36,16 @@ async fn resume(
         .await
 }
 
+/// (event id, message) of every replayed event that carries a message.
+async fn replayed(res: http::Response<hyper::body::Incoming>) -> Vec<(String, Option<Value>)> {
+    read_all(res)
+        .await
+        .iter()
+        .filter(|e| !e.data.is_empty())
+        .map(|e| (e.id.clone().unwrap(), message(e)))
+        .collect()
+}
+
 #[tokio::test]
 async fn replay_from_every_cut_point_yields_exactly_the_missing_suffix() {
     let rig = Rig::start().await;
@@ -44,14 +54,8 @@ async fn replay_from_every_cut_point_yields_exactly_the_missing_suffix() {
     for (cut, (id, _)) in all.iter().enumerate() {
         let res = resume(&rig, &sid, id).await;
         assert_eq!(res.status(), StatusCode::OK);
-        let replayed: Vec<_> = read_all(res)
-            .await
-            .iter()
-            .filter(|e| !e.data.is_empty())
-            .map(|e| (e.id.clone().unwrap(), message(e)))
-            .collect();
         let want: Vec<_> = all[cut + 1..].to_vec();
-        assert_eq!(replayed, want, "resume after event {cut}");
+        assert_eq!(replayed(res).await, want, "resume after event {cut}");
     }
 }
 
@@ -68,13 +72,7 @@ async fn the_sled_backend_replays_the_missing_suffix_too() {
     let sid = rig.client.initialize(V_LATEST).await;
     let all = completed_call(&rig, &sid, 2, 4).await;
     let res = resume(&rig, &sid, &all[1].0).await;
-    let replayed: Vec<_> = read_all(res)
-        .await
-        .iter()
-        .filter(|e| !e.data.is_empty())
-        .map(|e| (e.id.clone().unwrap(), message(e)))
-        .collect();
-    assert_eq!(replayed, all[2..].to_vec());
+    assert_eq!(replayed(res).await, all[2..].to_vec());
 }
 
 #[tokio::test]

@@ -5,12 +5,15 @@
 //! Only what the trait promises is checked here; what is particular to a
 //! backend (segment files, sled's space reclamation) is tested beside it.
 
+use std::collections::VecDeque;
 use std::path::Path;
 
 use bytes::Bytes;
 
 use super::commit::SyncMode;
-use super::{now_ms, SessionRecord, SharedStore, StoreError, StreamKind, StreamMeta, StreamStatus};
+use super::{
+    now_ms, SessionRecord, SharedStore, Store, StoreError, StreamKind, StreamMeta, StreamStatus,
+};
 use crate::id::{SessionId, StreamId};
 
 pub type Opener = fn(&Path, SyncMode) -> SharedStore;
@@ -39,6 +42,40 @@ pub fn session(id: SessionId) -> SessionRecord {
         created_ms: now_ms(),
         last_seen_ms: now_ms(),
         closed_ms: None,
+    }
+}
+
+/// Short calls coming and going as retention sees them: each step creates a
+/// stream, gives it two messages, and deletes the oldest once more than
+/// `keep` are alive. Backends' own tests use it to check that the log stays
+/// bounded.
+pub struct Churn {
+    session: SessionId,
+    kept: VecDeque<StreamId>,
+    keep: usize,
+}
+
+impl Churn {
+    pub fn new(keep: usize) -> Self {
+        Self {
+            session: SessionId::random(),
+            kept: VecDeque::new(),
+            keep,
+        }
+    }
+
+    pub async fn step(&mut self, store: &dyn Store, message: Bytes) {
+        let m = meta(self.session);
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, &[message.clone(), message])
+            .await
+            .unwrap();
+        self.kept.push_back(m.id);
+        if self.kept.len() > self.keep {
+            let oldest = self.kept.pop_front().unwrap();
+            store.delete_stream(oldest).await.unwrap();
+        }
     }
 }
 

@@ -373,7 +373,7 @@ impl Store for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::contract::meta;
+    use crate::store::contract::Churn;
 
     crate::store::contract::contract_tests!(|dir: &Path, sync| -> crate::store::SharedStore {
         Arc::new(SledStore::open(dir, sync).unwrap())
@@ -383,26 +383,13 @@ mod tests {
     async fn the_log_stays_bounded_when_streams_are_deleted_as_fast_as_written() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
-        let session = SessionId::random();
-        let mut kept = std::collections::VecDeque::new();
+        let mut churn = Churn::new(100);
+        let progress = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1}}"#,
+        );
         let mut sizes = Vec::new();
         for i in 1..=10_000u32 {
-            let m = meta(session);
-            store.create_stream(&m).await.unwrap();
-            let progress = Bytes::from_static(
-                br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1}}"#,
-            );
-            store
-                .append(m.id, &[progress.clone(), progress])
-                .await
-                .unwrap();
-            kept.push_back(m.id);
-            if kept.len() > 100 {
-                store
-                    .delete_stream(kept.pop_front().unwrap())
-                    .await
-                    .unwrap();
-            }
+            churn.step(&store, progress.clone()).await;
             if i % 2000 == 0 {
                 sizes.push(store.size_on_disk());
             }

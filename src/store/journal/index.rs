@@ -175,22 +175,10 @@ fn distinct_segments(locs: &[Loc]) -> Vec<SegmentNo> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{now_ms, StreamKind};
+    use crate::store::contract::meta;
 
     fn state(session: SessionId) -> StreamState {
-        StreamState::new(
-            StreamMeta {
-                id: StreamId::random(),
-                session,
-                kind: StreamKind::Request,
-                origin_ids: vec![],
-                method: None,
-                status: StreamStatus::Live,
-                created_ms: now_ms(),
-                finished_ms: None,
-            },
-            Vec::new(),
-        )
+        StreamState::new(meta(session), Vec::new())
     }
 
     fn loc(segment: SegmentNo) -> Loc {

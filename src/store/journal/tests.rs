@@ -2,7 +2,7 @@
 //! rollover, copying forward, recovery from torn and damaged files.
 
 use super::*;
-use crate::store::contract::{meta, session};
+use crate::store::contract::{meta, session, Churn};
 use crate::store::SharedStore;
 
 crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
@@ -50,23 +50,10 @@ async fn a_stream_spanning_segments_reads_back_whole_after_reopen() {
 async fn segments_are_deleted_once_no_stream_has_entries_in_them() {
     let dir = tempfile::tempdir().unwrap();
     let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
-    let session = SessionId::random();
-    let mut kept = std::collections::VecDeque::new();
+    let mut churn = Churn::new(100);
     let mut sizes = Vec::new();
     for i in 1..=10_000u32 {
-        let m = meta(session);
-        store.create_stream(&m).await.unwrap();
-        store
-            .append(m.id, &[progress(i), progress(i + 1)])
-            .await
-            .unwrap();
-        kept.push_back(m.id);
-        if kept.len() > 100 {
-            store
-                .delete_stream(kept.pop_front().unwrap())
-                .await
-                .unwrap();
-        }
+        churn.step(&*store, progress(i)).await;
         if i % 2000 == 0 {
             sizes.push(store.size_on_disk());
         }
@@ -88,31 +75,18 @@ async fn segments_are_deleted_once_no_stream_has_entries_in_them() {
 async fn a_long_lived_stream_does_not_pin_the_segments_it_wrote_to() {
     let dir = tempfile::tempdir().unwrap();
     let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
-    let session = SessionId::random();
     // A GET stream that gets one message now and then, for the whole
     // run, while short calls come and go around it.
-    let long = meta(session);
+    let long = meta(SessionId::random());
     store.create_stream(&long).await.unwrap();
     let mut want = Vec::new();
-    let mut kept = std::collections::VecDeque::new();
+    let mut churn = Churn::new(100);
     for i in 1..=10_000u32 {
         if i % 50 == 0 {
             want.push(progress(i));
             store.append(long.id, &[progress(i)]).await.unwrap();
         }
-        let m = meta(session);
-        store.create_stream(&m).await.unwrap();
-        store
-            .append(m.id, &[progress(i), progress(i)])
-            .await
-            .unwrap();
-        kept.push_back(m.id);
-        if kept.len() > 100 {
-            store
-                .delete_stream(kept.pop_front().unwrap())
-                .await
-                .unwrap();
-        }
+        churn.step(&*store, progress(i)).await;
     }
     // ~3 MiB written through 64 KiB segments; without copying forward
     // the long stream would keep nearly all of them.
