@@ -70,7 +70,7 @@ impl GroupCommit {
     /// per flush: under load it flushes back to back, and each flush then
     /// costs one wake-up of the waiting writers instead of a round trip
     /// through the blocking pool as well.
-    pub fn new(mode: SyncMode, flush: Arc<FlushFn>) -> Arc<Self> {
+    pub fn new(mode: SyncMode, flush: Arc<FlushFn>) -> Self {
         let shared = Arc::new(Shared {
             flush,
             queue: Mutex::new(Queue::default()),
@@ -90,11 +90,11 @@ impl GroupCommit {
                 Err(e) => tracing::error!(error = %e, "cannot start the log syncer thread"),
             }
         }
-        Arc::new(Self {
+        Self {
             mode,
             shared,
             syncer,
-        })
+        }
     }
 
     /// Returns once everything inserted before the call is durable per the
@@ -185,14 +185,14 @@ mod tests {
     async fn concurrent_writers_share_flushes() {
         let flushes = Arc::new(AtomicU64::new(0));
         let counter = flushes.clone();
-        let commit = GroupCommit::new(
+        let commit = Arc::new(GroupCommit::new(
             SyncMode::Batch,
             Arc::new(move || {
                 counter.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_millis(5));
                 Ok(())
             }),
-        );
+        ));
         let writers: Vec<_> = (0..50)
             .map(|_| {
                 let c = commit.clone();

@@ -40,7 +40,7 @@ pub struct SledStore {
     streams: sled::Tree,
     session_streams: sled::Tree,
     entries: sled::Tree,
-    commit: Arc<GroupCommit>,
+    commit: GroupCommit,
     tails: DashMap<StreamId, Arc<Tail>>,
 }
 

@@ -67,11 +67,14 @@ impl Journal {
                 while i < locs.len() && sparse.contains(&locs[i].segment) {
                     i += 1;
                 }
-                let messages: Vec<Bytes> =
-                    read_locs(&inner.files, start as Seq + 1, &locs[start..i])?
-                        .into_iter()
-                        .map(|e| e.message)
-                        .collect();
+                let messages: Vec<Bytes> = read_locs(
+                    |no| inner.files.get(&no).cloned(),
+                    start as Seq + 1,
+                    &locs[start..i],
+                )?
+                .into_iter()
+                .map(|e| e.message)
+                .collect();
                 let placed = encode_entries(&mut inner.buf, id, start as Seq + 1, &messages);
                 let written = inner.writer.append(&inner.buf);
                 inner.buf.clear();

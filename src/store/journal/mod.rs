@@ -76,7 +76,7 @@ pub struct Journal {
     inner: Mutex<Inner>,
     /// The file the group commit syncs (swapped on rollover).
     active: Arc<Mutex<Arc<File>>>,
-    commit: Arc<GroupCommit>,
+    commit: GroupCommit,
     segment_bytes: u64,
     /// Held for the journal's lifetime: one process per data directory.
     _lock: File,
@@ -406,7 +406,7 @@ fn spawn_background_sync(journal: Weak<Journal>) {
 /// neighbouring entries (a batch's entries sit back to back, separated only
 /// by their 4-byte length prefixes).
 fn read_locs(
-    files: &HashMap<SegmentNo, Arc<File>>,
+    file_of: impl Fn(SegmentNo) -> Option<Arc<File>>,
     first: Seq,
     locs: &[Loc],
 ) -> Result<Vec<Entry>> {
@@ -425,8 +425,7 @@ fn read_locs(
             end = locs[j].offset + locs[j].len as u64;
             j += 1;
         }
-        let file = files
-            .get(&start.segment)
+        let file = file_of(start.segment)
             .ok_or_else(|| StoreError::Corrupt(format!("segment {} is gone", start.segment)))?;
         let mut buf = BytesMut::zeroed((end - start.offset) as usize);
         file.read_exact_at(&mut buf, start.offset).map_err(io)?;
@@ -578,17 +577,27 @@ impl Store for Journal {
             }
             let end = durable.min(after.saturating_add(limit as Seq)) as usize;
             let locs = state.locs[after as usize..end].to_vec();
-            let mut files = HashMap::new();
+            // A read usually spans one segment, rarely two: a short list,
+            // not a map, per read.
+            let mut files: Vec<(SegmentNo, Arc<File>)> = Vec::new();
             for loc in &locs {
-                if let Some(f) = inner.files.get(&loc.segment) {
-                    files.entry(loc.segment).or_insert_with(|| f.clone());
+                if !files.iter().any(|(no, _)| *no == loc.segment) {
+                    if let Some(f) = inner.files.get(&loc.segment) {
+                        files.push((loc.segment, f.clone()));
+                    }
                 }
             }
             (locs, files)
         };
         // Outside the lock: a read of a deleted segment still works on the
         // open file, and writers never wait for readers' I/O.
-        read_locs(&files, after + 1, &locs)
+        let file_of = |segment| {
+            files
+                .iter()
+                .find(|(no, _)| *no == segment)
+                .map(|(_, f)| f.clone())
+        };
+        read_locs(file_of, after + 1, &locs)
     }
 
     fn subscribe(&self, stream: StreamId) -> Subscription {
