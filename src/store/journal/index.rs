@@ -92,13 +92,14 @@ impl Index {
     }
 
     /// Points entries `start + 1 ..` of `stream` at new locations (copies
-    /// written elsewhere); returns segments that no stream uses any more.
-    pub fn move_locs(&mut self, stream: StreamId, start: usize, locs: &[Loc]) -> Vec<SegmentNo> {
+    /// written elsewhere). Segments left without users are found by
+    /// `in_use` when the journal next drops unused files.
+    pub fn move_locs(&mut self, stream: StreamId, start: usize, locs: &[Loc]) {
         let Some(state) = self.streams.get_mut(&stream) else {
-            return Vec::new();
+            return;
         };
         let Some(slots) = state.locs.get_mut(start..start + locs.len()) else {
-            return Vec::new();
+            return;
         };
         slots.copy_from_slice(locs);
         let now = distinct_segments(&state.locs);
@@ -106,17 +107,14 @@ impl Index {
         for s in now.iter().filter(|s| !before.contains(s)) {
             *self.users.entry(*s).or_default() += 1;
         }
-        let mut unused = Vec::new();
         for s in before.iter().filter(|s| !now.contains(s)) {
             if let Some(n) = self.users.get_mut(s) {
                 *n -= 1;
                 if *n == 0 {
                     self.users.remove(s);
-                    unused.push(*s);
                 }
             }
         }
-        unused
     }
 
     pub fn set_status(&mut self, stream: StreamId, status: StreamStatus, at_ms: u64) {

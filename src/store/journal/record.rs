@@ -18,7 +18,7 @@ use crate::store::{SessionRecord, StreamMeta, StreamStatus};
 pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x01";
 
 /// `len` + `crc`.
-pub const FRAME: usize = 8;
+const FRAME: usize = 8;
 
 /// Where the messages of an `Entries` record start in its payload: stream,
 /// first seq, count.
@@ -26,7 +26,7 @@ const ENTRIES_HEAD: usize = 16 + 8 + 4;
 
 /// A record bigger than this is corruption, not data: a batch is split well
 /// below it and one message is capped far lower (64 MiB upstream).
-pub const MAX_RECORD: usize = 1 << 30;
+const MAX_RECORD: usize = 1 << 30;
 
 const SESSION: u8 = 1;
 const SESSION_GONE: u8 = 2;
