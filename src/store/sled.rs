@@ -12,8 +12,12 @@
 //! and the stream's watermark moves only after the covering flush: a reader is
 //! never shown an entry that `kill -9` could take back (except in
 //! `sync = "never"`, which says so).
+//!
+//! The lookups the journal indexes (request ids, deadlines) are scans here:
+//! sled is kept for comparison and old data directories, not for scale.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,16 +26,20 @@ use tokio::sync::{watch, Mutex};
 
 use super::commit::{GroupCommit, SyncMode};
 use super::{
-    Entry, Result, SessionRecord, Store, StoreError, StreamMeta, StreamStatus, Subscription,
+    Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
     Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
+use crate::jsonrpc::RequestId;
 
 /// The write end of one stream: serializes its appends and publishes its
 /// durable watermark to subscribed readers.
 struct Tail {
+    /// Serializes appends and metadata edits of the stream.
     append: Mutex<()>,
     watermark: watch::Sender<Watermark>,
+    /// Bytes of the stream's entries (counted once when the tail is made).
+    bytes: AtomicU64,
 }
 
 pub struct SledStore {
@@ -70,20 +78,43 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(backend)
 }
 
-impl SledStore {
-    /// Opens (or creates) the log under `dir/log`.
-    pub fn open(dir: &Path, sync: SyncMode) -> Result<Self> {
-        let db = sled::Config::new()
+/// How long a reopen waits for the file lock of a store this process just
+/// dropped (see `open_db`).
+const LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens sled's database, waiting briefly for its file lock. sled writes
+/// out its last buffer and closes its lock file from a background thread
+/// after the last handle drops, so a reopen in the same process (a test, an
+/// in-process restart) can race that by a few milliseconds. Another process
+/// holding the lock keeps it past the wait, and gets a clear error.
+fn open_db(dir: &Path) -> Result<sled::Db> {
+    let deadline = std::time::Instant::now() + LOCK_RELEASE_WAIT;
+    loop {
+        let opened = sled::Config::new()
             .path(dir.join("log"))
             // The background flusher bounds what `sync = "never"` can lose.
             .flush_every_ms(Some(200))
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                    StoreError::Backend(format!("{} is in use by another process", dir.display()))
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Backend(format!(
+                        "{} is in use by another process",
+                        dir.display()
+                    )));
                 }
-                other => backend(other),
-            })?;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(other) => return Err(backend(other)),
+        }
+    }
+}
+
+impl SledStore {
+    /// Opens (or creates) the log under `dir/log`.
+    pub fn open(dir: &Path, sync: SyncMode) -> Result<Self> {
+        let db = open_db(dir)?;
         let flusher = db.clone();
         let commit = GroupCommit::new(
             sync,
@@ -135,7 +166,12 @@ impl SledStore {
         let mark = Watermark {
             seq: self.last_seq(stream)?,
             finished: !meta.status.is_live(),
+            coalesced: meta.coalesced,
         };
+        let mut bytes = 0u64;
+        for value in self.entries.scan_prefix(stream.as_bytes()).values() {
+            bytes += value.map_err(backend)?.len() as u64;
+        }
         Ok(Some(
             self.tails
                 .entry(stream)
@@ -143,6 +179,7 @@ impl SledStore {
                     Arc::new(Tail {
                         append: Mutex::new(()),
                         watermark: watch::Sender::new(mark),
+                        bytes: AtomicU64::new(bytes),
                     })
                 })
                 .clone(),
@@ -155,7 +192,7 @@ impl SledStore {
         &self,
         stream: StreamId,
         messages: &[Bytes],
-        finish: Option<(StreamStatus, u64)>,
+        finish: Option<Finish>,
     ) -> Result<Seq> {
         let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
         let _serial = tail.append.lock().await;
@@ -167,26 +204,58 @@ impl SledStore {
                 batch.insert(&entry_key(stream, seq)[..], message.as_ref());
             }
             self.entries.apply_batch(batch).map_err(backend)?;
+            let added: u64 = messages.iter().map(|m| m.len() as u64).sum();
+            tail.bytes.fetch_add(added, Ordering::Relaxed);
         }
-        if let Some((status, at_ms)) = finish {
-            let mut meta: StreamMeta = match self.streams.get(stream.as_bytes()).map_err(backend)? {
-                Some(bytes) => decode("stream", &bytes)?,
-                None => return Err(StoreError::NoSuchStream(stream)),
-            };
-            meta.status = status;
-            meta.finished_ms = (!status.is_live()).then_some(at_ms);
-            self.streams
-                .insert(stream.as_bytes(), encode(&meta)?)
-                .map_err(backend)?;
+        if let Some(end) = &finish {
+            self.edit_meta(stream, |meta| meta.finish(end))?;
         }
         self.durable().await?;
         tail.watermark.send_modify(|w| {
             w.seq = seq;
-            if let Some((status, _)) = finish {
-                w.finished = !status.is_live();
+            if let Some(end) = finish {
+                w.finished = !end.status.is_live();
             }
         });
         Ok(seq)
+    }
+
+    /// Rewrites a stream's metadata record; callers hold the tail's lock.
+    fn edit_meta(&self, stream: StreamId, edit: impl FnOnce(&mut StreamMeta)) -> Result<()> {
+        let mut meta: StreamMeta = match self.streams.get(stream.as_bytes()).map_err(backend)? {
+            Some(bytes) => decode("stream", &bytes)?,
+            None => return Err(StoreError::NoSuchStream(stream)),
+        };
+        edit(&mut meta);
+        self.streams
+            .insert(stream.as_bytes(), encode(&meta)?)
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Fills in the counts the store keeps outside the record.
+    fn counted(&self, mut meta: StreamMeta) -> Result<StreamMeta> {
+        if let Some(tail) = self.tail(meta.id)? {
+            meta.entries = tail.watermark.borrow().seq;
+            meta.bytes = tail.bytes.load(Ordering::Relaxed);
+        }
+        Ok(meta)
+    }
+
+    /// Streams whose deadline (as `deadline` reads it) is at or before `at`:
+    /// a scan, where the journal keeps an index.
+    async fn due(
+        &self,
+        at: u64,
+        deadline: fn(&StreamMeta) -> Option<u64>,
+    ) -> Result<Vec<StreamId>> {
+        Ok(self
+            .list_streams()
+            .await?
+            .into_iter()
+            .filter(|m| deadline(m).is_some_and(|d| d <= at))
+            .map(|m| m.id)
+            .collect())
     }
 
     /// Tells readers of a deleted stream that it will say nothing more.
@@ -263,7 +332,7 @@ impl Store for SledStore {
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
         match self.streams.get(id.as_bytes()).map_err(backend)? {
-            Some(bytes) => decode("stream", &bytes).map(Some),
+            Some(bytes) => self.counted(decode("stream", &bytes)?).map(Some),
             None => Ok(None),
         }
     }
@@ -272,7 +341,7 @@ impl Store for SledStore {
         self.streams
             .iter()
             .values()
-            .map(|v| decode("stream", &v.map_err(backend)?))
+            .map(|v| self.counted(decode("stream", &v.map_err(backend)?)?))
             .collect()
     }
 
@@ -281,28 +350,57 @@ impl Store for SledStore {
         for key in self.session_streams.scan_prefix(session.as_bytes()).keys() {
             let key = key.map_err(backend)?;
             if let Some(bytes) = self.streams.get(&key[16..32]).map_err(backend)? {
-                out.push(decode("stream", &bytes)?);
+                out.push(self.counted(decode("stream", &bytes)?)?);
             }
         }
         Ok(out)
     }
 
-    async fn set_status(&self, id: StreamId, status: StreamStatus, at_ms: u64) -> Result<()> {
-        let mut meta = self
-            .stream_meta(id)
-            .await?
-            .ok_or(StoreError::NoSuchStream(id))?;
-        meta.status = status;
-        meta.finished_ms = (!status.is_live()).then_some(at_ms);
-        self.streams
-            .insert(id.as_bytes(), encode(&meta)?)
-            .map_err(backend)?;
+    async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
+        let tail = self.tail(id)?.ok_or(StoreError::NoSuchStream(id))?;
+        {
+            let _serial = tail.append.lock().await;
+            self.edit_meta(id, |meta| meta.finish(&end))?;
+        }
         self.durable().await?;
-        if let Some(tail) = self.tails.get(&id) {
-            tail.watermark
-                .send_modify(|w| w.finished = !status.is_live());
+        tail.watermark
+            .send_modify(|w| w.finished = !end.status.is_live());
+        Ok(())
+    }
+
+    async fn update_stream(&self, id: StreamId, change: Change) -> Result<()> {
+        let tail = self.tail(id)?.ok_or(StoreError::NoSuchStream(id))?;
+        {
+            let _serial = tail.append.lock().await;
+            self.edit_meta(id, |meta| meta.apply(&change))?;
+        }
+        self.durable().await?;
+        if change == Change::Coalesced {
+            tail.watermark.send_modify(|w| w.coalesced = true);
         }
         Ok(())
+    }
+
+    async fn stream_of_request(
+        &self,
+        session: SessionId,
+        id: &RequestId,
+    ) -> Result<Option<StreamId>> {
+        Ok(self
+            .streams_of_session(session)
+            .await?
+            .into_iter()
+            .filter(|m| m.origin_ids.contains(id))
+            .max_by_key(|m| m.created_ms)
+            .map(|m| m.id))
+    }
+
+    async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
+        self.due(now_ms, |m| m.abandon_at_ms).await
+    }
+
+    async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
+        self.due(at_ms, |m| m.finished_ms).await
     }
 
     async fn delete_stream(&self, id: StreamId) -> Result<()> {
@@ -316,15 +414,8 @@ impl Store for SledStore {
         self.append_inner(stream, messages, None).await
     }
 
-    async fn append_final(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        status: StreamStatus,
-        at_ms: u64,
-    ) -> Result<Seq> {
-        self.append_inner(stream, messages, Some((status, at_ms)))
-            .await
+    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
+        self.append_inner(stream, messages, Some(end)).await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
@@ -364,6 +455,7 @@ impl Store for SledStore {
             _ => watch::Sender::new(Watermark {
                 seq: 0,
                 finished: true,
+                coalesced: false,
             })
             .subscribe(),
         }
