@@ -23,7 +23,7 @@ use mcp_resume_proxy::sse::{encode_event, Decoder};
 use mcp_resume_proxy::store::commit::SyncMode;
 use mcp_resume_proxy::store::journal::Journal;
 use mcp_resume_proxy::store::sled::SledStore;
-use mcp_resume_proxy::store::{now_ms, SharedStore, StreamKind, StreamMeta, StreamStatus};
+use mcp_resume_proxy::store::{now_ms, SharedStore, StreamKind, StreamMeta};
 use mcp_resume_proxy::token::Keyring;
 
 /// A `notifications/progress` of about 200 bytes.
@@ -146,16 +146,14 @@ fn token(c: &mut Criterion) {
 }
 
 fn open_stream(rt: &tokio::runtime::Runtime, store: &SharedStore, session: SessionId) -> StreamId {
-    let meta = StreamMeta {
-        id: StreamId::random(),
+    let meta = StreamMeta::new(
+        StreamId::random(),
         session,
-        kind: StreamKind::Request,
-        origin_ids: Vec::new(),
-        method: Some("tools/call".into()),
-        status: StreamStatus::Live,
-        created_ms: now_ms(),
-        finished_ms: None,
-    };
+        StreamKind::Request,
+        Vec::new(),
+        Some("tools/call".into()),
+        now_ms(),
+    );
     rt.block_on(store.create_stream(&meta))
         .expect("create stream");
     meta.id

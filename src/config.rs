@@ -40,7 +40,171 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     pub sse: SseConfig,
     pub store: StoreConfig,
+    pub limits: LimitsConfig,
+    pub dialects: DialectsConfig,
+    pub tokens: TokensConfig,
     pub upstream: Vec<UpstreamConfig>,
+}
+
+/// The key every handle the proxy gives out is sealed with.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokensConfig {
+    /// A file holding the key (at least 32 bytes). Instances that serve one
+    /// client population must share it. Unset: `data_dir/token.key`,
+    /// generated on first start.
+    pub key_file: Option<PathBuf>,
+    /// The key used before a rotation: handles sealed with it still open for
+    /// `previous_key_window_secs` after the proxy starts.
+    pub previous_key_file: Option<PathBuf>,
+    pub previous_key_window_secs: u64,
+}
+
+impl Default for TokensConfig {
+    fn default() -> Self {
+        Self {
+            key_file: None,
+            previous_key_file: None,
+            previous_key_window_secs: 86_400,
+        }
+    }
+}
+
+/// Caps that keep one stream from taking the log over.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Most entries one stream keeps. Past it, progress of one token is
+    /// coalesced to its latest; a stream that still overflows ends with a
+    /// JSON-RPC error entry and its upstream request is cancelled.
+    pub stream_max_entries: u64,
+    /// Most bytes of messages one stream keeps (same rule).
+    pub stream_max_bytes: u64,
+}
+
+/// The resumability dialects the proxy offers clients that ask for them.
+#[derive(Clone, Debug, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DialectsConfig {
+    pub resumable_requests: ResumableRequestsConfig,
+    pub streams: StreamsConfig,
+    /// Per upstream (`[upstream.resume_tokens]`): each route's copy of this
+    /// table carries its upstream's settings.
+    #[serde(skip)]
+    pub resume_tokens: ResumeTokensConfig,
+}
+
+/// Seeds 000/001: `resumeTokens` — a long `tools/call` answers early with
+/// a token and is continued by re-sending it with the token.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResumeTokensConfig {
+    pub mode: ResumeTokensMode,
+    /// How long a call (or a continuation) may run before it is answered
+    /// with an interim result and a token.
+    pub interim_after_ms: u64,
+    /// Where the token goes in the interim result.
+    pub placement: Placement,
+    /// Tools that answer with tokens. Empty: every tool, for clients that
+    /// declared `resumeTokens`. Listed: these tools, for every client (the
+    /// operator knows its clients understand tokens).
+    pub tools: Vec<String>,
+    /// A token not presented within this long is expired, and the call is
+    /// cancelled upstream.
+    pub idle_expiry_ms: u64,
+    /// How long after the final answer its token still fetches it again.
+    pub final_grace_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ResumeTokensMode {
+    /// The proxy issues and honours tokens over its log.
+    #[default]
+    Proxy,
+    /// The upstream issues its own tokens: capability and tokens pass
+    /// through untouched.
+    Passthrough,
+    /// No tokens: the capability is removed before `initialize` goes
+    /// upstream, and nobody issues tokens.
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// `result._meta.nextResumeToken` (seed 000).
+    #[default]
+    Meta,
+    /// `result.nextResumeToken` (seed 001).
+    Root,
+    Both,
+}
+
+impl Default for ResumeTokensConfig {
+    fn default() -> Self {
+        Self {
+            mode: ResumeTokensMode::Proxy,
+            interim_after_ms: 5_000,
+            placement: Placement::Meta,
+            tools: Vec::new(),
+            idle_expiry_ms: 600_000,
+            final_grace_ms: 60_000,
+        }
+    }
+}
+
+/// Seed 002: `resumableRequests`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResumableRequestsConfig {
+    pub enabled: bool,
+    /// `minWait` advertised (sent in seconds).
+    pub min_wait_ms: u64,
+    /// `maxWait`: a request neither resumed nor asked about for this long is
+    /// cancelled upstream and forgotten.
+    pub max_wait_ms: u64,
+}
+
+/// Seed 003: `streams`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamsConfig {
+    pub enabled: bool,
+    /// `resumeInterval.min` (sent in seconds).
+    pub min_ms: u64,
+    /// `resumeInterval.max`: a stream neither resumed nor polled for this
+    /// long is abandoned (cancelled upstream, deleted).
+    pub max_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            stream_max_entries: 100_000,
+            stream_max_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for ResumableRequestsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_wait_ms: 1_000,
+            max_wait_ms: 600_000,
+        }
+    }
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_ms: 1_000,
+            max_ms: 3_600_000,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -114,6 +278,9 @@ pub struct UpstreamConfig {
     /// stream that was cut before its response.
     #[serde(default = "default_resume_attempts")]
     pub resume_attempts: u32,
+    /// Resume tokens (seeds 000/001) for this upstream's tool calls.
+    #[serde(default)]
+    pub resume_tokens: ResumeTokensConfig,
 }
 
 fn default_mount() -> String {
@@ -148,6 +315,9 @@ impl Default for Config {
             shutdown_grace_secs: 5,
             sse: SseConfig::default(),
             store: StoreConfig::default(),
+            limits: LimitsConfig::default(),
+            dialects: DialectsConfig::default(),
+            tokens: TokensConfig::default(),
             upstream: Vec::new(),
         }
     }
@@ -194,6 +364,7 @@ impl UpstreamConfig {
             answer_wait_ms: default_answer_wait(),
             connect_timeout_secs: default_connect_timeout(),
             resume_attempts: default_resume_attempts(),
+            resume_tokens: ResumeTokensConfig::default(),
         }
     }
 }
@@ -241,6 +412,29 @@ impl Config {
                 return fail(format!("{key} must be greater than 0"));
             }
         }
+        for (key, value) in [
+            ("limits.stream_max_entries", self.limits.stream_max_entries),
+            ("limits.stream_max_bytes", self.limits.stream_max_bytes),
+        ] {
+            if value == 0 {
+                return fail(format!("{key} must be greater than 0"));
+            }
+        }
+        let rr = &self.dialects.resumable_requests;
+        if rr.max_wait_ms < 1_000 || rr.min_wait_ms > rr.max_wait_ms {
+            return fail(format!(
+                "dialects.resumable_requests: max_wait_ms = {} must be at least 1000 and not \
+                 below min_wait_ms = {}",
+                rr.max_wait_ms, rr.min_wait_ms
+            ));
+        }
+        let st = &self.dialects.streams;
+        if st.max_ms < 1_000 || st.min_ms > st.max_ms {
+            return fail(format!(
+                "dialects.streams: max_ms = {} must be at least 1000 and not below min_ms = {}",
+                st.max_ms, st.min_ms
+            ));
+        }
         if http::HeaderName::from_bytes(self.principal_header.as_bytes()).is_err() {
             return fail(format!(
                 "principal_header = {:?} is not a valid header name",
@@ -276,6 +470,13 @@ impl Config {
                     return fail(format!("{key}: give either `url` or `command`, not both"))
                 }
                 (None, None) => return fail(format!("{key}: `url` or `command` is required")),
+            }
+            let rt = &up.resume_tokens;
+            if rt.interim_after_ms == 0 || rt.idle_expiry_ms < rt.interim_after_ms {
+                return fail(format!(
+                    "{key}.resume_tokens: interim_after_ms must be greater than 0 and not above \
+                     idle_expiry_ms"
+                ));
             }
             if up.connect_timeout_secs == 0 {
                 return fail(format!("{key}.connect_timeout_secs must be greater than 0"));

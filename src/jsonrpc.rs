@@ -37,6 +37,8 @@ pub struct Envelope {
     pub kind: Kind,
     pub id: Option<RequestId>,
     pub method: Option<String>,
+    /// A response carrying `error` rather than `result`.
+    pub error: bool,
 }
 
 impl Envelope {
@@ -132,6 +134,7 @@ fn envelope(peek: Peek<'_>) -> Result<Envelope, ParseError> {
     Ok(Envelope {
         kind,
         id,
+        error: kind == Kind::Response && peek.error.is_some(),
         method: peek.method.map(Cow::into_owned),
     })
 }
@@ -252,15 +255,209 @@ pub fn progress_token(bytes: &[u8]) -> Option<String> {
         .map(|raw| raw.get().to_owned())
 }
 
+/// The token of a `notifications/progress`, or `None` for anything else.
+pub fn progress_of(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Note<'a> {
+        method: Option<Cow<'a, str>>,
+    }
+    // Cheap check first: most entries are not progress.
+    memchr::memmem::find(bytes, b"notifications/progress")?;
+    let note: Note<'_> = serde_json::from_slice(bytes).ok()?;
+    if note.method.as_deref() != Some("notifications/progress") {
+        return None;
+    }
+    progress_token(bytes)
+}
+
+/// Progress tokens of the requests in a POST body.
+pub fn request_progress_tokens(bytes: &[u8], body: &Body) -> Vec<String> {
+    match body {
+        Body::Single(_) => progress_token(bytes).into_iter().collect(),
+        Body::Batch(_) => serde_json::from_slice::<Vec<&RawValue>>(bytes)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|raw| progress_token(raw.get().as_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Whether a request carries a resume token (seeds 000/001), in
+/// `params._meta.resumeToken` or at the params root — never read from tool
+/// `arguments`.
+pub fn resume_token(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(rename = "resumeToken", borrow)]
+        resume_token: Option<Cow<'a, str>>,
+    }
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "resumeToken", borrow)]
+        resume_token: Option<Cow<'a, str>>,
+        #[serde(rename = "_meta", borrow)]
+        meta: Option<Meta<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Request<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    memchr::memmem::find(bytes, b"resumeToken")?;
+    let request: Request<'_> = serde_json::from_slice(bytes).ok()?;
+    let params = request.params?;
+    params
+        .meta
+        .and_then(|m| m.resume_token)
+        .or(params.resume_token)
+        .map(Cow::into_owned)
+}
+
+/// The message with its top-level `id` replaced by `id`, every other byte as
+/// it was: a logged response answered under another request's id without
+/// re-serializing it. `None` when `bytes` is not an object with an `id`.
+pub fn with_id(bytes: &[u8], id: &RequestId) -> Option<bytes::Bytes> {
+    let span = top_level_value(bytes, b"id")?;
+    let mut out = Vec::with_capacity(bytes.len() + id.as_json().len());
+    out.extend_from_slice(&bytes[..span.start]);
+    out.extend_from_slice(id.as_json().as_bytes());
+    out.extend_from_slice(&bytes[span.end..]);
+    Some(out.into())
+}
+
+/// Where the value of the top-level `key` of a JSON object sits. A scanner,
+/// not a parser: it trusts the bytes to be JSON (they were classified
+/// before), and only tracks strings and nesting to skip other values.
+fn top_level_value(bytes: &[u8], key: &[u8]) -> Option<std::ops::Range<usize>> {
+    let ws = |i: &mut usize| {
+        while bytes.get(*i).is_some_and(u8::is_ascii_whitespace) {
+            *i += 1;
+        }
+    };
+    // The end of the string starting at `i` (a quote), past its closing quote.
+    let string_end = |mut i: usize| -> Option<usize> {
+        i += 1;
+        loop {
+            match bytes.get(i)? {
+                b'\\' => i += 2,
+                b'"' => return Some(i + 1),
+                _ => i += 1,
+            }
+        }
+    };
+    let value_end = |mut i: usize| -> Option<usize> {
+        match bytes.get(i)? {
+            b'"' => string_end(i),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match bytes.get(i)? {
+                        b'"' => i = string_end(i)?,
+                        b'{' | b'[' => {
+                            depth += 1;
+                            i += 1;
+                        }
+                        b'}' | b']' => {
+                            depth -= 1;
+                            i += 1;
+                            if depth == 0 {
+                                return Some(i);
+                            }
+                        }
+                        _ => i += 1,
+                    }
+                }
+            }
+            _ => {
+                while !matches!(bytes.get(i), None | Some(b',' | b'}' | b']'))
+                    && !bytes[i].is_ascii_whitespace()
+                {
+                    i += 1;
+                }
+                Some(i)
+            }
+        }
+    };
+    let mut i = 0;
+    ws(&mut i);
+    if bytes.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        ws(&mut i);
+        if bytes.get(i)? != &b'"' {
+            return None;
+        }
+        let key_end = string_end(i)?;
+        let name = &bytes[i + 1..key_end - 1];
+        i = key_end;
+        ws(&mut i);
+        if bytes.get(i)? != &b':' {
+            return None;
+        }
+        i += 1;
+        ws(&mut i);
+        let start = i;
+        i = value_end(i)?;
+        if name == key {
+            return Some(start..i);
+        }
+        ws(&mut i);
+        match bytes.get(i)? {
+            b',' => i += 1,
+            _ => return None,
+        }
+    }
+}
+
 /// Standard and MCP-specific JSON-RPC error codes the proxy emits.
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
     pub const INTERNAL_ERROR: i64 = -32603;
     /// What SDK servers use for transport-level rejections ("Bad Request: …").
     pub const SERVER_ERROR: i64 = -32000;
     /// "Session not found", as the TypeScript SDK answers it.
     pub const SESSION_NOT_FOUND: i64 = -32001;
+}
+
+/// A `notifications/cancelled` for request `id`, as the proxy sends it
+/// upstream on a client's behalf.
+pub fn cancellation(id: &RequestId, reason: &str) -> Vec<u8> {
+    let reason = serde_json::Value::String(reason.to_owned());
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{},"reason":{reason}}}}}"#,
+        id.as_json()
+    )
+    .into_bytes()
+}
+
+/// SHA-256 (hex) of a request's method and canonical params — keys sorted,
+/// `_meta` and a root `resumeToken` left out — so a re-sent call can be
+/// recognised whatever its key order, progress token or resume token.
+pub fn params_digest(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Request {
+        method: String,
+        #[serde(default)]
+        params: serde_json::Value,
+    }
+    let mut request: Request = serde_json::from_slice(bytes).ok()?;
+    if let Some(params) = request.params.as_object_mut() {
+        params.remove("_meta");
+        params.remove("resumeToken");
+    }
+    // serde_json's map is ordered by key: serializing a parsed value is the
+    // canonical form.
+    let canonical = serde_json::to_vec(&(request.method, request.params)).ok()?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, &canonical);
+    Some(crate::id::hex(digest.as_ref()))
 }
 
 /// A JSON-RPC error response. `id` is `None` for transport errors that belong
@@ -354,6 +551,63 @@ mod tests {
         assert_eq!(
             progress_token(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
             None
+        );
+    }
+
+    #[test]
+    fn params_digests_ignore_key_order_and_meta_but_not_values() {
+        let a = params_digest(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":1,"b":2},"_meta":{"progressToken":"p"}}}"#);
+        let b = params_digest(br#"{"id":7,"jsonrpc":"2.0","method":"tools/call","params":{"arguments":{"b":2,"a":1},"name":"x"}}"#);
+        let c = params_digest(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"a":1,"b":3}}}"#);
+        assert!(a.is_some());
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_new_id_is_spliced_in_and_every_other_byte_kept() {
+        let logged =
+            br#"{"result":{"id":1,"s":"}\"id\":{","a":[{"id":2}]} ,  "id" : 7 ,"jsonrpc":"2.0"}"#;
+        let spliced = with_id(logged, &RequestId("\"n-9\"".into())).unwrap();
+        assert_eq!(
+            &spliced[..],
+            &br#"{"result":{"id":1,"s":"}\"id\":{","a":[{"id":2}]} ,  "id" : "n-9" ,"jsonrpc":"2.0"}"#[..]
+        );
+        let v: serde_json::Value = serde_json::from_slice(&spliced).unwrap();
+        assert_eq!(v["id"], "n-9");
+        assert_eq!(v["result"]["id"], 1);
+        assert!(with_id(br#"{"jsonrpc":"2.0","result":{}}"#, &RequestId("1".into())).is_none());
+        assert!(with_id(b"[1]", &RequestId("1".into())).is_none());
+    }
+
+    proptest::proptest! {
+        /// Whatever the other members hold, only the top-level id changes.
+        #[test]
+        fn splicing_changes_the_id_and_nothing_else(
+            text in ".{0,20}",
+            n in proptest::prelude::any::<i64>(),
+            nested in proptest::prelude::any::<bool>(),
+        ) {
+            let result = if nested {
+                serde_json::json!({"id": text.clone(), "content": [{"text": text.clone()}]})
+            } else {
+                serde_json::json!(text.clone())
+            };
+            let message = serde_json::json!({"jsonrpc": "2.0", "result": result, "id": n});
+            let bytes = serde_json::to_vec(&message).unwrap();
+            let spliced = with_id(&bytes, &RequestId("\"x\"".into())).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&spliced).unwrap();
+            proptest::prop_assert_eq!(&v["id"], "x");
+            proptest::prop_assert_eq!(&v["result"], &message["result"]);
+        }
+    }
+
+    #[test]
+    fn cancellations_name_the_request_by_its_raw_id() {
+        let bytes = cancellation(&RequestId("\"r-1\"".into()), "abandoned");
+        assert_eq!(
+            cancelled_request_ids(&bytes),
+            vec![RequestId("\"r-1\"".into())]
         );
     }
 

@@ -8,8 +8,8 @@
 //! proxy — with every message it missed, exactly once, in order.
 //!
 //! One log, many dialects: the log knows streams of opaque entries; the
-//! dialects (today `Last-Event-ID`; resume tokens, resumable requests, streams
-//! and tasks next) are thin adapters over append / read-after-cursor / status.
+//! dialects (`Last-Event-ID`, resume tokens, resumable requests, streams;
+//! tasks next) are thin adapters over append / read-after-cursor / status.
 //!
 //! # Layout
 //!
@@ -17,24 +17,36 @@
 //!   name the key.
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
 //!   start-up order (open log, recover, serve).
-//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (sessions,
-//!   logged streams, replay), its exchanges with HTTP and stdio upstreams, and
-//!   [`proxy::modern`] (stateless pass-through).
+//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (the request
+//!   pipeline: parse → session → dialect router → no double execution →
+//!   exchange → present), its
+//!   exchanges with HTTP and stdio upstreams, answers from the log, the one
+//!   error type [`proxy::Rejection`], and [`proxy::modern`] (stateless
+//!   pass-through).
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth.
-//! - [`stream`]: the log as the proxy sees it; readers that replay then follow,
-//!   one reader per stream.
+//! - [`ingest`]: what every upstream message passes before the log (relay and
+//!   stdio alike): no spoofed dialect notifications, no orphan progress,
+//!   per-stream caps, status marks.
+//! - [`stream`]: the log as the proxy sees it; readers that replay then follow
+//!   (one exclusive reader per stream; watchers that never take over), the
+//!   acknowledged cursor, and the status every dialect maps its words from.
 //! - [`store`]: the durable log's contract; [`store::journal`] (default:
 //!   append-only segment files, in-memory index), [`store::sled`], and the
 //!   group commit in [`store::commit`].
-//! - [`dialect`]: how clients come back; [`dialect::last_event_id`].
+//! - [`dialect`]: how clients come back, and the seam they plug into
+//!   (negotiation, command router, presentation);
+//!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
+//!   [`dialect::resumable_request`] (seed 002), [`dialect::streams`]
+//!   (seed 003).
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
-//! - [`lifetime`]: crash recovery, retention, session expiry.
+//! - [`lifetime`]: crash recovery, abandonment, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
-//! - [`token`]: sealed, session-bound event ids.
+//! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
+//!   poll cursors — each of its own kind, bound to session (and principal).
 //! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session and stream ids.
@@ -46,6 +58,7 @@ pub mod demo;
 pub mod dialect;
 pub mod headers;
 pub mod id;
+pub mod ingest;
 pub mod jsonrpc;
 pub mod lifetime;
 pub mod proxy;

@@ -1,25 +1,35 @@
 //! Lifetimes of what the log holds: recovery of streams orphaned by a crash,
+//! abandonment of streams a dialect announced and nobody came back for,
 //! retention of finished streams, and expiry of idle sessions.
 //!
 //! Recovery runs once before the proxy serves: a stream still `live` in the
 //! log lost its relay with the previous process, so its unanswered requests
 //! get a JSON-RPC error entry (a client must never wait on silence) and the
-//! stream is finished. The sweeper then runs forever in the background.
+//! stream is finished. The sweeper then runs forever in the background and
+//! finds what is due through the store's deadline queries, never by reading
+//! every stream.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
-use crate::jsonrpc::{self, RequestId};
 use crate::session::Sessions;
-use crate::store::{now_ms, Result, StreamKind, StreamStatus};
+use crate::store::{now_ms, Result, StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
 
 const RESTARTED: &str =
     "the proxy restarted while the upstream was answering this request; its outcome is unknown";
+
+/// Why the proxy cancels an abandoned request upstream.
+pub const ABANDONED: &str = "abandoned: the client neither resumed nor polled it in time";
+
+/// Who stops an upstream request the proxy gives up on.
+#[async_trait::async_trait]
+pub trait Canceller: Send + Sync {
+    async fn cancel(&self, stream: &StreamMeta, why: &str);
+}
 
 /// Finishes every stream a previous process left live. Returns how many.
 pub async fn recover(log: &Log) -> Result<usize> {
@@ -29,62 +39,55 @@ pub async fn recover(log: &Log) -> Result<usize> {
             continue;
         }
         recovered += 1;
-        let status = match meta.kind {
-            StreamKind::Standalone => StreamStatus::Completed,
+        match meta.kind {
+            StreamKind::Standalone => log.finish(meta.id, StreamStatus::Completed).await?,
             StreamKind::Request => {
-                let answered = answered_ids(log, &meta.id).await?;
-                let pending: Vec<&RequestId> = meta
-                    .origin_ids
-                    .iter()
-                    .filter(|id| !answered.contains(*id))
-                    .collect();
-                if pending.is_empty() {
-                    StreamStatus::Completed
+                let answered = log.answered(meta.id).await?;
+                if meta.origin_ids.iter().all(|id| answered.contains(id)) {
+                    log.finish(meta.id, StreamStatus::Completed).await?;
                 } else {
-                    log.fail(&meta, pending, RESTARTED).await?;
-                    StreamStatus::Failed
+                    log.fail_unanswered(&meta, RESTARTED).await?;
                 }
             }
-        };
-        if status != StreamStatus::Failed {
-            log.finish(meta.id, status).await?;
         }
-        tracing::info!(stream = %meta.id, ?status, "recovered stream left live by a previous run");
+        tracing::info!(stream = %meta.id, "recovered stream left live by a previous run");
     }
     Ok(recovered)
 }
 
-async fn answered_ids(log: &Log, stream: &crate::id::StreamId) -> Result<HashSet<RequestId>> {
-    let mut answered = HashSet::new();
-    let mut cursor = 0;
-    loop {
-        let entries = log.store().read_after(*stream, cursor, 1024).await?;
-        let Some(last) = entries.last() else {
-            return Ok(answered);
-        };
-        cursor = last.seq;
-        for entry in &entries {
-            answered.extend(jsonrpc::response_ids(&entry.message));
-        }
-    }
+/// What one sweep did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub abandoned: usize,
+    pub expired_streams: usize,
+    pub expired_sessions: usize,
 }
 
-/// Deletes finished streams past retention and sessions idle too long.
-pub async fn sweep(log: &Log, sessions: &Sessions, config: &StoreConfig) -> Result<(usize, usize)> {
+/// Abandons streams past their deadline, deletes finished streams past
+/// retention and sessions idle too long.
+pub async fn sweep(
+    log: &Log,
+    sessions: &Sessions,
+    config: &StoreConfig,
+    canceller: &dyn Canceller,
+) -> Result<Swept> {
     let now = now_ms();
-    let retention = config.retention_secs.saturating_mul(1000);
-    let idle = config.session_idle_secs.saturating_mul(1000);
-    let mut streams = 0;
-    for meta in log.store().list_streams().await? {
-        if meta
-            .finished_ms
-            .is_some_and(|at| !meta.status.is_live() && now.saturating_sub(at) >= retention)
-        {
-            log.delete(meta.id).await?;
-            streams += 1;
+    let mut swept = Swept::default();
+    for stream in log.store().abandoned_by(now).await? {
+        if abandon(log, stream, canceller).await? {
+            swept.abandoned += 1;
         }
     }
-    let mut expired = 0;
+    let retention = config.retention_secs.saturating_mul(1000);
+    for stream in log
+        .store()
+        .finished_by(now.saturating_sub(retention))
+        .await?
+    {
+        log.delete(stream).await?;
+        swept.expired_streams += 1;
+    }
+    let idle = config.session_idle_secs.saturating_mul(1000);
     for record in log.store().list_sessions().await? {
         let last_seen = sessions
             .cached(record.id)
@@ -95,10 +98,35 @@ pub async fn sweep(log: &Log, sessions: &Sessions, config: &StoreConfig) -> Resu
             .is_some_and(|at| now.saturating_sub(at) >= retention);
         if closed_long_ago || now.saturating_sub(last_seen) >= idle {
             sessions.end(record.id).await?;
-            expired += 1;
+            swept.expired_sessions += 1;
         }
     }
-    Ok((streams, expired))
+    Ok(swept)
+}
+
+/// Abandons one stream whose deadline passed: the upstream is told to stop,
+/// the stream is finished and deleted, so its handles open to nothing. A
+/// stream a client is reading right now is not abandoned: its deadline
+/// moves instead.
+async fn abandon(
+    log: &Log,
+    stream: crate::id::StreamId,
+    canceller: &dyn Canceller,
+) -> Result<bool> {
+    let Some(meta) = log.meta(stream).await? else {
+        return Ok(false);
+    };
+    if log.is_read(stream) {
+        log.touch(stream).await?;
+        return Ok(false);
+    }
+    if meta.status.is_live() {
+        log.finish(stream, StreamStatus::Cancelled).await?;
+        canceller.cancel(&meta, ABANDONED).await;
+    }
+    log.delete(stream).await?;
+    tracing::info!(%stream, "stream abandoned");
+    Ok(true)
 }
 
 /// Runs [`sweep`] every `sweep_secs` until `stop` is cancelled.
@@ -106,6 +134,7 @@ pub fn spawn_sweeper(
     log: Arc<Log>,
     sessions: Arc<Sessions>,
     config: StoreConfig,
+    canceller: Arc<dyn Canceller>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -116,11 +145,9 @@ pub fn spawn_sweeper(
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
             }
-            match sweep(&log, &sessions, &config).await {
-                Ok((0, 0)) => {}
-                Ok((streams, sessions)) => {
-                    tracing::debug!(streams, sessions, "swept expired streams and sessions")
-                }
+            match sweep(&log, &sessions, &config, canceller.as_ref()).await {
+                Ok(swept) if swept == Swept::default() => {}
+                Ok(swept) => tracing::debug!(?swept, "swept"),
                 Err(e) => tracing::error!(error = %e, "sweep failed"),
             }
         }

@@ -16,6 +16,8 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::sync::mpsc;
 
+use crate::config::LimitsConfig;
+use crate::ingest::{self, Recorded};
 use crate::jsonrpc::{self, RequestId};
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus};
@@ -45,6 +47,7 @@ pub struct Relay {
     pub stream: StreamMeta,
     /// The client's end-to-end headers, reused to resume upstream.
     pub client_headers: HeaderMap,
+    pub limits: LimitsConfig,
 }
 
 impl Relay {
@@ -135,18 +138,20 @@ impl Relay {
                     self.sessions.learn_version(&self.session, message).await;
                 }
             }
-            let logged = if complete {
-                self.log
-                    .append_final(self.stream.id, &batch, StreamStatus::Completed)
-                    .await
-            } else if batch.is_empty() {
-                Ok(0)
-            } else {
-                self.log.append(self.stream.id, &batch).await
-            };
-            if let Err(e) = logged {
-                tracing::error!(stream = %self.stream.id, error = %e, "cannot log upstream message; stream abandoned");
-                return;
+            let recorded = ingest::record(
+                &self.log,
+                &self.limits,
+                &self.session,
+                &self.stream,
+                batch,
+                complete,
+            )
+            .await;
+            if let Recorded::Ended(why) = recorded {
+                // The stream ended with an error entry; the upstream must
+                // stop working for nobody.
+                self.cancel_upstream(why).await;
+                return self.release();
             }
             if complete {
                 return self.release();
@@ -159,6 +164,18 @@ impl Relay {
                 };
                 return self.finish(status, &pending).await;
             }
+        }
+    }
+
+    async fn cancel_upstream(&self, why: &str) {
+        if self.stream.kind != StreamKind::Request {
+            return;
+        }
+        let upstream_session = self.session.upstream_session();
+        for id in &self.stream.origin_ids {
+            self.upstream
+                .cancel(&self.client_headers, upstream_session.as_deref(), id, why)
+                .await;
         }
     }
 
@@ -229,7 +246,7 @@ impl Relay {
 
     /// Forgets what the session tracked for this stream once it ended.
     fn release(&self) {
-        self.session.untrack(&self.stream.origin_ids);
+        self.session.release(&self.stream);
         if self.stream.kind == StreamKind::Standalone {
             self.session.clear_standalone(self.stream.id);
         }

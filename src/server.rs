@@ -18,8 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
-use crate::jsonrpc::code;
-use crate::proxy::{Route, Shared};
+use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
@@ -43,7 +42,12 @@ impl App {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!("cannot create data_dir {}: {e}", config.data_dir.display())
         })?;
-        let keyring = Keyring::load_or_create(&config.data_dir)
+        let tokens = &config.tokens;
+        let previous = tokens.previous_key_file.as_deref().map(|file| {
+            let window = tokens.previous_key_window_secs.saturating_mul(1000);
+            (file, crate::store::now_ms().saturating_add(window))
+        });
+        let keyring = Keyring::load(&config.data_dir, tokens.key_file.as_deref(), previous)
             .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
         let store: SharedStore = match config.store.backend {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
@@ -67,14 +71,19 @@ impl App {
             .iter()
             .map(|up| {
                 let upstream = match up.command {
-                    Some(_) => Upstream::Stdio(Arc::new(StdioUpstream::new(up))),
+                    Some(_) => {
+                        Upstream::Stdio(Arc::new(StdioUpstream::new(up, &shared.config.limits)))
+                    }
                     None => {
                         Upstream::Http(Arc::new(HttpUpstream::new(up).map_err(anyhow::Error::msg)?))
                     }
                 };
+                let mut dialects = shared.config.dialects.clone();
+                dialects.resume_tokens = up.resume_tokens.clone();
                 Ok(Route {
                     path: up.path.trim_end_matches('/').to_owned(),
                     upstream,
+                    dialects,
                     shared: shared.clone(),
                 })
             })
@@ -109,30 +118,33 @@ impl App {
             return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
         }
         if !self.host_allowed(req.headers()) {
-            return reply::error(
-                StatusCode::FORBIDDEN,
-                None,
-                code::SERVER_ERROR,
-                "Forbidden: Host not allowed",
-            );
+            return Rejection::forbidden("Host").into_response();
         }
         if let Some(origin) = req.headers().get(http::header::ORIGIN) {
             let allowed = origin
                 .to_str()
                 .is_ok_and(|o| origin_allowed(o, &self.shared.config.allowed_origins));
             if !allowed {
-                return reply::error(
-                    StatusCode::FORBIDDEN,
-                    None,
-                    code::SERVER_ERROR,
-                    "Forbidden: Origin not allowed",
-                );
+                return Rejection::forbidden("Origin").into_response();
             }
         }
         let path = path.trim_end_matches('/');
         match self.routes.iter().find(|r| r.path == path) {
             Some(route) => route.handle(req).await,
-            None => reply::error(StatusCode::NOT_FOUND, None, code::SERVER_ERROR, "Not Found"),
+            None => Rejection::not_found().into_response(),
+        }
+    }
+}
+
+/// Abandoned requests are cancelled by the route that forwarded them.
+#[async_trait::async_trait]
+impl crate::lifetime::Canceller for App {
+    async fn cancel(&self, stream: &crate::store::StreamMeta, why: &str) {
+        let Ok(Some(session)) = self.shared.log.store().get_session(stream.session).await else {
+            return;
+        };
+        if let Some(route) = self.routes.iter().find(|r| r.path == session.route) {
+            route.cancel(stream, why).await;
         }
     }
 }
@@ -219,6 +231,7 @@ impl Server {
             app.shared.log.clone(),
             app.shared.sessions.clone(),
             store_config,
+            app.clone(),
             stop.clone(),
         );
         let done = tokio::spawn(accept_loop(

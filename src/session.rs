@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
-use crate::store::{now_ms, Result, SessionRecord, SharedStore};
+use crate::store::{now_ms, Result, SessionRecord, SharedStore, StreamMeta};
 
 /// Protocol revisions that use `initialize`, sessions and SSE resumability.
 pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -71,8 +71,18 @@ pub struct Session {
     record: Mutex<SessionRecord>,
     /// Client request id → the stream carrying its answer.
     in_flight: DashMap<RequestId, StreamId>,
+    /// Progress token of a request in flight → its stream: progress naming
+    /// any other token is dropped (seed 004: only tokens of active requests).
+    progress: DashMap<String, StreamId>,
+    /// The same, by stream, so a stream's end forgets its tokens without
+    /// looking at everyone else's.
+    tokens_of: DashMap<StreamId, Vec<String>>,
     /// The standalone GET stream currently fed by an upstream GET.
     standalone: Mutex<Option<StreamId>>,
+    /// The end-to-end headers of the client's latest request, for what the
+    /// proxy sends upstream on its own (a cancellation): the upstream may
+    /// want the client's credentials. Kept in memory only, never logged.
+    headers: Mutex<HeaderMap>,
     /// Cancelled when the session ends: stops its relays.
     pub ended: CancellationToken,
     /// Orders writes of the record, so an older snapshot never overwrites a
@@ -86,7 +96,10 @@ impl Session {
             id: record.id,
             record: Mutex::new(record),
             in_flight: DashMap::new(),
+            progress: DashMap::new(),
+            tokens_of: DashMap::new(),
             standalone: Mutex::new(None),
+            headers: Mutex::new(HeaderMap::new()),
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
         })
@@ -108,14 +121,53 @@ impl Session {
         self.lock().protocol_version.clone()
     }
 
-    pub fn track(&self, id: RequestId, stream: StreamId) {
-        self.in_flight.insert(id, stream);
+    /// Tracks the requests (and their progress tokens) a stream answers.
+    pub fn track(&self, stream: &StreamMeta, progress: &[String]) {
+        for id in &stream.origin_ids {
+            self.in_flight.insert(id.clone(), stream.id);
+        }
+        for token in progress {
+            self.progress.insert(token.clone(), stream.id);
+        }
+        if !progress.is_empty() {
+            self.tokens_of.insert(stream.id, progress.to_vec());
+        }
     }
 
-    pub fn untrack(&self, ids: &[RequestId]) {
-        for id in ids {
-            self.in_flight.remove(id);
+    /// Forgets what was tracked for a stream that ended (or was refused).
+    pub fn release(&self, stream: &StreamMeta) {
+        for id in &stream.origin_ids {
+            self.in_flight.remove_if(id, |_, s| *s == stream.id);
         }
+        if let Some((_, tokens)) = self.tokens_of.remove(&stream.id) {
+            for token in tokens {
+                self.progress.remove_if(&token, |_, s| *s == stream.id);
+            }
+        }
+    }
+
+    /// The live request stream a progress token belongs to.
+    pub fn progress_stream(&self, token: &str) -> Option<StreamId> {
+        self.progress.get(token).map(|s| *s)
+    }
+
+    pub fn remember_headers(&self, headers: &HeaderMap) {
+        *self.headers.lock().unwrap_or_else(|p| p.into_inner()) = headers.clone();
+    }
+
+    pub fn remembered_headers(&self) -> HeaderMap {
+        self.headers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn dialects(&self) -> Vec<String> {
+        self.lock().dialects.clone()
+    }
+
+    pub fn principal(&self) -> String {
+        self.lock().principal.clone()
     }
 
     pub fn stream_of(&self, id: &RequestId) -> Option<StreamId> {
@@ -155,7 +207,13 @@ impl Sessions {
 
     /// Mints a session for an `initialize` request. Not persisted until
     /// [`Sessions::persist`]: the upstream may still refuse it.
-    pub fn mint(&self, route: &str, principal: String, initialize: &[u8]) -> Arc<Session> {
+    pub fn mint(
+        &self,
+        route: &str,
+        principal: String,
+        initialize: &[u8],
+        dialects: Vec<String>,
+    ) -> Arc<Session> {
         let now = now_ms();
         let session = Session::new(SessionRecord {
             id: SessionId::random(),
@@ -167,6 +225,7 @@ impl Sessions {
             created_ms: now,
             last_seen_ms: now,
             closed_ms: None,
+            dialects,
         });
         self.live.insert(session.id, session.clone());
         session

@@ -1,13 +1,20 @@
-//! Streams over the log: opening them, appending to them, finishing them, and
-//! reading them — replay after a cursor, then follow live — with exactly-once,
-//! in-order delivery to whichever reader is attached.
+//! Streams over the log: opening them, appending to them, finishing them,
+//! their status, and reading them — replay after a cursor, then follow live —
+//! with exactly-once, in-order delivery to whichever reader is attached.
 //!
 //! Every dialect reads through [`Reader`]; none of them touches the store's
-//! entries directly. A stream has at most one reader at a time: the spec
-//! forbids sending one message on two connections, and a client that comes
-//! back usually does so because its previous connection is half-dead. So a new
-//! reader takes the stream over and the old one ends ([`Next::Replaced`]).
+//! entries directly. A stream has at most one *exclusive* reader at a time:
+//! the spec forbids sending one message on two connections, and a client that
+//! comes back usually does so because its previous connection is half-dead.
+//! So a new exclusive reader takes the stream over and the old one ends
+//! ([`Next::Replaced`]). Status checks and waits that deliver nothing use a
+//! *watching* reader, which never takes a stream over.
+//!
+//! The acknowledged cursor, touch times and the status words every dialect
+//! maps from live here too ([`Status`]); which words a dialect says is the
+//! dialect's business, not this module's.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +22,11 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::watch;
 
-use crate::id::{Seq, SessionId, StreamId};
-use crate::jsonrpc::RequestId;
-use crate::store::{now_ms, Entry, Result, SharedStore, StreamKind, StreamMeta, StreamStatus};
+use crate::id::{Seq, StreamId};
+use crate::jsonrpc::{self, RequestId};
+use crate::store::{
+    now_ms, Change, Entry, Finish, Outcome, Result, SharedStore, StreamMeta, StreamStatus,
+};
 
 /// How many entries a reader takes from the store at once.
 const READ_BATCH: usize = 256;
@@ -25,9 +34,58 @@ const READ_BATCH: usize = 256;
 /// The log as the rest of the proxy sees it.
 pub struct Log {
     store: SharedStore,
-    /// Reader generation per stream with an attached reader; bumping it
-    /// retires the previous reader.
+    /// Reader generation per stream with an attached exclusive reader;
+    /// bumping it retires the previous reader.
     readers: DashMap<StreamId, watch::Sender<u64>>,
+}
+
+/// Where a stream stands, in the terms every dialect maps its words from.
+/// Read from the stream's metadata alone: O(1), no entries touched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub state: StreamStatus,
+    pub outcome: Option<Outcome>,
+    /// The stream's highest seq.
+    pub entries: Seq,
+    pub acked: Seq,
+    pub last_request: Seq,
+}
+
+impl Status {
+    pub fn of(meta: &StreamMeta) -> Self {
+        Self {
+            state: meta.status,
+            outcome: meta.outcome,
+            entries: meta.entries,
+            acked: meta.acked,
+            last_request: meta.last_request,
+        }
+    }
+
+    /// Entries the client has not acknowledged.
+    pub fn pending(&self) -> bool {
+        self.entries > self.acked
+    }
+
+    /// A server-to-client request the client has not acknowledged.
+    pub fn has_request(&self) -> bool {
+        self.last_request > self.acked
+    }
+
+    /// The unacknowledged entries end with an error response.
+    pub fn has_error(&self) -> bool {
+        self.pending() && self.failed()
+    }
+
+    /// The request ended without a result: an error response, a failure,
+    /// or a cancellation.
+    pub fn failed(&self) -> bool {
+        match self.state {
+            StreamStatus::Live => false,
+            StreamStatus::Completed => self.outcome == Some(Outcome::Error),
+            StreamStatus::Failed | StreamStatus::Cancelled => true,
+        }
+    }
 }
 
 impl Log {
@@ -42,23 +100,8 @@ impl Log {
         &self.store
     }
 
-    pub async fn open(
-        &self,
-        session: SessionId,
-        kind: StreamKind,
-        origin_ids: Vec<RequestId>,
-        method: Option<String>,
-    ) -> Result<StreamMeta> {
-        let meta = StreamMeta {
-            id: StreamId::random(),
-            session,
-            kind,
-            origin_ids,
-            method,
-            status: StreamStatus::Live,
-            created_ms: now_ms(),
-            finished_ms: None,
-        };
+    /// Creates a stream from its (new, live) metadata.
+    pub async fn open(&self, meta: StreamMeta) -> Result<StreamMeta> {
         self.store.create_stream(&meta).await?;
         Ok(meta)
     }
@@ -73,9 +116,10 @@ impl Log {
         stream: StreamId,
         messages: &[Bytes],
         status: StreamStatus,
+        outcome: Option<Outcome>,
     ) -> Result<Seq> {
         self.store
-            .append_final(stream, messages, status, now_ms())
+            .append_final(stream, messages, Finish::new(status, outcome))
             .await
     }
 
@@ -88,30 +132,94 @@ impl Log {
         pending: impl IntoIterator<Item = &'a RequestId>,
         why: &str,
     ) -> Result<()> {
-        let pending: std::collections::HashSet<&RequestId> = pending.into_iter().collect();
+        let pending: HashSet<&RequestId> = pending.into_iter().collect();
         let errors: Vec<Bytes> = stream
             .origin_ids
             .iter()
             .filter(|id| pending.contains(id))
             .map(|id| {
-                Bytes::from(crate::jsonrpc::error_response(
+                Bytes::from(jsonrpc::error_response(
                     Some(id),
-                    crate::jsonrpc::code::INTERNAL_ERROR,
+                    jsonrpc::code::INTERNAL_ERROR,
                     why,
                 ))
             })
             .collect();
-        self.append_final(stream.id, &errors, StreamStatus::Failed)
-            .await
-            .map(|_| ())
+        self.append_final(
+            stream.id,
+            &errors,
+            StreamStatus::Failed,
+            Some(Outcome::Error),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Fails a stream for every request the log holds no answer to.
+    pub async fn fail_unanswered(&self, stream: &StreamMeta, why: &str) -> Result<()> {
+        let answered = self.answered(stream.id).await?;
+        let pending = stream
+            .origin_ids
+            .iter()
+            .filter(|id| !answered.contains(*id));
+        self.fail(stream, pending, why).await
+    }
+
+    /// The request ids the stream's logged responses answer.
+    pub async fn answered(&self, stream: StreamId) -> Result<HashSet<RequestId>> {
+        let mut answered = HashSet::new();
+        let mut cursor = 0;
+        loop {
+            let entries = self.store.read_after(stream, cursor, 1024).await?;
+            let Some(last) = entries.last() else {
+                return Ok(answered);
+            };
+            cursor = last.seq;
+            for entry in &entries {
+                answered.extend(jsonrpc::response_ids(&entry.message));
+            }
+        }
     }
 
     pub async fn finish(&self, stream: StreamId, status: StreamStatus) -> Result<()> {
-        self.store.set_status(stream, status, now_ms()).await
+        self.store
+            .set_status(stream, Finish::new(status, None))
+            .await
     }
 
     pub async fn meta(&self, stream: StreamId) -> Result<Option<StreamMeta>> {
         self.store.stream_meta(stream).await
+    }
+
+    pub async fn status(&self, stream: StreamId) -> Result<Option<Status>> {
+        Ok(self.meta(stream).await?.as_ref().map(Status::of))
+    }
+
+    /// Records that the client holds every entry up to `seq`.
+    pub async fn ack(&self, stream: StreamId, seq: Seq) -> Result<()> {
+        self.store.update_stream(stream, Change::Ack(seq)).await
+    }
+
+    /// Records that a client asked about the stream now (re-arms
+    /// abandonment).
+    pub async fn touch(&self, stream: StreamId) -> Result<()> {
+        self.store
+            .update_stream(stream, Change::Touch { at_ms: now_ms() })
+            .await
+    }
+
+    /// Where a resume of `stream` starts: after the acknowledged cursor
+    /// (at-least-once: the cursor moves only on evidence). With `keep_last`,
+    /// never past the final entry of a finished stream, so the resume ends
+    /// with the request's response even when the client acknowledged it (a
+    /// lost response can be asked for again).
+    pub fn resume_point(&self, stream: &StreamMeta, keep_last: bool) -> Seq {
+        let end = self.end(stream.id);
+        if keep_last && !stream.status.is_live() && stream.acked >= end {
+            end.saturating_sub(1)
+        } else {
+            stream.acked.min(end)
+        }
     }
 
     /// The durable end of the stream right now: where a reader that wants
@@ -125,15 +233,20 @@ impl Log {
         self.store.delete_stream(stream).await
     }
 
-    /// Ends whichever reader is attached to `stream`.
+    /// Ends whichever exclusive reader is attached to `stream`.
     pub fn retire(&self, stream: StreamId) {
         if let Some((_, generation)) = self.readers.remove(&stream) {
             generation.send_modify(|g| *g += 1);
         }
     }
 
+    /// Whether a client is reading the stream right now.
+    pub fn is_read(&self, stream: StreamId) -> bool {
+        self.readers.contains_key(&stream)
+    }
+
     /// Attaches a reader that yields every entry after `after`, taking the
-    /// stream over from any earlier reader.
+    /// stream over from any earlier exclusive reader.
     pub fn attach(self: &Arc<Self>, stream: StreamId, after: Seq) -> Reader {
         let (generation, mine) = {
             let sender = self
@@ -149,8 +262,18 @@ impl Log {
             log: self.clone(),
             stream,
             cursor: after,
-            generation,
-            mine,
+            exclusive: Some((generation, mine)),
+        }
+    }
+
+    /// A reader that never takes the stream over and is never replaced: for
+    /// status checks and waits that must not cut a live reader.
+    pub fn watch(self: &Arc<Self>, stream: StreamId, after: Seq) -> Reader {
+        Reader {
+            log: self.clone(),
+            stream,
+            cursor: after,
+            exclusive: None,
         }
     }
 }
@@ -174,9 +297,9 @@ pub struct Reader {
     log: Arc<Log>,
     stream: StreamId,
     cursor: Seq,
-    generation: watch::Receiver<u64>,
-    /// The generation this reader was attached as.
-    mine: u64,
+    /// For an exclusive reader: the generation channel and the generation
+    /// it was attached as.
+    exclusive: Option<(watch::Receiver<u64>, u64)>,
 }
 
 impl Reader {
@@ -188,10 +311,21 @@ impl Reader {
         self.cursor
     }
 
+    /// Records that the client holds every entry this reader delivered.
+    pub async fn acknowledge(&self) -> Result<()> {
+        self.log.ack(self.stream, self.cursor).await
+    }
+
+    fn replaced(&self) -> bool {
+        self.exclusive
+            .as_ref()
+            .is_some_and(|(g, mine)| g.has_changed().is_err() || *g.borrow() != *mine)
+    }
+
     pub async fn next(&mut self, idle: Duration) -> Result<Next> {
         let deadline = tokio::time::Instant::now() + idle;
         loop {
-            if self.generation.has_changed().is_err() || *self.generation.borrow() != self.mine {
+            if self.replaced() {
                 return Ok(Next::Replaced);
             }
             // Subscribe before reading, so an append landing between the read
@@ -199,7 +333,7 @@ impl Reader {
             let mut appended = self.log.store.subscribe(self.stream);
             let mark = *appended.borrow_and_update();
             if mark.seq > self.cursor {
-                if let Some(entries) = self.take().await? {
+                if let Some(entries) = self.take(mark.coalesced).await? {
                     return Ok(Next::Entries(entries));
                 }
             }
@@ -212,45 +346,81 @@ impl Reader {
                     None => Next::Gone,
                 });
             }
+            let replaced = async {
+                match self.exclusive.as_mut() {
+                    Some((generation, _)) => {
+                        let _ = generation.changed().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
             tokio::select! {
                 changed = appended.changed() => {
                     if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
                         return Ok(Next::Gone);
                     }
                 }
-                _ = self.generation.changed() => return Ok(Next::Replaced),
+                _ = replaced => return Ok(Next::Replaced),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Next::Idle),
             }
         }
     }
 
-    async fn take(&mut self) -> Result<Option<Vec<Entry>>> {
-        let entries = self
+    async fn take(&mut self, coalesced: bool) -> Result<Option<Vec<Entry>>> {
+        let mut entries = self
             .log
             .store
             .read_after(self.stream, self.cursor, READ_BATCH)
             .await?;
-        Ok(entries.last().map(|last| last.seq).map(|seq| {
-            self.cursor = seq;
-            entries
-        }))
+        let Some(last) = entries.last().map(|e| e.seq) else {
+            return Ok(None);
+        };
+        self.cursor = last;
+        if coalesced {
+            keep_latest_progress(&mut entries, |e| &e.message);
+        }
+        Ok(Some(entries))
     }
+}
+
+/// Keeps only the latest progress notification of each token among
+/// `items` (what `message` reads from each); everything else stays, in
+/// order. A stream past its caps coalesces progress with it twice: when a
+/// batch is appended, and when a range is replayed (seqs stay where they are:
+/// the gaps are skips, not holes in the log).
+pub fn keep_latest_progress<T>(items: &mut Vec<T>, message: impl Fn(&T) -> &[u8]) {
+    let tokens: Vec<Option<String>> = items
+        .iter()
+        .map(|item| jsonrpc::progress_of(message(item)))
+        .collect();
+    let mut seen: HashSet<&String> = HashSet::new();
+    let mut keep = vec![true; items.len()];
+    for (i, token) in tokens.iter().enumerate().rev() {
+        if let Some(token) = token {
+            keep[i] = seen.insert(token);
+        }
+    }
+    let mut keep = keep.into_iter();
+    items.retain(|_| keep.next().unwrap_or(true));
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
         // Forget the generation channel once nobody reads the stream, unless a
         // newer reader has taken it.
-        let mine = self.mine;
-        self.log
-            .readers
-            .remove_if(&self.stream, |_, g| *g.borrow() == mine);
+        if let Some((_, mine)) = &self.exclusive {
+            let mine = *mine;
+            self.log
+                .readers
+                .remove_if(&self.stream, |_, g| *g.borrow() == mine);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::id::SessionId;
     use crate::store::commit::SyncMode;
     use crate::store::journal::Journal;
 
@@ -261,6 +431,12 @@ mod tests {
     }
 
     const IDLE: Duration = Duration::from_secs(5);
+
+    async fn opened(log: &Arc<Log>) -> StreamMeta {
+        log.open(crate::store::contract::meta(SessionId::random()))
+            .await
+            .unwrap()
+    }
 
     async fn drain(reader: &mut Reader) -> (Vec<Bytes>, Next) {
         let mut got = Vec::new();
@@ -275,10 +451,7 @@ mod tests {
     #[tokio::test]
     async fn replay_from_every_cut_point_yields_exactly_the_missing_suffix() {
         let (_dir, log) = log().await;
-        let meta = log
-            .open(SessionId::random(), StreamKind::Request, vec![], None)
-            .await
-            .unwrap();
+        let meta = opened(&log).await;
         let all: Vec<Bytes> = (0..20).map(|i| Bytes::from(format!("{i}"))).collect();
         log.append(meta.id, &all).await.unwrap();
         log.finish(meta.id, StreamStatus::Completed).await.unwrap();
@@ -293,10 +466,7 @@ mod tests {
     #[tokio::test]
     async fn reader_follows_live_appends_until_the_stream_finishes() {
         let (_dir, log) = log().await;
-        let meta = log
-            .open(SessionId::random(), StreamKind::Request, vec![], None)
-            .await
-            .unwrap();
+        let meta = opened(&log).await;
         let mut reader = log.attach(meta.id, 0);
         let writer = {
             let log = log.clone();
@@ -322,10 +492,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_reader_replaces_the_old_one() {
         let (_dir, log) = log().await;
-        let meta = log
-            .open(SessionId::random(), StreamKind::Request, vec![], None)
-            .await
-            .unwrap();
+        let meta = opened(&log).await;
         let mut first = log.attach(meta.id, 0);
         let _second = log.attach(meta.id, 0);
         assert_eq!(first.next(IDLE).await.unwrap(), Next::Replaced);
@@ -334,22 +501,84 @@ mod tests {
     #[tokio::test]
     async fn an_idle_live_stream_reports_idle() {
         let (_dir, log) = log().await;
-        let meta = log
-            .open(SessionId::random(), StreamKind::Request, vec![], None)
-            .await
-            .unwrap();
+        let meta = opened(&log).await;
         let mut reader = log.attach(meta.id, 0);
         let next = reader.next(Duration::from_millis(20)).await.unwrap();
         assert_eq!(next, Next::Idle);
     }
 
     #[tokio::test]
-    async fn deleting_a_stream_ends_its_reader() {
+    async fn a_watcher_never_takes_a_stream_from_its_reader() {
         let (_dir, log) = log().await;
-        let meta = log
-            .open(SessionId::random(), StreamKind::Request, vec![], None)
+        let meta = opened(&log).await;
+        let mut reader = log.attach(meta.id, 0);
+        let mut watcher = log.watch(meta.id, 0);
+        log.append(meta.id, &[Bytes::from_static(b"x")])
             .await
             .unwrap();
+        assert!(matches!(
+            watcher.next(IDLE).await.unwrap(),
+            Next::Entries(_)
+        ));
+        assert!(matches!(reader.next(IDLE).await.unwrap(), Next::Entries(_)));
+        assert!(log.is_read(meta.id));
+        drop(reader);
+        assert!(!log.is_read(meta.id), "a watcher is not a reader");
+    }
+
+    #[tokio::test]
+    async fn a_coalesced_stream_replays_only_the_latest_progress_of_a_token() {
+        let (_dir, log) = log().await;
+        let meta = opened(&log).await;
+        let progress = |n: u32| {
+            Bytes::from(format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t","progress":{n}}}}}"#
+            ))
+        };
+        let result = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        log.append(
+            meta.id,
+            &[progress(1), progress(2), result.clone(), progress(3)],
+        )
+        .await
+        .unwrap();
+        log.store()
+            .update_stream(meta.id, Change::Coalesced)
+            .await
+            .unwrap();
+        log.finish(meta.id, StreamStatus::Completed).await.unwrap();
+        let (got, _) = drain(&mut log.attach(meta.id, 0)).await;
+        assert_eq!(got, vec![result, progress(3)]);
+    }
+
+    #[tokio::test]
+    async fn status_words_come_from_the_outcome_and_the_acknowledged_cursor() {
+        let (_dir, log) = log().await;
+        let meta = opened(&log).await;
+        log.append(meta.id, &[Bytes::from_static(b"a")])
+            .await
+            .unwrap();
+        let live = log.status(meta.id).await.unwrap().unwrap();
+        assert!(live.pending() && !live.failed() && !live.has_error());
+        log.append_final(
+            meta.id,
+            &[Bytes::from_static(b"e")],
+            StreamStatus::Completed,
+            Some(Outcome::Error),
+        )
+        .await
+        .unwrap();
+        let done = log.status(meta.id).await.unwrap().unwrap();
+        assert!(done.failed() && done.has_error());
+        log.ack(meta.id, 2).await.unwrap();
+        let acked = log.status(meta.id).await.unwrap().unwrap();
+        assert!(acked.failed() && !acked.has_error() && !acked.pending());
+    }
+
+    #[tokio::test]
+    async fn deleting_a_stream_ends_its_reader() {
+        let (_dir, log) = log().await;
+        let meta = opened(&log).await;
         let mut reader = log.attach(meta.id, 0);
         log.store().delete_stream(meta.id).await.unwrap();
         assert_eq!(reader.next(IDLE).await.unwrap(), Next::Gone);

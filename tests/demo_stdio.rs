@@ -193,7 +193,7 @@ async fn tools_list_and_echo_answer_on_one_line_each() {
             .iter()
             .map(|t| t["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["echo", "slow", "ask", "notify"]);
+        assert_eq!(names, ["echo", "slow", "ask", "paged", "spoof", "notify"]);
 
         // A newline in the payload stays escaped: still one line.
         client

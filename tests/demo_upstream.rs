@@ -291,7 +291,7 @@ async fn batch_answers_every_request_on_one_stream() {
         answers.sort_by_key(|m| m["id"].as_u64());
         assert_eq!(answers.len(), 3);
         assert_eq!(answers[0]["result"]["content"][0]["text"], "hello");
-        assert_eq!(answers[1]["result"]["tools"].as_array().unwrap().len(), 4);
+        assert_eq!(answers[1]["result"]["tools"].as_array().unwrap().len(), 6);
         assert_eq!(answers[2]["error"]["code"], -32601);
 
         // Notifications alone get 202 and an empty body.

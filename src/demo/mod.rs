@@ -4,6 +4,7 @@
 //! tests, so what newcomers see is what the tests check.
 
 mod session;
+mod stats;
 pub mod stdio;
 mod stream_log;
 pub mod upstream;
@@ -61,6 +62,23 @@ mcp-resume-proxy demo
 
    Kill the proxy with kill -9 in the middle and start it again with the same
    data dir: the resume still works.
+
+4. The resumability dialects: open a session that declares them (its result
+   advertises them under capabilities.experimental), then run step 2 again
+   in it (with "notifications/initialized" first, as any client would):
+
+   curl -si {proxy} -H 'Content-Type: application/json' \
+     -H 'Accept: application/json, text/event-stream' \
+     -d '{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{"resumableRequests":{{}},"streams":{{}}}},"clientInfo":{{"name":"curl","version":"1"}}}}}}'
+
+   The call's first events are notifications/requests/resumePolicy (with a
+   resumeToken) and notifications/stream/create (with a streamId). Then, with
+   the same headers as step 2:
+
+   -d '{{"jsonrpc":"2.0","id":3,"method":"requests/getStatus","params":{{"requestId":2,"resumeToken":"<token>"}}}}'
+   -d '{{"jsonrpc":"2.0","id":2,"method":"requests/resume","params":{{"resumeToken":"<token>"}}}}'
+   -d '{{"jsonrpc":"2.0","id":4,"method":"stream/poll","params":{{"streamId":"<streamId>"}}}}'
+   -d '{{"jsonrpc":"2.0","id":5,"method":"stream/resume","params":{{"streamId":"<streamId>"}}}}'
 
 Ctrl-C stops the demo.
 "#

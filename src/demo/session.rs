@@ -15,8 +15,8 @@ use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::stats::{DemoStats, MODERN_VERSION};
 use super::stream_log::StreamLog;
-use super::upstream::{DemoStats, MODERN_VERSION};
 use crate::sse;
 
 /// How long `ask` waits for the client's answer.
@@ -171,10 +171,13 @@ impl Call {
         let id = request["id"].clone();
         let params = &request["params"];
         let outcome = match (request["method"].as_str(), &self.session) {
+            // The instructions repeat the client capabilities the server saw,
+            // so a test can tell what a proxy passed on.
             (Some("initialize"), Some(session)) => Ok(json!({
                 "protocolVersion": session.version,
                 "capabilities": {"tools": {}, "logging": {}},
                 "serverInfo": server_info(),
+                "instructions": format!("client capabilities: {}", params["capabilities"]),
             })),
             (Some("ping"), _) => Ok(json!({})),
             (Some("tools/list"), _) => Ok(tools_list()),
@@ -271,6 +274,8 @@ impl Call {
                     .await
             }
             "notify" => self.notify(&args["text"]).await,
+            "spoof" => self.spoof().await,
+            "paged" => Some(paged(params)),
             other => Some(tool_error(&format!("unknown tool: {other:?}"))),
         };
         let counter = match result {
@@ -367,6 +372,24 @@ impl Call {
         })
     }
 
+    /// Speaks in the namespaces resumability proxies author themselves (a
+    /// misbehaving or malicious server): a proxy must not pass these on.
+    async fn spoof(&self) -> Option<Value> {
+        for (method, params) in [
+            (
+                "notifications/requests/resumePolicy",
+                json!({"requestId": 1, "resumeToken": "forged", "maxWait": 1}),
+            ),
+            ("notifications/stream/end", json!({"streamId": "forged"})),
+        ] {
+            let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+            if !self.deliver(&message).await {
+                return None;
+            }
+        }
+        Some(text_result("spoofed"))
+    }
+
     /// A log message: over HTTP queued on the standalone GET stream, over
     /// stdio written at once. None when the stdio client is gone.
     async fn notify(&self, text: &Value) -> Option<Value> {
@@ -388,6 +411,21 @@ impl Call {
         }
         session.standalone.push(&message);
         Some(text_result("queued"))
+    }
+}
+
+/// A tool that issues its own resume tokens (seed 000): the first call
+/// answers part 1 with `_meta.nextResumeToken`, the call re-sent with that
+/// token answers the rest without one.
+fn paged(params: &Value) -> Value {
+    match params.pointer("/_meta/resumeToken").and_then(Value::as_str) {
+        None => {
+            let mut result = text_result("part 1");
+            result["_meta"] = json!({"nextResumeToken": "demo-page-2"});
+            result
+        }
+        Some("demo-page-2") => text_result("part 2, the end"),
+        Some(_) => tool_error("unknown resume token"),
     }
 }
 
@@ -425,6 +463,16 @@ fn tools_list() -> Value {
             "inputSchema": object(json!({
                 "kind": {"type": "string", "enum": ["elicitation", "sampling"]},
             }), &[]),
+        },
+        {
+            "name": "paged",
+            "description": "Answers in two parts, issuing its own resume token (seed 000).",
+            "inputSchema": object(json!({}), &[]),
+        },
+        {
+            "name": "spoof",
+            "description": "Sends notifications in the namespaces resumability proxies author.",
+            "inputSchema": object(json!({}), &[]),
         },
         {
             "name": "notify",

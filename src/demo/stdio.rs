@@ -24,7 +24,8 @@ use tokio::time::Instant;
 use super::session::{
     is_notification, is_request, is_response, on_notification, on_response, Call, Session, Sink,
 };
-use super::upstream::{negotiate, DemoStats};
+use super::stats::DemoStats;
+use super::upstream::negotiate;
 
 /// Longest accepted line, as the HTTP mode's body limit.
 const MAX_LINE: usize = 4 << 20;

@@ -13,8 +13,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -32,6 +32,8 @@ use super::session::{
     is_notification, is_request, is_response, lock, on_notification, on_response, Call, Session,
     Sink,
 };
+pub use super::stats::DemoStats;
+use super::stats::MODERN_VERSION;
 use super::stream_log::{pump, PumpOptions, StreamLog};
 use crate::reply::{self, Body};
 
@@ -39,7 +41,6 @@ const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const LATEST_LEGACY: &str = "2025-11-25";
 /// The first revision whose POST streams open with a priming event.
 const PRIMING_SINCE: &str = "2025-11-25";
-pub(super) const MODERN_VERSION: &str = "2026-07-28";
 const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 const MAX_BODY: usize = 4 << 20;
 /// Reconnection delay advertised in priming events when streams get cut on
@@ -57,31 +58,6 @@ pub struct DemoOptions {
     /// End SSE POST responses after this many events (SEP-1699 polling); the
     /// call keeps running and the client resumes with GET + `Last-Event-ID`.
     pub close_after_events: Option<usize>,
-}
-
-/// Counters the tests read. `requests` holds the headers of every request.
-#[derive(Default, Debug)]
-pub struct DemoStats {
-    pub sessions_created: AtomicU64,
-    pub sessions_deleted: AtomicU64,
-    pub calls_started: AtomicU64,
-    pub calls_completed: AtomicU64,
-    /// `notifications/cancelled` for an in-flight call, or (modern) the client
-    /// closed the response stream.
-    pub calls_cancelled: AtomicU64,
-    /// GETs carrying `Last-Event-ID` that were served.
-    pub resumed_gets: AtomicU64,
-    pub requests: Mutex<Vec<HeaderMap>>,
-}
-
-impl DemoStats {
-    pub fn last_headers(&self) -> Option<HeaderMap> {
-        lock(&self.requests).last().cloned()
-    }
-
-    pub(super) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// A running demo server; shut down explicitly or when dropped.

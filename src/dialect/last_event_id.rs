@@ -2,14 +2,21 @@
 //! see a stream — an SSE response whose every event carries an event id, a
 //! priming event for clients that understand one, `retry:`, and keep-alive
 //! comments while the upstream is silent. A GET with `Last-Event-ID` attaches
-//! a reader after that id's entry; everything else is the core's.
+//! a reader after that id's entry, and is the evidence that moves the
+//! stream's acknowledged cursor.
+//!
+//! Every dialect that answers with a stream answers in this framing (the
+//! seeds' resumes keep the original event ids), so serving lives here; what a
+//! dialect adds to a stream comes in through its [`Presenter`].
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::id::{SessionId, StreamId};
+use super::{Context, Presenter, Refusal};
+use crate::id::{Seq, SessionId};
 use crate::reply::{self, Body};
+use crate::store::{StreamKind, StreamMeta};
 use crate::stream::{Next, Reader};
 use crate::token::Keyring;
 
@@ -21,25 +28,35 @@ pub struct Presentation {
     pub priming: bool,
     pub retry_ms: Option<u64>,
     pub keepalive: Duration,
+    pub presenter: Presenter,
+    /// A resume that runs to the stream's end is evidence the client got
+    /// it: the acknowledged cursor moves there.
+    pub ack_at_end: bool,
 }
 
-/// Why a `Last-Event-ID` cannot be honoured.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ResumeError {
-    /// Not an id this proxy issued in this session (forged, tampered,
-    /// another session's, or the stream expired).
-    UnknownEventId,
-}
-
-/// Opens a client's `Last-Event-ID` in its session.
-pub fn open(
-    keyring: &Keyring,
-    session: SessionId,
+/// Where a `Last-Event-ID` resumes: its stream and cursor, or `None` when it
+/// names the end of a standalone stream that is over (its upstream GET
+/// ended) — the client then continues on the session's current one instead
+/// of reconnecting forever to a stream that will never say more. Naming an
+/// entry acknowledges it.
+pub async fn resume(
+    cx: &Context<'_>,
     last_event_id: &str,
-) -> Result<(StreamId, u64), ResumeError> {
-    keyring
-        .open_event_id(session, last_event_id)
-        .ok_or(ResumeError::UnknownEventId)
+) -> Result<Option<(StreamMeta, Seq)>, Refusal> {
+    let (stream, seq) = cx
+        .keyring
+        .open_event_id(cx.session.id, last_event_id)
+        .ok_or(Refusal::UnknownEventId)?;
+    let meta = cx.own(stream).await?.ok_or(Refusal::UnknownEventId)?;
+    let exhausted =
+        meta.kind == StreamKind::Standalone && !meta.status.is_live() && seq >= cx.log.end(stream);
+    if exhausted {
+        return Ok(None);
+    }
+    if seq > meta.acked {
+        cx.log.ack(stream, seq).await?;
+    }
+    Ok(Some((meta, seq)))
 }
 
 /// Streams `reader` to the client as SSE until the stream ends, the client
@@ -54,6 +71,7 @@ pub fn serve(reader: Reader, how: Presentation) -> Body {
         how,
         out: BytesMut::new(),
         primed: false,
+        ended: false,
     };
     reply::polled(futures_util::stream::unfold(state, |mut s| async move {
         let chunk = s.next_chunk().await?;
@@ -66,11 +84,15 @@ struct Serving {
     how: Presentation,
     out: BytesMut,
     primed: bool,
+    ended: bool,
 }
 
 impl Serving {
     /// The next bytes for the client; `None` ends the response.
     async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
         let stream = self.reader.stream();
         let how = &mut self.how;
         if !self.primed {
@@ -83,23 +105,70 @@ impl Serving {
                 return Some(self.out.split().freeze());
             }
         }
-        match self.reader.next(how.keepalive).await {
+        let mut wait = how.keepalive;
+        if let Some(deadline) = how.presenter.deadline() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return self.interim();
+            }
+            wait = wait.min(left);
+        }
+        match self.reader.next(wait).await {
             Ok(Next::Entries(entries)) => {
-                for entry in &entries {
-                    if let Some(ms) = how.retry_ms.take() {
-                        crate::sse::encode_retry_field(&mut self.out, ms);
-                    }
-                    let id = how.keyring.event_id(how.session, stream, entry.seq);
-                    crate::sse::encode_event(&mut self.out, Some(&id), &entry.message);
+                for entry in entries {
+                    let Some(message) = self.how.presenter.entry(entry.message) else {
+                        continue;
+                    };
+                    self.retry_first();
+                    let id = self
+                        .how
+                        .keyring
+                        .event_id(self.how.session, stream, entry.seq);
+                    crate::sse::encode_event(&mut self.out, Some(&id), &message);
                 }
                 Some(self.out.split().freeze())
             }
+            // (At a deadline, the next chunk is the interim.)
             Ok(Next::Idle) => Some(Bytes::from_static(crate::sse::KEEP_ALIVE)),
-            Ok(Next::End(_) | Next::Gone | Next::Replaced) => None,
+            Ok(Next::End(_)) => {
+                self.ended = true;
+                if self.how.ack_at_end {
+                    if let Err(e) = self.reader.acknowledge().await {
+                        tracing::warn!(stream = %stream, error = %e, "cannot record acknowledgement");
+                    }
+                }
+                let closing = self.how.presenter.closing();
+                if closing.is_empty() {
+                    return None;
+                }
+                for message in &closing {
+                    self.retry_first();
+                    crate::sse::encode_event(&mut self.out, None, message);
+                }
+                Some(self.out.split().freeze())
+            }
+            Ok(Next::Gone | Next::Replaced) => None,
             Err(e) => {
                 tracing::error!(stream = %stream, error = %e, "cannot read stream; closing the client's connection");
                 None
             }
+        }
+    }
+
+    /// Ends the answer with the interim result: the call goes on, and the
+    /// client continues it with the token the interim carries.
+    fn interim(&mut self) -> Option<Bytes> {
+        self.ended = true;
+        let interim = self.how.presenter.interim(self.reader.cursor())?;
+        self.retry_first();
+        crate::sse::encode_event(&mut self.out, None, &interim);
+        Some(self.out.split().freeze())
+    }
+
+    /// `retry:` goes with the first event a client sees.
+    fn retry_first(&mut self) {
+        if let Some(ms) = self.how.retry_ms.take() {
+            crate::sse::encode_retry_field(&mut self.out, ms);
         }
     }
 }

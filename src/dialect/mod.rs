@@ -1,5 +1,482 @@
-//! Dialects: the ways a client can come back for what it missed. Each is a thin
-//! adapter over the core's append / read-after-cursor / status; logic two
-//! dialects would share belongs in `stream.rs`, not here.
+//! Dialects: the ways a client can come back for what it missed, and the seam
+//! they plug into. Each dialect is a thin adapter over the core's append /
+//! read-after-cursor / status (`stream.rs`); logic two dialects would share
+//! belongs in the core or in this file, never in both dialect files.
+//!
+//! The seam has three places a dialect acts, in the order of a request:
+//! - **router** — [`Command::parse`] claims a message the proxy answers
+//!   itself, from the log ([`Command::apply`]): one type per thing a client
+//!   can ask, parsed once, applied in one place;
+//! - **exchange** — [`Negotiated::opening`] authors the stream's first entries
+//!   (the policy, `stream/create`) before the request goes upstream, so a
+//!   client holds an event id before any cut;
+//! - **present** — [`Presenter`] (`presenter.rs`) rewrites the relayed
+//!   `initialize` result to advertise what was negotiated, and closes a
+//!   stream with what a dialect says after the last entry.
+//!
+//! Before all three, [`negotiate`] (`negotiation.rs`) reads what a client
+//! asks for in `initialize`; the session record keeps the answer, so a
+//! restarted proxy speaks the same dialects. This file owns the types every
+//! dialect shares and must not grow a dialect's own rules.
 
 pub mod last_event_id;
+mod negotiation;
+mod presenter;
+pub mod resumable_request;
+pub mod resume_token;
+pub mod streams;
+
+pub use negotiation::negotiate;
+pub use presenter::Presenter;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::config::{DialectsConfig, ResumeTokensMode};
+use crate::jsonrpc::{self, code, Body as Message, RequestId};
+use crate::session::Session;
+use crate::store::{StoreError, StreamKind, StreamMeta};
+use crate::stream::{Log, Reader};
+use crate::token::Keyring;
+
+/// A resumability dialect a client can negotiate in `initialize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// Seed 002: `resumableRequests`.
+    ResumableRequests,
+    /// Seed 003: `streams`.
+    Streams,
+    /// Seeds 000/001: `resumeTokens`.
+    ResumeTokens,
+}
+
+/// What negotiation does with a dialect's capability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Offer {
+    /// The proxy speaks it: consumed, recorded, advertised.
+    Speak,
+    /// Nobody speaks it: removed before the upstream sees it.
+    Withhold,
+    /// The upstream may speak it: left for the upstream.
+    Leave,
+}
+
+impl Dialect {
+    pub const ALL: [Dialect; 3] = [
+        Dialect::ResumableRequests,
+        Dialect::Streams,
+        Dialect::ResumeTokens,
+    ];
+
+    /// The capability name on the wire (and on the session record).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::ResumableRequests => "resumableRequests",
+            Dialect::Streams => "streams",
+            Dialect::ResumeTokens => "resumeTokens",
+        }
+    }
+
+    pub fn named(name: &str) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    fn offer(self, config: &DialectsConfig) -> Offer {
+        let enabled = |on: bool| if on { Offer::Speak } else { Offer::Leave };
+        match self {
+            Dialect::ResumableRequests => enabled(config.resumable_requests.enabled),
+            Dialect::Streams => enabled(config.streams.enabled),
+            Dialect::ResumeTokens => match config.resume_tokens.mode {
+                ResumeTokensMode::Proxy => Offer::Speak,
+                ResumeTokensMode::Passthrough => Offer::Leave,
+                ResumeTokensMode::Off => Offer::Withhold,
+            },
+        }
+    }
+
+    /// What the proxy advertises under `capabilities.experimental`.
+    fn settings(self, config: &DialectsConfig) -> Value {
+        match self {
+            Dialect::ResumableRequests => resumable_request::settings(config),
+            Dialect::Streams => streams::settings(config),
+            Dialect::ResumeTokens => resume_token::settings(config),
+        }
+    }
+
+    /// How long a stream this dialect announced may go untouched.
+    fn abandon_after_ms(self, config: &DialectsConfig) -> u64 {
+        match self {
+            Dialect::ResumableRequests => config.resumable_requests.max_wait_ms,
+            Dialect::Streams => config.streams.max_ms,
+            Dialect::ResumeTokens => config.resume_tokens.idle_expiry_ms,
+        }
+    }
+
+    /// The proxy-authored first entry of a stream this dialect announces.
+    fn opening(self, cx: &Context<'_>, stream: &StreamMeta, request: &RequestId) -> Option<Bytes> {
+        match self {
+            Dialect::ResumableRequests => Some(resumable_request::policy(cx, stream, request)),
+            Dialect::Streams => Some(streams::create(cx, stream)),
+            // A token travels in an answer, not in the stream.
+            Dialect::ResumeTokens => None,
+        }
+    }
+}
+
+/// The dialects one session negotiated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Negotiated(Vec<Dialect>);
+
+impl Negotiated {
+    pub fn of(session: &Session) -> Self {
+        Self::from_names(&session.dialects())
+    }
+
+    fn from_dialects(dialects: Vec<Dialect>) -> Self {
+        Self(dialects)
+    }
+
+    fn dialects(&self) -> &[Dialect] {
+        &self.0
+    }
+
+    pub fn from_names(names: &[String]) -> Self {
+        Self(names.iter().filter_map(|n| Dialect::named(n)).collect())
+    }
+
+    pub fn has(&self, dialect: Dialect) -> bool {
+        self.0.contains(&dialect)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.0.iter().map(|d| d.name().to_owned()).collect()
+    }
+
+    /// The dialects that announce `stream`: request streams answering one
+    /// request other than `initialize`. (A batch has no single id to resume.)
+    /// Resume tokens announce nothing in the stream: see
+    /// [`resume_token::Call`].
+    pub fn announcing(&self, stream: &StreamMeta) -> Vec<Dialect> {
+        let announced = stream.kind == StreamKind::Request
+            && stream.origin_ids.len() == 1
+            && stream.method.as_deref() != Some("initialize");
+        if announced {
+            self.0
+                .iter()
+                .copied()
+                .filter(|d| *d != Dialect::ResumeTokens)
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Arms abandonment on a stream about to be opened, if any dialect
+    /// announces it (or `tokens`: its call answers with resume tokens): the
+    /// longest wait any of them promised.
+    pub fn arm(&self, stream: &mut StreamMeta, config: &DialectsConfig, tokens: bool) {
+        let after = self
+            .announcing(stream)
+            .into_iter()
+            .chain(tokens.then_some(Dialect::ResumeTokens))
+            .map(|d| d.abandon_after_ms(config))
+            .max();
+        if let Some(after) = after {
+            stream.abandon_after_ms = Some(after);
+            stream.abandon_at_ms = Some(stream.touched_ms.saturating_add(after));
+        }
+    }
+
+    /// The first entries of `stream`, authored by the proxy.
+    pub fn opening(&self, cx: &Context<'_>, stream: &StreamMeta) -> Vec<Bytes> {
+        let Some(request) = stream.origin_ids.first() else {
+            return Vec::new();
+        };
+        self.announcing(stream)
+            .into_iter()
+            .filter_map(|d| d.opening(cx, stream, request))
+            .collect()
+    }
+}
+
+/// Upstream messages the proxy authors itself: an upstream that sends them
+/// would speak for the proxy, so they are dropped before the log.
+pub fn authored_by_proxy(method: &str) -> bool {
+    method.starts_with("notifications/requests/") || method.starts_with("notifications/stream/")
+}
+
+/// Whether `method` is one the proxy answers itself.
+fn is_dialect_method(method: &str) -> bool {
+    // (A `tools/call` with a resume token is a call first: see
+    // `Command::parse`.)
+    resumable_request::METHODS.contains(&method) || streams::METHODS.contains(&method)
+}
+
+/// What a dialect needs to answer from the log.
+pub struct Context<'a> {
+    pub log: &'a Arc<Log>,
+    pub keyring: &'a Keyring,
+    pub session: &'a Session,
+    pub config: &'a DialectsConfig,
+}
+
+impl Context<'_> {
+    /// The stream if it exists and belongs to the caller's session.
+    async fn own(&self, stream: crate::id::StreamId) -> Result<Option<StreamMeta>, Refusal> {
+        Ok(self
+            .log
+            .meta(stream)
+            .await?
+            .filter(|m| m.session == self.session.id))
+    }
+
+    /// The caller's stream that an opened handle names. A handle that opened
+    /// to nothing (unknown, tampered, foreign, of another kind) and one whose
+    /// stream is gone (abandoned, expired) get the same `unknown` answer.
+    async fn named(
+        &self,
+        opened: Option<crate::id::StreamId>,
+        id: &RequestId,
+        unknown: &'static str,
+    ) -> Result<StreamMeta, Refusal> {
+        let refuse = || Refusal::InvalidParams {
+            id: id.clone(),
+            message: unknown,
+        };
+        let stream = opened.ok_or_else(refuse)?;
+        self.own(stream).await?.ok_or_else(refuse)
+    }
+}
+
+/// A string parameter a command requires.
+fn string_param(
+    id: &RequestId,
+    params: &Value,
+    name: &str,
+    missing: &'static str,
+) -> Result<String, Refusal> {
+    params[name]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or(Refusal::InvalidParams {
+            id: id.clone(),
+            message: missing,
+        })
+}
+
+/// Why a dialect refused a message. Mapped to a response by the request
+/// path's one error type.
+#[derive(Debug)]
+pub enum Refusal {
+    /// JSON-RPC `-32602` with the given message, for the request `id`.
+    InvalidParams {
+        id: RequestId,
+        message: &'static str,
+    },
+    /// A dialect method inside a batch (`-32600`).
+    Batched,
+    /// A `Last-Event-ID` this proxy did not issue in this session, or whose
+    /// stream is gone.
+    UnknownEventId,
+    /// The log failed.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Self {
+        Refusal::Store(e)
+    }
+}
+
+impl Refusal {
+    pub fn code(&self) -> i64 {
+        match self {
+            Refusal::InvalidParams { .. } => code::INVALID_PARAMS,
+            Refusal::Batched => code::INVALID_REQUEST,
+            Refusal::UnknownEventId => code::SERVER_ERROR,
+            Refusal::Store(_) => code::INTERNAL_ERROR,
+        }
+    }
+}
+
+/// Something a client asked the proxy itself, parsed once.
+#[derive(Debug)]
+pub enum Command {
+    GetStatus(resumable_request::GetStatus),
+    ResumeRequest(resumable_request::Resume),
+    ResumeStream(streams::Resume),
+    Poll(streams::Poll),
+    PollAll(streams::PollAll),
+    Continue(resume_token::Continue),
+}
+
+impl Command {
+    /// Claims a message for a negotiated dialect. `Ok(None)`: not a dialect
+    /// method of this session, it goes upstream as it is.
+    pub fn parse(
+        bytes: &[u8],
+        message: &Message,
+        negotiated: &Negotiated,
+        config: &DialectsConfig,
+    ) -> Result<Option<Command>, Refusal> {
+        let claimed = |method: &str| {
+            (resumable_request::METHODS.contains(&method)
+                && negotiated.has(Dialect::ResumableRequests))
+                || (streams::METHODS.contains(&method) && negotiated.has(Dialect::Streams))
+        };
+        match message {
+            Message::Batch(items) => {
+                let batched = items
+                    .iter()
+                    .filter_map(|e| e.method.as_deref())
+                    .any(|m| claimed(m) || (is_dialect_method(m) && !negotiated.is_empty()));
+                if batched {
+                    return Err(Refusal::Batched);
+                }
+                Ok(None)
+            }
+            Message::Single(envelope) => {
+                let (Some(method), Some(id)) = (envelope.method.as_deref(), &envelope.id) else {
+                    return Ok(None);
+                };
+                if !envelope.is_request() {
+                    return Ok(None);
+                }
+                if method == "tools/call" {
+                    let Some(token) = jsonrpc::resume_token(bytes) else {
+                        return Ok(None);
+                    };
+                    let tool = resume_token::tool_name(bytes);
+                    if !resume_token::applies(&config.resume_tokens, negotiated, tool.as_deref()) {
+                        return Ok(None);
+                    }
+                    let id = id.clone();
+                    return Ok(Some(Command::Continue(resume_token::Continue::parse(
+                        id, bytes, token,
+                    ))));
+                }
+                if !claimed(method) {
+                    return Ok(None);
+                }
+                let params = params(bytes);
+                let id = id.clone();
+                Ok(Some(match method {
+                    resumable_request::GET_STATUS => {
+                        Command::GetStatus(resumable_request::GetStatus::parse(id, &params)?)
+                    }
+                    resumable_request::RESUME => {
+                        Command::ResumeRequest(resumable_request::Resume::parse(id, &params)?)
+                    }
+                    streams::RESUME => Command::ResumeStream(streams::Resume::parse(id, &params)?),
+                    streams::POLL => Command::Poll(streams::Poll::parse(id, &params)?),
+                    _ => Command::PollAll(streams::PollAll::parse(id, &params)?),
+                }))
+            }
+        }
+    }
+
+    pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
+        match self {
+            Command::GetStatus(c) => c.apply(cx).await,
+            Command::ResumeRequest(c) => c.apply(cx).await,
+            Command::ResumeStream(c) => c.apply(cx).await,
+            Command::Poll(c) => c.apply(cx).await,
+            Command::PollAll(c) => c.apply(cx).await,
+            Command::Continue(c) => c.apply(cx).await,
+        }
+    }
+}
+
+/// A command's `params`, or an empty object.
+fn params(bytes: &[u8]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        #[serde(default)]
+        params: Value,
+    }
+    serde_json::from_slice::<Envelope>(bytes)
+        .map(|e| e.params)
+        .unwrap_or(Value::Null)
+}
+
+/// How the proxy answers a command.
+pub enum Answer {
+    /// One JSON-RPC response, whole.
+    Response(Bytes),
+    /// A stream read to the client, then `closing` after its end.
+    Replay(Box<Replay>),
+}
+
+/// A stream served from the log by a dialect.
+pub struct Replay {
+    pub stream: StreamMeta,
+    pub reader: Reader,
+    /// Messages after the stream's last entry (end notification, the
+    /// command's own response).
+    pub closing: Vec<Bytes>,
+    /// A tool call shown under a resume token.
+    pub call: Option<resume_token::Call>,
+}
+
+/// A successful JSON-RPC response carrying `result`.
+pub fn response(id: &RequestId, result: &Value) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{}}}"#,
+        id.as_json(),
+        result
+    ))
+}
+
+/// A notification the proxy authors.
+fn notification(method: &str, params: Value) -> Bytes {
+    Bytes::from(json!({"jsonrpc": "2.0", "method": method, "params": params}).to_string())
+}
+
+/// Milliseconds as the seeds' whole seconds.
+fn seconds(ms: u64) -> u64 {
+    ms / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_messages_in_the_proxys_namespaces_are_recognised() {
+        assert!(authored_by_proxy("notifications/requests/resumePolicy"));
+        assert!(authored_by_proxy("notifications/stream/end"));
+        assert!(!authored_by_proxy("notifications/progress"));
+        assert!(!authored_by_proxy("requests/getStatus"));
+    }
+
+    #[test]
+    fn dialect_methods_in_a_batch_are_refused() {
+        let bytes = br#"[{"jsonrpc":"2.0","id":1,"method":"stream/poll","params":{}}]"#;
+        let body = crate::jsonrpc::parse_body(bytes).unwrap();
+        let negotiated = Negotiated(vec![Dialect::Streams]);
+        assert!(matches!(
+            Command::parse(bytes, &body, &negotiated, &DialectsConfig::default()),
+            Err(Refusal::Batched)
+        ));
+    }
+
+    #[test]
+    fn dialect_methods_of_a_session_that_did_not_negotiate_go_upstream() {
+        let bytes = br#"{"jsonrpc":"2.0","id":1,"method":"stream/poll","params":{}}"#;
+        let body = crate::jsonrpc::parse_body(bytes).unwrap();
+        assert!(Command::parse(
+            bytes,
+            &body,
+            &Negotiated::default(),
+            &DialectsConfig::default()
+        )
+        .unwrap()
+        .is_none());
+    }
+}

@@ -1,6 +1,11 @@
 //! Exchanges: how a client POST carrying requests reaches the upstream and
 //! how its answer gets into the log, for each kind of upstream.
 //!
+//! Every exchange first opens the request's stream and lets the session's
+//! dialects author its first entries (the resume policy, `stream/create`) —
+//! durable *before* the request goes upstream, so the client holds an event
+//! id before any cut.
+//!
 //! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
 //! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
 //! task of its own. A head that carries messages means the client gets the
@@ -17,23 +22,27 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
-use super::{bad_gateway, legacy, store_failure, Route};
+use super::present;
+use super::{Rejection, Route};
+use crate::dialect::resume_token::{self, Call};
+use crate::dialect::Negotiated;
 use crate::headers::{self, SESSION_ID};
-use crate::jsonrpc::Body as Message;
+use crate::id::StreamId;
+use crate::jsonrpc::{self, Body as Message};
 use crate::relay::Relay;
 use crate::reply::Body;
 use crate::session::Session;
-use crate::store::{StreamKind, StreamMeta};
+use crate::store::{now_ms, StreamKind, StreamMeta};
 use crate::stream::Reader;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
-use crate::upstream::UpstreamError;
+use crate::upstream::{Upstream, UpstreamError};
 
 /// Largest upstream error body quoted into a JSON-RPC error entry.
 const QUOTED_BODY: usize = 2048;
@@ -49,72 +58,110 @@ pub struct Post {
     pub message: Message,
 }
 
-/// Answers the client from `stream`, persisting a session the POST opened
-/// first, so the session exists before the client learns its id.
-async fn answer(route: &Route, post: &Post, stream: &StreamMeta) -> Response<Body> {
-    if post.opens_session {
-        if let Err(e) = route.shared.sessions.persist(&post.session).await {
-            return store_failure(&e);
-        }
-    }
-    legacy::answer(route, &post.session, &post.headers, stream).await
+/// The upstream side of a session.
+pub enum Target<'a> {
+    Http(&'a Arc<HttpUpstream>),
+    Stdio(Arc<Child>),
 }
 
-/// Opens the request stream of a POST and tracks its request ids.
-async fn open_stream(
-    route: &Route,
-    session: &Session,
-    message: &Message,
-) -> Result<StreamMeta, Response<Body>> {
-    let origin_ids = message.request_ids();
-    let method = message.single_method().map(str::to_owned);
-    let stream = route
-        .shared
-        .log
-        .open(session.id, StreamKind::Request, origin_ids, method)
-        .await
-        .map_err(|e| store_failure(&e))?;
-    for id in &stream.origin_ids {
-        session.track(id.clone(), stream.id);
+impl<'a> Target<'a> {
+    /// A stdio session whose child is gone is gone too.
+    pub fn of(route: &'a Route, session: &Session) -> Option<Target<'a>> {
+        match &route.upstream {
+            Upstream::Http(up) => Some(Target::Http(up)),
+            Upstream::Stdio(stdio) => stdio.child(session.id).map(Target::Stdio),
+        }
     }
-    Ok(stream)
+}
+
+/// Exchanges a POST carrying requests with the session's upstream.
+pub async fn run(
+    route: &Route,
+    target: Target<'_>,
+    post: Post,
+) -> Result<Response<Body>, Rejection> {
+    match target {
+        Target::Http(up) => http(route, up, post).await,
+        Target::Stdio(child) => stdio(route, &child, post).await,
+    }
+}
+
+/// Answers the client from `stream`, persisting a session the POST opened
+/// first, so the session exists before the client learns its id.
+async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<Body>, Rejection> {
+    if post.opens_session {
+        route.shared.sessions.persist(&post.session).await?;
+    }
+    route
+        .answer(&post.session, &post.headers, &opened.stream, opened.call)
+        .await
+}
+
+/// A request stream, opened.
+struct Opened {
+    stream: StreamMeta,
+    /// How a tool call that gets resume tokens is answered.
+    call: Option<Call>,
+    /// Progress tokens of the requests (a stdio child routes by them).
+    progress: Vec<String>,
+}
+
+/// Opens the request stream of a POST: armed for abandonment and opened
+/// with the entries the session's dialects author, both durable before the
+/// request goes upstream; its requests and progress tokens tracked.
+async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
+    let started = Instant::now();
+    let session = &post.session;
+    let log = &route.shared.log;
+    let negotiated = Negotiated::of(session);
+    let mut meta = StreamMeta::new(
+        StreamId::random(),
+        session.id,
+        StreamKind::Request,
+        post.message.request_ids(),
+        post.message.single_method().map(str::to_owned),
+        now_ms(),
+    );
+    let cx = route.context(session);
+    let tool = resume_token::possible(&cx.config.resume_tokens, &negotiated)
+        .then(|| resume_token::tool_name(&post.bytes))
+        .flatten();
+    let tokens = resume_token::applies(&cx.config.resume_tokens, &negotiated, tool.as_deref());
+    negotiated.arm(&mut meta, cx.config, tokens);
+    let opening = negotiated.opening(&cx, &meta);
+    if matches!(post.message, Message::Single(_)) {
+        meta.params_digest = jsonrpc::params_digest(&post.bytes);
+    }
+    let meta = log.open(meta).await?;
+    let call = Call::start(&cx, &meta, tool.as_deref(), started);
+    if !opening.is_empty() {
+        log.append(meta.id, &opening).await?;
+    }
+    let progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
+    session.track(&meta, &progress);
+    session.remember_headers(&post.headers);
+    Ok(Opened {
+        stream: meta,
+        call,
+        progress,
+    })
 }
 
 /// Sends a POST to a stdio child and answers from the log.
-pub async fn stdio(route: &Route, child: &Child, post: Post) -> Response<Body> {
-    let stream = match open_stream(route, &post.session, &post.message).await {
-        Ok(s) => s,
-        Err(res) => return res,
-    };
-    let progress = message_progress_tokens(&post.bytes, &post.message);
-    child.expect(&stream, progress);
+async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
+    let opened = open_stream(route, &post).await?;
+    let stream = &opened.stream;
+    child.expect(stream, opened.progress.clone());
     if let Err(e) = child.write(&post.bytes).await {
         child.forget(stream.id);
-        let failed = route
+        post.session.release(stream);
+        route
             .shared
             .log
-            .fail(&stream, &stream.origin_ids, &e.to_string())
-            .await;
-        if let Err(e) = failed {
-            return store_failure(&e);
-        }
+            .fail(stream, &stream.origin_ids, &e.to_string())
+            .await?;
     }
-    answer(route, &post, &stream).await
-}
-
-/// Progress tokens of the requests in a POST body.
-fn message_progress_tokens(bytes: &[u8], message: &Message) -> Vec<String> {
-    match message {
-        Message::Single(_) => crate::jsonrpc::progress_token(bytes).into_iter().collect(),
-        Message::Batch(_) => serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(bytes)
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|raw| crate::jsonrpc::progress_token(raw.get().as_bytes()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
+    answer(route, &post, opened).await
 }
 
 /// How an exchange ended for the handler that drove it.
@@ -166,12 +213,14 @@ impl Drop for Inline {
     }
 }
 
-pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Response<Body> {
+async fn http(
+    route: &Route,
+    upstream: &Arc<HttpUpstream>,
+    post: Post,
+) -> Result<Response<Body>, Rejection> {
     let (session, opens_session) = (&post.session, post.opens_session);
-    let stream = match open_stream(route, session, &post.message).await {
-        Ok(s) => s,
-        Err(res) => return res,
-    };
+    let opened = open_stream(route, &post).await?;
+    let stream = opened.stream.clone();
     let orphaned = Arc::new(AtomicBool::new(false));
     let mut inline = Inline {
         exchange: Some(Box::pin(exchange(
@@ -188,7 +237,12 @@ pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Re
         ))),
         orphaned,
     };
-    let wait = Duration::from_millis(upstream.config.answer_wait_ms);
+    // A call that gets resume tokens is answered by its deadline at the
+    // latest: with its result, or with an interim.
+    let mut wait = Duration::from_millis(upstream.config.answer_wait_ms);
+    if let Some(call) = &opened.call {
+        wait = wait.min(call.deadline().saturating_duration_since(Instant::now()));
+    }
     let outcome = match tokio::time::timeout(wait, inline.outcome()).await {
         Ok(outcome) => outcome,
         Err(_) => {
@@ -199,21 +253,24 @@ pub async fn http(route: &Route, upstream: &Arc<HttpUpstream>, post: Post) -> Re
     match outcome {
         Some(Outcome::Refused(res)) => {
             forget(route, session, opens_session, &stream).await;
-            legacy::pass_through(res, (!opens_session).then_some(session.id))
+            Ok(present::pass_through(
+                res,
+                (!opens_session).then_some(session.id),
+            ))
         }
         Some(Outcome::Unreachable(e)) => {
             forget(route, session, opens_session, &stream).await;
-            bad_gateway(&e)
+            Err(e.into())
         }
         // Persisting here is idempotent with the exchange's update and
         // covers a head that came late.
-        Some(Outcome::Logged | Outcome::Relaying) | None => answer(route, &post, &stream).await,
+        Some(Outcome::Logged | Outcome::Relaying) | None => answer(route, &post, opened).await,
     }
 }
 
 /// Removes what an exchange created when its upstream refused it.
 async fn forget(route: &Route, session: &Session, opens_session: bool, stream: &StreamMeta) {
-    session.untrack(&stream.origin_ids);
+    session.release(stream);
     if let Err(e) = route.shared.log.delete(stream.id).await {
         tracing::warn!(stream = %stream.id, error = %e, "cannot delete refused stream");
     }
@@ -295,17 +352,42 @@ async fn fail(relay: &Relay, why: &str) {
     if let Err(e) = relay.log.fail(stream, &stream.origin_ids, why).await {
         tracing::error!(stream = %stream.id, error = %e, "cannot finish stream");
     }
-    relay.session.untrack(&relay.stream.origin_ids);
+    relay.session.release(&relay.stream);
 }
 
-/// Attaches to the session's standalone stream, opening it upstream first
-/// when none is being relayed.
-pub async fn http_standalone(
+/// Attaches to the session's standalone stream: for HTTP, opening it
+/// upstream first when none is being relayed; an upstream refusal is
+/// returned as the response to pass through.
+pub async fn standalone(
+    route: &Route,
+    target: &Target<'_>,
+    session: &Arc<Session>,
+    headers: &HeaderMap,
+) -> Result<Reader, Box<Response<Body>>> {
+    let log = &route.shared.log;
+    match target {
+        Target::Http(up) => http_standalone(route, up, session, headers).await,
+        Target::Stdio(child) => {
+            // The child's standalone stream exists from its start; the
+            // first GET gets everything it said before anyone listened.
+            let stream = child.standalone.id;
+            let after = if child.first_standalone_attach() {
+                0
+            } else {
+                log.end(stream)
+            };
+            Ok(log.attach(stream, after))
+        }
+    }
+}
+
+async fn http_standalone(
     route: &Route,
     upstream: &Arc<HttpUpstream>,
     session: &Arc<Session>,
     headers: &HeaderMap,
-) -> Result<Reader, Response<Body>> {
+) -> Result<Reader, Box<Response<Body>>> {
+    let refused = |r: Rejection| Box::new(r.into_response());
     let log = &route.shared.log;
     if let Some(stream) = session.standalone() {
         if let Ok(Some(meta)) = log.meta(stream).await {
@@ -324,14 +406,14 @@ pub async fn http_standalone(
             upstream_session.as_deref(),
         )
         .await
-        .map_err(|e| bad_gateway(&e))?;
+        .map_err(|e| refused(e.into()))?;
     if !carries_messages(&res) {
-        return Err(legacy::pass_through(res, Some(session.id)));
+        return Err(Box::new(present::pass_through(res, Some(session.id))));
     }
     let stream = log
-        .open(session.id, StreamKind::Standalone, Vec::new(), None)
+        .open(StreamMeta::standalone(session.id))
         .await
-        .map_err(|e| store_failure(&e))?;
+        .map_err(|e| refused(e.into()))?;
     session.set_standalone(Some(stream.id));
     let reader = log.attach(stream.id, 0);
     let relay = relay(route, upstream, session.clone(), stream, headers.clone());
@@ -353,5 +435,6 @@ fn relay(
         session,
         stream,
         client_headers,
+        limits: route.shared.config.limits.clone(),
     }
 }

@@ -1,23 +1,27 @@
 //! Request handling for one mounted upstream: picks the protocol era of each
-//! request and hands it to the legacy (sessions, logged streams, replay) or
+//! request and hands it to the legacy (sessions, logged streams, dialects) or
 //! modern (stateless pass-through) handler. Also owns what both need: the
-//! shared state and reading a bounded request body.
+//! shared state, reading a bounded request body, and the request path's one
+//! error type ([`Rejection`]), turned into a response here and nowhere else.
 
 mod exchange;
 pub mod legacy;
 pub mod modern;
+mod present;
+mod rejection;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-use crate::config::Config;
-use crate::jsonrpc::code;
-use crate::reply::{self, Body};
+pub use self::rejection::Rejection;
+use crate::config::{Config, DialectsConfig};
+use crate::reply::Body;
 use crate::session::{Era, Sessions};
+use crate::store::StreamMeta;
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::Upstream;
@@ -34,79 +38,66 @@ pub struct Shared {
 pub struct Route {
     pub path: String,
     pub upstream: Upstream,
+    /// The dialects offered on this route: the global settings with this
+    /// upstream's resume-token table.
+    pub dialects: DialectsConfig,
     pub shared: Arc<Shared>,
 }
 
 impl Route {
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        match (Era::of(req.headers()), req.method()) {
+        let answered = match (Era::of(req.headers()), req.method()) {
             (Era::Modern, _) => match &self.upstream {
                 Upstream::Http(http) => modern::forward(self, http, req).await,
                 // A stdio server speaks one revision, with a handshake; answer
                 // the way legacy HTTP servers do, so dual-era clients fall back.
-                Upstream::Stdio(_) => reply::error(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    code::SERVER_ERROR,
+                Upstream::Stdio(_) => Err(Rejection::bad_request(
                     "Bad Request: this server needs an initialize handshake (protocol revisions up to 2025-11-25)",
-                ),
+                )),
             },
             (Era::Legacy, &Method::POST) => legacy::post(self, req).await,
             (Era::Legacy, &Method::GET) => legacy::get(self, req).await,
             (Era::Legacy, &Method::DELETE) => legacy::delete(self, req).await,
-            _ => {
-                let mut res = reply::error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    None,
-                    code::SERVER_ERROR,
-                    "Method Not Allowed: use POST, GET or DELETE",
-                );
-                res.headers_mut().insert(
-                    http::header::ALLOW,
-                    http::HeaderValue::from_static("GET, POST, DELETE"),
-                );
-                res
+            _ => Err(Rejection::method_not_allowed()),
+        };
+        answered.unwrap_or_else(Rejection::into_response)
+    }
+
+    /// Tells the upstream to stop working on the requests of `stream` (the
+    /// proxy gave up on them: abandonment).
+    pub async fn cancel(&self, stream: &StreamMeta, why: &str) {
+        let Some(session) = self.shared.sessions.cached(stream.session) else {
+            // Not served by this process since it started: no upstream
+            // session of ours is working on it.
+            return;
+        };
+        match &self.upstream {
+            Upstream::Http(up) => {
+                let headers = session.remembered_headers();
+                let upstream_session = session.upstream_session();
+                for id in &stream.origin_ids {
+                    up.cancel(&headers, upstream_session.as_deref(), id, why)
+                        .await;
+                }
+            }
+            Upstream::Stdio(stdio) => {
+                if let Some(child) = stdio.child(session.id) {
+                    child.abandon(stream, why).await;
+                }
             }
         }
+        session.release(stream);
     }
 }
 
 /// Reads a request body of at most `limit` bytes; a larger one is refused
 /// with 413 before it is read whole.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Response<Body>> {
+pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Rejection> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(reply::error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            None,
-            code::INVALID_REQUEST,
-            &format!("Payload Too Large: request bodies are limited to {limit} bytes"),
-        )),
-        Err(e) => Err(reply::error(
-            StatusCode::BAD_REQUEST,
-            None,
-            code::INVALID_REQUEST,
-            &format!("Bad Request: cannot read body: {e}"),
-        )),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(Rejection::payload_too_large(limit))
+        }
+        Err(e) => Err(Rejection::unreadable_body(e)),
     }
-}
-
-/// The upstream could not be reached at all.
-pub fn bad_gateway(error: &crate::upstream::UpstreamError) -> Response<Body> {
-    let status = match error {
-        crate::upstream::UpstreamError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::BAD_GATEWAY,
-    };
-    reply::error(status, None, code::SERVER_ERROR, &error.to_string())
-}
-
-/// The log failed: nothing can be promised to the client.
-pub fn store_failure(error: &crate::store::StoreError) -> Response<Body> {
-    tracing::error!(error = %error, "log failure");
-    reply::error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        None,
-        code::INTERNAL_ERROR,
-        "the proxy's log is unavailable",
-    )
 }

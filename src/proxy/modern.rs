@@ -9,7 +9,7 @@
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::{bad_gateway, read_body, Route};
+use super::{read_body, Rejection, Route};
 use crate::headers;
 use crate::reply::{self, Body};
 use crate::upstream::http::HttpUpstream;
@@ -18,26 +18,18 @@ pub async fn forward(
     route: &Route,
     upstream: &HttpUpstream,
     req: Request<Incoming>,
-) -> Response<Body> {
+) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
-    let bytes = match read_body(body, route.shared.config.max_body).await {
-        Ok(b) => b,
-        Err(res) => return res,
-    };
+    let bytes = read_body(body, route.shared.config.max_body).await?;
     // A stray session id is the upstream's business (the spec tells modern
     // servers to ignore it): pass it through as it came.
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);
-    match upstream
+    let res = upstream
         .send(parts.method, &parts.headers, bytes, session)
-        .await
-    {
-        Ok(res) => {
-            let (head, body) = res.into_parts();
-            let mut out = Response::new(reply::passthrough(body));
-            *out.status_mut() = head.status;
-            *out.headers_mut() = headers::to_client(&head.headers, session);
-            out
-        }
-        Err(e) => bad_gateway(&e),
-    }
+        .await?;
+    let (head, body) = res.into_parts();
+    let mut out = Response::new(reply::passthrough(body));
+    *out.status_mut() = head.status;
+    *out.headers_mut() = headers::to_client(&head.headers, session);
+    Ok(out)
 }

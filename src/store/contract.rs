@@ -12,22 +12,30 @@ use bytes::Bytes;
 
 use super::commit::SyncMode;
 use super::{
-    now_ms, SessionRecord, SharedStore, Store, StoreError, StreamKind, StreamMeta, StreamStatus,
+    now_ms, Change, Finish, Outcome, SessionRecord, SharedStore, Store, StoreError, StreamKind,
+    StreamMeta, StreamStatus,
 };
 use crate::id::{SessionId, StreamId};
+use crate::jsonrpc::RequestId;
 
 pub type Opener = fn(&Path, SyncMode) -> SharedStore;
 
 pub fn meta(session: SessionId) -> StreamMeta {
-    StreamMeta {
-        id: StreamId::random(),
+    StreamMeta::new(
+        StreamId::random(),
         session,
-        kind: StreamKind::Request,
-        origin_ids: vec![],
-        method: Some("tools/call".into()),
-        status: StreamStatus::Live,
-        created_ms: now_ms(),
-        finished_ms: None,
+        StreamKind::Request,
+        vec![],
+        Some("tools/call".into()),
+        now_ms(),
+    )
+}
+
+fn finish(status: StreamStatus, outcome: Option<Outcome>, at_ms: u64) -> Finish {
+    Finish {
+        status,
+        outcome,
+        at_ms,
     }
 }
 
@@ -42,6 +50,7 @@ pub fn session(id: SessionId) -> SessionRecord {
         created_ms: now_ms(),
         last_seen_ms: now_ms(),
         closed_ms: None,
+        dialects: vec!["streams".into()],
     }
 }
 
@@ -128,15 +137,25 @@ pub async fn entries_statuses_and_sessions_survive_reopen(open: Opener) {
         }
         store.append(live.id, &bytes(&["a", "b"])).await.unwrap();
         store
-            .append_final(done.id, &bytes(&["r"]), StreamStatus::Completed, 7)
+            .append_final(
+                done.id,
+                &bytes(&["r"]),
+                finish(StreamStatus::Completed, Some(Outcome::Result), 7),
+            )
             .await
             .unwrap();
     }
     let store = open(dir.path(), SyncMode::Batch);
     assert_eq!(store.get_session(s.id).await.unwrap(), Some(s.clone()));
+    let reopened = store.stream_meta(live.id).await.unwrap().unwrap();
+    assert_eq!((reopened.entries, reopened.bytes), (2, 2));
     assert_eq!(
-        store.stream_meta(live.id).await.unwrap(),
-        Some(live.clone())
+        StreamMeta {
+            entries: 0,
+            bytes: 0,
+            ..reopened
+        },
+        live
     );
     let finished = store.stream_meta(done.id).await.unwrap().unwrap();
     assert_eq!(
@@ -201,7 +220,7 @@ pub async fn subscribers_wake_on_append_and_on_status(open: Opener) {
     assert!(sub.has_changed().unwrap());
     assert_eq!(sub.borrow_and_update().seq, 1);
     store
-        .set_status(m.id, StreamStatus::Completed, now_ms())
+        .set_status(m.id, finish(StreamStatus::Completed, None, now_ms()))
         .await
         .unwrap();
     assert!(sub.has_changed().unwrap());
@@ -219,9 +238,128 @@ pub async fn an_unknown_stream_reads_empty_and_refuses_appends(open: Opener) {
         Err(StoreError::NoSuchStream(_))
     ));
     assert!(matches!(
-        store.set_status(id, StreamStatus::Failed, 1).await,
+        store
+            .set_status(id, finish(StreamStatus::Failed, None, 1))
+            .await,
         Err(StoreError::NoSuchStream(_))
     ));
+    assert!(matches!(
+        store.update_stream(id, Change::Ack(1)).await,
+        Err(StoreError::NoSuchStream(_))
+    ));
+}
+
+pub async fn the_acknowledged_cursor_only_moves_forward_and_survives_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &bytes(&["a", "b", "c"])).await.unwrap();
+        store.update_stream(m.id, Change::Ack(2)).await.unwrap();
+        store.update_stream(m.id, Change::Ack(1)).await.unwrap();
+        assert_eq!(store.stream_meta(m.id).await.unwrap().unwrap().acked, 2);
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.stream_meta(m.id).await.unwrap().unwrap().acked, 2);
+}
+
+pub async fn marks_and_outcomes_are_kept_with_the_stream(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = meta(SessionId::random());
+    m.params_digest = Some("d1".into());
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &bytes(&["p", "q"])).await.unwrap();
+        store.update_stream(m.id, Change::Request(2)).await.unwrap();
+        store.update_stream(m.id, Change::Coalesced).await.unwrap();
+        store
+            .append_final(
+                m.id,
+                &bytes(&["err"]),
+                finish(StreamStatus::Completed, Some(Outcome::Error), 5),
+            )
+            .await
+            .unwrap();
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    let got = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!(got.params_digest.as_deref(), Some("d1"));
+    assert_eq!((got.last_request, got.coalesced), (2, true));
+    assert_eq!(
+        (got.status, got.outcome, got.finished_ms),
+        (StreamStatus::Completed, Some(Outcome::Error), Some(5))
+    );
+    assert_eq!((got.entries, got.bytes), (3, 5));
+}
+
+pub async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (SessionId::random(), SessionId::random());
+    let one = RequestId("1".into());
+    let with_id = |session| StreamMeta {
+        origin_ids: vec![one.clone()],
+        ..meta(session)
+    };
+    let (first, mut reused, other) = (with_id(a), with_id(a), with_id(b));
+    reused.created_ms = first.created_ms + 1;
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        for m in [&first, &reused, &other] {
+            store.create_stream(m).await.unwrap();
+            store.append(m.id, &bytes(&["x"])).await.unwrap();
+        }
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(
+        store.stream_of_request(a, &one).await.unwrap(),
+        Some(reused.id)
+    );
+    assert_eq!(
+        store.stream_of_request(b, &one).await.unwrap(),
+        Some(other.id)
+    );
+    let two = RequestId("\"1\"".into());
+    assert_eq!(store.stream_of_request(a, &two).await.unwrap(), None);
+    store.delete_stream(other.id).await.unwrap();
+    assert_eq!(store.stream_of_request(b, &one).await.unwrap(), None);
+}
+
+pub async fn deadline_queries_name_only_the_streams_that_are_due(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let session = SessionId::random();
+    let mut watched = meta(session);
+    watched.touched_ms = 1_000;
+    watched.abandon_after_ms = Some(500);
+    watched.abandon_at_ms = Some(1_500);
+    let plain = meta(session);
+    for m in [&watched, &plain] {
+        store.create_stream(m).await.unwrap();
+    }
+    assert!(store.abandoned_by(1_499).await.unwrap().is_empty());
+    assert_eq!(store.abandoned_by(1_500).await.unwrap(), vec![watched.id]);
+    store
+        .update_stream(watched.id, Change::Touch { at_ms: 2_000 })
+        .await
+        .unwrap();
+    assert!(store.abandoned_by(2_499).await.unwrap().is_empty());
+    let got = store.stream_meta(watched.id).await.unwrap().unwrap();
+    assert_eq!((got.touched_ms, got.abandon_at_ms), (2_000, Some(2_500)));
+
+    store
+        .set_status(plain.id, finish(StreamStatus::Completed, None, 3_000))
+        .await
+        .unwrap();
+    assert!(store.finished_by(2_999).await.unwrap().is_empty());
+    assert_eq!(store.finished_by(3_000).await.unwrap(), vec![plain.id]);
+    drop(store);
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.abandoned_by(2_500).await.unwrap(), vec![watched.id]);
+    assert_eq!(store.finished_by(3_000).await.unwrap(), vec![plain.id]);
+    store.delete_stream(watched.id).await.unwrap();
+    assert!(store.abandoned_by(u64::MAX).await.unwrap().is_empty());
 }
 
 /// Instantiates every contract test for one backend; `$open` builds the
@@ -267,6 +405,26 @@ macro_rules! contract_tests {
             #[tokio::test]
             async fn an_unknown_stream_reads_empty_and_refuses_appends() {
                 c::an_unknown_stream_reads_empty_and_refuses_appends(open).await
+            }
+
+            #[tokio::test]
+            async fn the_acknowledged_cursor_only_moves_forward_and_survives_reopen() {
+                c::the_acknowledged_cursor_only_moves_forward_and_survives_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn marks_and_outcomes_are_kept_with_the_stream() {
+                c::marks_and_outcomes_are_kept_with_the_stream(open).await
+            }
+
+            #[tokio::test]
+            async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen() {
+                c::a_request_id_finds_its_newest_stream_in_its_session_after_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn deadline_queries_name_only_the_streams_that_are_due() {
+                c::deadline_queries_name_only_the_streams_that_are_due(open).await
             }
         }
     };

@@ -11,7 +11,7 @@
 
 pub mod commit;
 #[cfg(test)]
-mod contract;
+pub(crate) mod contract;
 pub mod journal;
 pub mod sled;
 
@@ -60,6 +60,10 @@ pub struct SessionRecord {
     /// 404 and is deleted with its streams after retention.
     #[serde(default)]
     pub closed_ms: Option<u64>,
+    /// The dialects the client negotiated in `initialize` (by wire name),
+    /// so a restarted proxy keeps serving them.
+    #[serde(default)]
+    pub dialects: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -75,6 +79,15 @@ impl StreamStatus {
     pub fn is_live(self) -> bool {
         self == StreamStatus::Live
     }
+}
+
+/// How a finished request ended: with a result, or with a JSON-RPC error
+/// (an `isError: true` tool result is still a result).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Result,
+    Error,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -98,6 +111,156 @@ pub struct StreamMeta {
     pub created_ms: u64,
     /// When the stream left `Live`; retention counts from here.
     pub finished_ms: Option<u64>,
+    /// Digest of the request's method and canonical params (hex), for the
+    /// dialects that must recognise a re-sent call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_digest: Option<String>,
+    /// The acknowledged cursor: every entry up to here reached the client,
+    /// on evidence (a `Last-Event-ID` naming it, a resume that ran to its
+    /// end). Shared by every dialect; it never moves back.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub acked: Seq,
+    /// When a client last asked about the stream (status, poll, resume).
+    #[serde(default)]
+    pub touched_ms: u64,
+    /// How long the stream may go untouched before it is abandoned; set by
+    /// the dialect that negotiated it, `None` for streams with retention
+    /// only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandon_after_ms: Option<u64>,
+    /// When the stream is abandoned unless touched before: `touched_ms +
+    /// abandon_after_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abandon_at_ms: Option<u64>,
+    /// How the request ended, once it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+    /// Seq of the newest server-to-client request in the stream (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub last_request: Seq,
+    /// Progress was coalesced because the stream reached its caps: readers
+    /// skip progress that a later entry supersedes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coalesced: bool,
+    /// Entries in the stream (its highest seq). Kept by the store, which
+    /// counts them from the entries themselves: never written with the
+    /// record.
+    #[serde(default, skip_serializing)]
+    pub entries: Seq,
+    /// Bytes of all entries' messages. Kept by the store (as `entries`).
+    #[serde(default, skip_serializing)]
+    pub bytes: u64,
+}
+
+impl StreamMeta {
+    /// A new live stream with nothing in it yet.
+    pub fn new(
+        id: StreamId,
+        session: SessionId,
+        kind: StreamKind,
+        origin_ids: Vec<RequestId>,
+        method: Option<String>,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            id,
+            session,
+            kind,
+            origin_ids,
+            method,
+            status: StreamStatus::Live,
+            created_ms: now_ms,
+            finished_ms: None,
+            params_digest: None,
+            acked: 0,
+            touched_ms: now_ms,
+            abandon_after_ms: None,
+            abandon_at_ms: None,
+            outcome: None,
+            last_request: 0,
+            coalesced: false,
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// A session's new standalone stream.
+    pub fn standalone(session: SessionId) -> Self {
+        Self::new(
+            StreamId::random(),
+            session,
+            StreamKind::Standalone,
+            Vec::new(),
+            None,
+            now_ms(),
+        )
+    }
+
+    /// Applies a change the way every backend must.
+    pub fn apply(&mut self, change: &Change) {
+        match *change {
+            Change::Ack(seq) => self.acked = self.acked.max(seq),
+            Change::Touch { at_ms } => {
+                self.touched_ms = self.touched_ms.max(at_ms);
+                self.abandon_at_ms = self
+                    .abandon_after_ms
+                    .map(|after| self.touched_ms.saturating_add(after));
+            }
+            Change::Request(seq) => self.last_request = self.last_request.max(seq),
+            Change::Coalesced => self.coalesced = true,
+        }
+    }
+
+    /// Records a status change (and the outcome it carries).
+    pub fn finish(&mut self, end: &Finish) {
+        self.status = end.status;
+        self.finished_ms = (!end.status.is_live()).then_some(end.at_ms);
+        if end.outcome.is_some() {
+            self.outcome = end.outcome;
+        }
+    }
+}
+
+/// How much a stream holds: what its caps are checked against, cheaper to
+/// ask than the whole metadata on every batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counts {
+    pub entries: Seq,
+    pub bytes: u64,
+    pub coalesced: bool,
+}
+
+/// A small change to a stream's metadata. Changes commute with appends and
+/// with each other (cursors and times only move forward), so a backend can
+/// apply them without reading the stream first — one `HSET`-like write.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Change {
+    /// The client holds every entry up to this seq.
+    Ack(Seq),
+    /// A client asked about the stream at this time: re-arms abandonment.
+    Touch { at_ms: u64 },
+    /// A server-to-client request was logged at this seq.
+    Request(Seq),
+    /// The stream reached its caps and progress is being coalesced.
+    Coalesced,
+}
+
+/// A stream leaving (or re-entering) `Live`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finish {
+    pub status: StreamStatus,
+    pub outcome: Option<Outcome>,
+    pub at_ms: u64,
+}
+
+impl Finish {
+    pub fn new(status: StreamStatus, outcome: Option<Outcome>) -> Self {
+        Self {
+            status,
+            outcome,
+            at_ms: now_ms(),
+        }
+    }
 }
 
 /// One logged upstream message.
@@ -114,6 +277,8 @@ pub struct Entry {
 pub struct Watermark {
     pub seq: Seq,
     pub finished: bool,
+    /// The stream coalesces progress (it reached its caps).
+    pub coalesced: bool,
 }
 
 /// Wakes a reader when a stream got entries or changed status; readers need
@@ -132,11 +297,34 @@ pub trait Store: Send + Sync + 'static {
 
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()>;
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>>;
+    /// The stream's [`Counts`] (what its metadata says, without the rest).
+    async fn counts(&self, id: StreamId) -> Result<Option<Counts>> {
+        Ok(self.stream_meta(id).await?.map(|m| Counts {
+            entries: m.entries,
+            bytes: m.bytes,
+            coalesced: m.coalesced,
+        }))
+    }
     async fn list_streams(&self) -> Result<Vec<StreamMeta>>;
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>>;
     /// Moves a stream out of (or back into) `Live` and wakes its readers.
-    async fn set_status(&self, id: StreamId, status: StreamStatus, at_ms: u64) -> Result<()>;
+    async fn set_status(&self, id: StreamId, end: Finish) -> Result<()>;
+    /// Applies a [`Change`] to a stream's metadata; durable on return.
+    async fn update_stream(&self, id: StreamId, change: Change) -> Result<()>;
     async fn delete_stream(&self, id: StreamId) -> Result<()>;
+
+    /// The stream that carries the answer to request `id` of `session` —
+    /// durable, so a cancellation or a resume after a restart finds it. When
+    /// a client reused an id, the newest stream wins.
+    async fn stream_of_request(
+        &self,
+        session: SessionId,
+        id: &RequestId,
+    ) -> Result<Option<StreamId>>;
+    /// Streams whose abandonment deadline is at or before `now_ms`.
+    async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>>;
+    /// Finished streams that finished at or before `at_ms` (retention).
+    async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>>;
 
     /// Appends messages in order; returns the seq of the last one. Returns
     /// once they are durable per the `sync` mode, and only then wakes readers.
@@ -144,17 +332,7 @@ pub trait Store: Send + Sync + 'static {
     /// Appends the last messages of a stream and finishes it, with one
     /// durability wait for both (a call's final response costs one flush,
     /// not two).
-    async fn append_final(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        status: StreamStatus,
-        at_ms: u64,
-    ) -> Result<Seq> {
-        let seq = self.append(stream, messages).await?;
-        self.set_status(stream, status, at_ms).await?;
-        Ok(seq)
-    }
+    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq>;
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>>;
@@ -164,6 +342,10 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type SharedStore = Arc<dyn Store>;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 /// Milliseconds since the Unix epoch: the store's clock for lifetimes.
 pub fn now_ms() -> u64 {

@@ -113,6 +113,44 @@ impl HttpUpstream {
     }
 }
 
+impl HttpUpstream {
+    /// Tells the upstream to stop working on request `id` (a proxy-originated
+    /// `notifications/cancelled`: abandonment, overflow). Best effort: the
+    /// outcome is logged, not returned — the stream already ended.
+    pub async fn cancel(
+        &self,
+        client_headers: &HeaderMap,
+        upstream_session: Option<&str>,
+        id: &crate::jsonrpc::RequestId,
+        reason: &str,
+    ) {
+        let body = crate::jsonrpc::cancellation(id, reason);
+        let mut headers = client_headers.clone();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        match self
+            .send(Method::POST, &headers, body.into(), upstream_session)
+            .await
+        {
+            Ok(res) if res.status().is_success() => {
+                tracing::debug!(request = id.as_json(), "upstream request cancelled")
+            }
+            Ok(res) => {
+                tracing::info!(request = id.as_json(), status = %res.status(), "upstream refused a cancellation")
+            }
+            Err(e) => {
+                tracing::info!(request = id.as_json(), error = %e, "cannot send a cancellation upstream")
+            }
+        }
+    }
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();

@@ -29,16 +29,18 @@ use tokio_util::codec::{AnyDelimiterCodec, FramedRead};
 
 use super::http::MAX_MESSAGE;
 use super::UpstreamError;
-use crate::config::UpstreamConfig;
+use crate::config::{LimitsConfig, UpstreamConfig};
 use crate::id::{SessionId, StreamId};
+use crate::ingest::{self, Recorded};
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::session::{Session, Sessions};
-use crate::store::{StreamKind, StreamMeta, StreamStatus};
+use crate::store::{StreamMeta, StreamStatus};
 use crate::stream::Log;
 
 /// A stdio MCP server program; spawns one child per session.
 pub struct StdioUpstream {
     pub config: UpstreamConfig,
+    limits: LimitsConfig,
     children: DashMap<SessionId, Arc<Child>>,
 }
 
@@ -62,16 +64,17 @@ pub struct Child {
     stdin: tokio::sync::Mutex<ChildStdin>,
     routes: Mutex<Routes>,
     /// The session's standalone stream: messages tied to no request.
-    pub standalone: StreamId,
+    pub standalone: StreamMeta,
     /// Whether a client GET has attached to the standalone stream yet (the
     /// first one gets everything logged since the child started).
     standalone_attached: std::sync::atomic::AtomicBool,
 }
 
 impl StdioUpstream {
-    pub fn new(config: &UpstreamConfig) -> Self {
+    pub fn new(config: &UpstreamConfig, limits: &LimitsConfig) -> Self {
         Self {
             config: config.clone(),
+            limits: limits.clone(),
             children: DashMap::new(),
         }
     }
@@ -130,21 +133,27 @@ impl StdioUpstream {
             return Err(UpstreamError::Connect("child has no pipes".into()));
         };
         let standalone = log
-            .open(session.id, StreamKind::Standalone, Vec::new(), None)
+            .open(StreamMeta::standalone(session.id))
             .await
             .map_err(|e| UpstreamError::Broken(e.to_string()))?;
         let child = Arc::new(Child {
             session: session.clone(),
             stdin: tokio::sync::Mutex::new(stdin),
             routes: Mutex::new(Routes::default()),
-            standalone: standalone.id,
+            standalone,
             standalone_attached: false.into(),
         });
         self.children.insert(session.id, child.clone());
         tracing::info!(session = %session.id, pid = process.id(), "started stdio upstream");
 
         tokio::spawn(copy_stderr(session.id, stderr));
-        let demux = tokio::spawn(demux(child.clone(), stdout, log.clone(), sessions.clone()));
+        let demux = tokio::spawn(demux(
+            child.clone(),
+            stdout,
+            log.clone(),
+            sessions.clone(),
+            self.limits.clone(),
+        ));
         let grace = Duration::from_secs(self.config.kill_grace_secs);
         let upstream = self.clone();
         let watched = child.clone();
@@ -237,6 +246,7 @@ async fn demux(
     stdout: tokio::process::ChildStdout,
     log: Arc<Log>,
     sessions: Arc<Sessions>,
+    limits: LimitsConfig,
 ) {
     let codec = AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), Vec::new(), MAX_MESSAGE);
     let mut lines = FramedRead::new(stdout, codec);
@@ -291,18 +301,17 @@ async fn demux(
             }
         }
         for group in groups {
-            let logged = match &group.completes {
-                Some(_) => {
-                    log.append_final(group.stream, &group.lines, StreamStatus::Completed)
-                        .await
-                }
-                None => log.append(group.stream, &group.lines).await,
+            let meta = match &group.completes {
+                Some(done) => done.clone(),
+                None => child.meta_of(group.stream),
             };
-            if let Err(e) = logged {
-                tracing::error!(stream = %group.stream, error = %e, "cannot log stdio upstream message");
-            }
-            if let Some(done) = group.completes {
-                child.session.untrack(&done.origin_ids);
+            let complete = group.completes.is_some();
+            let recorded =
+                ingest::record(&log, &limits, &child.session, &meta, group.lines, complete).await;
+            if let Recorded::Ended(why) = recorded {
+                child.abandon(&meta, why).await;
+            } else if let Some(done) = group.completes {
+                child.session.release(&done);
             }
         }
         // A batch answer can complete a stream other than the one it was
@@ -311,7 +320,7 @@ async fn demux(
             if let Err(e) = log.finish(done.id, StreamStatus::Completed).await {
                 tracing::error!(stream = %done.id, error = %e, "cannot finish stream");
             }
-            child.session.untrack(&done.origin_ids);
+            child.session.release(&done);
         }
     }
 }
@@ -382,6 +391,27 @@ impl Child {
         }
     }
 
+    /// The metadata of a stream the child writes to.
+    fn meta_of(&self, stream: StreamId) -> StreamMeta {
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        match routes.open.get(&stream) {
+            Some(open) => open.meta.clone(),
+            None => self.standalone.clone(),
+        }
+    }
+
+    /// Stops a request the proxy gave up on (abandoned, overflowed): no more
+    /// routing to its stream, and the child is told to stop working on it.
+    pub async fn abandon(&self, stream: &StreamMeta, why: &str) {
+        self.forget(stream.id);
+        self.session.release(stream);
+        for id in &stream.origin_ids {
+            if let Err(e) = self.write(&jsonrpc::cancellation(id, why)).await {
+                tracing::info!(stream = %stream.id, error = %e, "cannot cancel a stdio request");
+            }
+        }
+    }
+
     /// Whether this is the first client GET on the standalone stream.
     pub fn first_standalone_attach(&self) -> bool {
         !self
@@ -423,16 +453,19 @@ impl Child {
             }
             // A response to nothing we forwarded (late, or after a
             // cancellation) belongs to no request stream.
-            return (target.unwrap_or(self.standalone), completed);
+            return (target.unwrap_or(self.standalone.id), completed);
         }
-        if let Some(stream) = jsonrpc::progress_token(line)
-            .filter(|_| {
-                body.envelopes()
-                    .iter()
-                    .any(|e| e.is_method("notifications/progress"))
-            })
-            .and_then(|token| routes.by_progress.get(&token).copied())
-        {
+        let progress = body
+            .envelopes()
+            .iter()
+            .any(|e| e.is_method("notifications/progress"));
+        if progress {
+            // Progress goes where its token says, or nowhere: a late one must
+            // not land on whichever request happens to be running (the log's
+            // intake drops what no live request claims).
+            let stream = jsonrpc::progress_token(line)
+                .and_then(|token| routes.by_progress.get(&token).copied())
+                .unwrap_or(self.standalone.id);
             return (stream, None);
         }
         // Requests and notifications of the child: with exactly one request
@@ -444,10 +477,10 @@ impl Child {
                     .keys()
                     .next()
                     .copied()
-                    .unwrap_or(self.standalone),
+                    .unwrap_or(self.standalone.id),
                 None,
             ),
-            _ => (self.standalone, None),
+            _ => (self.standalone.id, None),
         }
     }
 
@@ -470,10 +503,13 @@ impl Child {
             if let Err(e) = failed {
                 tracing::error!(stream = %stream.meta.id, error = %e, "cannot finish stream");
             }
-            self.session.untrack(&stream.meta.origin_ids);
+            self.session.release(&stream.meta);
         }
-        if let Err(e) = log.finish(self.standalone, StreamStatus::Completed).await {
-            tracing::error!(stream = %self.standalone, error = %e, "cannot finish stream");
+        if let Err(e) = log
+            .finish(self.standalone.id, StreamStatus::Completed)
+            .await
+        {
+            tracing::error!(stream = %self.standalone.id, error = %e, "cannot finish stream");
         }
     }
 }

@@ -3,6 +3,7 @@
 //! (raw HTTP + SSE) so tests can cut and resume streams wherever they like.
 #![allow(dead_code)]
 
+pub mod dialects;
 pub mod process;
 
 use std::time::Duration;

@@ -83,6 +83,8 @@ scenarios=(
   "d-reattach|90|node scenarios/d-reattach.mjs"
   "e-conformance-server|240|node scenarios/e-conformance-server.mjs"
   "f-conformance-sse-retry|120|node scenarios/f-conformance-sse-retry.mjs"
+  "g-dialects-http|90|node scenarios/g-dialects.mjs http"
+  "g-dialects-stdio|90|node scenarios/g-dialects.mjs stdio"
 )
 
 selected=("$@")

@@ -7,13 +7,14 @@
 //! decides when a segment file may be deleted: the number of streams with
 //! entries in it. It performs no I/O.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use crate::id::{Seq, SessionId, StreamId};
-use crate::store::{SessionRecord, StreamMeta, StreamStatus, Watermark};
+use crate::jsonrpc::RequestId;
+use crate::store::{Change, Finish, SessionRecord, StreamMeta, Watermark};
 
 /// Segment files are numbered from 1; the number orders them.
 pub type SegmentNo = u32;
@@ -37,10 +38,14 @@ pub struct StreamState {
 }
 
 impl StreamState {
-    pub fn new(meta: StreamMeta, locs: Vec<Loc>) -> Self {
+    pub fn new(mut meta: StreamMeta, locs: Vec<Loc>) -> Self {
+        // Counts are the locations' (a snapshot's copy may be older).
+        meta.entries = locs.len() as Seq;
+        meta.bytes = locs.iter().map(|l| l.len as u64).sum();
         let watermark = Arc::new(watch::Sender::new(Watermark {
             seq: locs.len() as Seq,
             finished: !meta.status.is_live(),
+            coalesced: meta.coalesced,
         }));
         Self {
             meta,
@@ -59,6 +64,12 @@ pub struct Index {
     by_session: HashMap<SessionId, Vec<StreamId>>,
     /// For each segment, how many streams have entries in it.
     users: BTreeMap<SegmentNo, u32>,
+    /// (session, request id) → the newest stream answering it.
+    by_request: HashMap<(SessionId, RequestId), StreamId>,
+    /// Abandonment deadlines, soonest first.
+    abandon_at: BTreeSet<(u64, StreamId)>,
+    /// When finished streams finished, oldest first (retention).
+    finished_at: BTreeSet<(u64, StreamId)>,
 }
 
 impl Index {
@@ -74,7 +85,75 @@ impl Index {
         }
         let mut state = state;
         state.segments = segments;
+        let meta = &state.meta;
+        for request in &meta.origin_ids {
+            // Recovery adds streams in no particular order: the newest one
+            // answering a reused id wins by creation time.
+            let key = (meta.session, request.clone());
+            let newer = match self.by_request.get(&key).and_then(|s| self.streams.get(s)) {
+                Some(known) => known.meta.created_ms <= meta.created_ms,
+                None => true,
+            };
+            if newer {
+                self.by_request.insert(key, id);
+            }
+        }
+        self.index_deadlines(id, Deadlines::default(), Deadlines::of(meta));
         self.streams.insert(id, state);
+    }
+
+    /// Keeps the deadline sets in step with a stream's deadlines.
+    fn index_deadlines(&mut self, id: StreamId, before: Deadlines, after: Deadlines) {
+        if before == after {
+            return;
+        }
+        if let Some(at) = before.abandon_at {
+            self.abandon_at.remove(&(at, id));
+        }
+        if let Some(at) = before.finished {
+            self.finished_at.remove(&(at, id));
+        }
+        if let Some(at) = after.abandon_at {
+            self.abandon_at.insert((at, id));
+        }
+        if let Some(at) = after.finished {
+            self.finished_at.insert((at, id));
+        }
+    }
+
+    /// Changes one stream's metadata and re-indexes its deadlines. (Under
+    /// the journal's lock: only the two deadlines are compared, nothing of
+    /// the metadata is copied.)
+    fn edit(&mut self, stream: StreamId, edit: impl FnOnce(&mut StreamMeta)) {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let before = Deadlines::of(&state.meta);
+        edit(&mut state.meta);
+        let after = Deadlines::of(&state.meta);
+        self.index_deadlines(stream, before, after);
+    }
+
+    pub fn apply(&mut self, stream: StreamId, change: &Change) {
+        self.edit(stream, |meta| meta.apply(change));
+    }
+
+    pub fn stream_of_request(&self, session: SessionId, id: &RequestId) -> Option<StreamId> {
+        self.by_request.get(&(session, id.clone())).copied()
+    }
+
+    pub fn abandoned_by(&self, now_ms: u64) -> Vec<StreamId> {
+        self.abandon_at
+            .range(..=(now_ms, StreamId([0xff; 16])))
+            .map(|(_, id)| *id)
+            .collect()
+    }
+
+    pub fn finished_by(&self, at_ms: u64) -> Vec<StreamId> {
+        self.finished_at
+            .range(..=(at_ms, StreamId([0xff; 16])))
+            .map(|(_, id)| *id)
+            .collect()
     }
 
     /// Records that `locs` were appended to `stream` (already written).
@@ -87,8 +166,10 @@ impl Index {
                 state.segments.push(loc.segment);
                 *self.users.entry(loc.segment).or_default() += 1;
             }
+            state.meta.bytes += loc.len as u64;
         }
         state.locs.extend_from_slice(locs);
+        state.meta.entries = state.locs.len() as Seq;
     }
 
     /// Points entries `start + 1 ..` of `stream` at new locations (copies
@@ -117,11 +198,8 @@ impl Index {
         }
     }
 
-    pub fn set_status(&mut self, stream: StreamId, status: StreamStatus, at_ms: u64) {
-        if let Some(state) = self.streams.get_mut(&stream) {
-            state.meta.status = status;
-            state.meta.finished_ms = (!status.is_live()).then_some(at_ms);
-        }
+    pub fn set_status(&mut self, stream: StreamId, end: &Finish) {
+        self.edit(stream, |meta| meta.finish(end));
     }
 
     /// Forgets a stream; its readers learn it is over. Returns segments that
@@ -131,6 +209,19 @@ impl Index {
             return Vec::new();
         };
         state.watermark.send_modify(|w| w.finished = true);
+        let meta = &state.meta;
+        for request in &meta.origin_ids {
+            let key = (meta.session, request.clone());
+            if self.by_request.get(&key) == Some(&id) {
+                self.by_request.remove(&key);
+            }
+        }
+        if let Some(at) = meta.abandon_at_ms {
+            self.abandon_at.remove(&(at, id));
+        }
+        if let Some(at) = meta.finished_ms {
+            self.finished_at.remove(&(at, id));
+        }
         if let Some(list) = self.by_session.get_mut(&state.meta.session) {
             list.retain(|s| *s != id);
             if list.is_empty() {
@@ -157,6 +248,23 @@ impl Index {
     /// Whether any stream still has entries in `segment`.
     pub fn in_use(&self, segment: SegmentNo) -> bool {
         self.users.contains_key(&segment)
+    }
+}
+
+/// The times a stream is due at: abandonment, and retention (counted from
+/// when it finished).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct Deadlines {
+    abandon_at: Option<u64>,
+    finished: Option<u64>,
+}
+
+impl Deadlines {
+    fn of(meta: &StreamMeta) -> Self {
+        Self {
+            abandon_at: meta.abandon_at_ms,
+            finished: meta.finished_ms,
+        }
     }
 }
 

@@ -43,10 +43,11 @@ use self::index::{Index, Loc, SegmentNo, StreamState};
 use self::segment::Writer;
 use super::commit::{GroupCommit, SyncMode};
 use super::{
-    Entry, Result, SessionRecord, Store, StoreError, StreamMeta, StreamStatus, Subscription,
-    Watermark,
+    Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
+    Subscription, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
+use crate::jsonrpc::RequestId;
 
 /// Size at which the active segment is sealed and a new one started.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
@@ -185,7 +186,8 @@ impl Journal {
     /// the segments the index says nobody needs. A failed rollover leaves
     /// the active segment in place and is tried again at the next change.
     fn wrote(&self, inner: &mut Inner) {
-        if inner.writer.len >= self.segment_bytes {
+        let since_snapshot = inner.writer.len - inner.writer.snapshot_end;
+        if since_snapshot >= self.segment_bytes {
             if let Err(e) = self.roll_over(inner) {
                 tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
             }
@@ -224,6 +226,7 @@ impl Journal {
         let written = writer.append(buf);
         buf.clear();
         written.map_err(io)?;
+        writer.snapshot_end = writer.len;
         writer.file.sync_data().map_err(io)?;
         segment::sync_dir(&self.dir).map_err(io)
     }
@@ -281,7 +284,7 @@ impl Journal {
         &self,
         stream: StreamId,
         messages: &[Bytes],
-        finish: Option<(StreamStatus, u64)>,
+        finish: Option<Finish>,
     ) -> Result<Seq> {
         let (last, watermark) = {
             let mut guard = self.lock();
@@ -294,13 +297,13 @@ impl Journal {
             let watermark = state.watermark.clone();
             let first = state.locs.len() as Seq + 1;
             let placed = encode_entries(&mut inner.buf, stream, first, messages);
-            if let Some((status, at_ms)) = finish {
-                record::status(&mut inner.buf, stream, status, at_ms);
+            if let Some(end) = &finish {
+                record::status(&mut inner.buf, stream, end);
             }
             let (no, at) = self.write(inner)?;
             inner.index.push_locs(stream, &locate(placed, no, at));
-            if let Some((status, at_ms)) = finish {
-                inner.index.set_status(stream, status, at_ms);
+            if let Some(end) = &finish {
+                inner.index.set_status(stream, end);
             }
             self.wrote(inner);
             (first + messages.len() as Seq - 1, watermark)
@@ -314,14 +317,44 @@ impl Journal {
                 w.seq = last;
                 moved = true;
             }
-            if let Some((status, _)) = finish {
-                let finished = !status.is_live();
+            if let Some(end) = finish {
+                let finished = !end.status.is_live();
                 moved |= w.finished != finished;
                 w.finished = finished;
             }
             moved
         });
         Ok(last)
+    }
+}
+
+impl Journal {
+    /// Writes one metadata record of stream `id` (`encode`), applies it to
+    /// the index (`apply`) and waits for durability; returns the stream's
+    /// watermark, for the caller to move once readers may see the change.
+    async fn edit_stream(
+        &self,
+        id: StreamId,
+        encode: impl FnOnce(&mut Vec<u8>),
+        apply: impl FnOnce(&mut Index),
+    ) -> Result<Arc<watch::Sender<Watermark>>> {
+        let watermark = {
+            let mut inner = self.lock();
+            let watermark = inner
+                .index
+                .streams
+                .get(&id)
+                .ok_or(StoreError::NoSuchStream(id))?
+                .watermark
+                .clone();
+            encode(&mut inner.buf);
+            self.write(&mut inner)?;
+            apply(&mut inner.index);
+            self.wrote(&mut inner);
+            watermark
+        };
+        self.durable().await?;
+        Ok(watermark)
     }
 }
 
@@ -482,19 +515,29 @@ impl Store for Journal {
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
         // Not synced on its own: the first append's sync covers it (the
         // journal is sequential), and a stream without entries that a crash
-        // loses was never shown to anyone.
+        // loses was never shown to anyone. Encoded and copied before the
+        // lock: every request creates a stream, and they all share the lock.
+        let mut encoded = Vec::with_capacity(512);
+        record::stream(&mut encoded, meta);
+        let state = StreamState::new(meta.clone(), Vec::new());
         let mut inner = self.lock();
-        record::stream(&mut inner.buf, meta);
+        inner.buf.extend_from_slice(&encoded);
         self.write(&mut inner)?;
-        inner
-            .index
-            .add_stream(StreamState::new(meta.clone(), Vec::new()));
+        inner.index.add_stream(state);
         self.wrote(&mut inner);
         Ok(())
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
         Ok(self.lock().index.streams.get(&id).map(|s| s.meta.clone()))
+    }
+
+    async fn counts(&self, id: StreamId) -> Result<Option<Counts>> {
+        Ok(self.lock().index.streams.get(&id).map(|s| Counts {
+            entries: s.meta.entries,
+            bytes: s.meta.bytes,
+            coalesced: s.meta.coalesced,
+        }))
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
@@ -517,25 +560,46 @@ impl Store for Journal {
             .collect())
     }
 
-    async fn set_status(&self, id: StreamId, status: StreamStatus, at_ms: u64) -> Result<()> {
-        let watermark = {
-            let mut inner = self.lock();
-            let watermark = inner
-                .index
-                .streams
-                .get(&id)
-                .ok_or(StoreError::NoSuchStream(id))?
-                .watermark
-                .clone();
-            record::status(&mut inner.buf, id, status, at_ms);
-            self.write(&mut inner)?;
-            inner.index.set_status(id, status, at_ms);
-            self.wrote(&mut inner);
-            watermark
-        };
-        self.durable().await?;
-        watermark.send_modify(|w| w.finished = !status.is_live());
+    async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
+        let watermark = self
+            .edit_stream(
+                id,
+                |buf| record::status(buf, id, &end),
+                |index| index.set_status(id, &end),
+            )
+            .await?;
+        watermark.send_modify(|w| w.finished = !end.status.is_live());
         Ok(())
+    }
+
+    async fn update_stream(&self, id: StreamId, change: Change) -> Result<()> {
+        let watermark = self
+            .edit_stream(
+                id,
+                |buf| record::change(buf, id, &change),
+                |index| index.apply(id, &change),
+            )
+            .await?;
+        if change == Change::Coalesced {
+            watermark.send_modify(|w| w.coalesced = true);
+        }
+        Ok(())
+    }
+
+    async fn stream_of_request(
+        &self,
+        session: SessionId,
+        id: &RequestId,
+    ) -> Result<Option<StreamId>> {
+        Ok(self.lock().index.stream_of_request(session, id))
+    }
+
+    async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
+        Ok(self.lock().index.abandoned_by(now_ms))
+    }
+
+    async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
+        Ok(self.lock().index.finished_by(at_ms))
     }
 
     async fn delete_stream(&self, id: StreamId) -> Result<()> {
@@ -554,15 +618,8 @@ impl Store for Journal {
         self.append_inner(stream, messages, None).await
     }
 
-    async fn append_final(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        status: StreamStatus,
-        at_ms: u64,
-    ) -> Result<Seq> {
-        self.append_inner(stream, messages, Some((status, at_ms)))
-            .await
+    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
+        self.append_inner(stream, messages, Some(end)).await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
@@ -608,6 +665,7 @@ impl Store for Journal {
             None => watch::Sender::new(Watermark {
                 seq: 0,
                 finished: true,
+                coalesced: false,
             })
             .subscribe(),
         }

@@ -11,7 +11,7 @@
 use bytes::Bytes;
 
 use crate::id::{Seq, SessionId, StreamId};
-use crate::store::{SessionRecord, StreamMeta, StreamStatus};
+use crate::store::{Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus};
 
 /// Bytes before the first record of every segment: a foreign or truncated
 /// file is refused instead of being read as garbage.
@@ -35,6 +35,7 @@ const STATUS: u8 = 4;
 const ENTRIES: u8 = 5;
 const STREAM_GONE: u8 = 6;
 const SNAPSHOT_END: u8 = 7;
+const CHANGE: u8 = 8;
 
 /// One decoded change. Entries carry where their messages sit in the record
 /// (offsets from the record's start), not the messages: recovery rebuilds an
@@ -47,8 +48,12 @@ pub enum Record {
     Stream(StreamMeta),
     Status {
         stream: StreamId,
-        status: StreamStatus,
-        at_ms: u64,
+        end: Finish,
+    },
+    /// A small metadata change (cursor, touch, marks).
+    Change {
+        stream: StreamId,
+        change: Change,
     },
     Entries {
         stream: StreamId,
@@ -91,12 +96,54 @@ pub fn stream(out: &mut Vec<u8>, meta: &StreamMeta) {
     frame(out, STREAM, |o| json(meta, o));
 }
 
-pub fn status(out: &mut Vec<u8>, stream: StreamId, status: StreamStatus, at_ms: u64) {
+pub fn status(out: &mut Vec<u8>, stream: StreamId, end: &Finish) {
     frame(out, STATUS, |o| {
         o.extend_from_slice(stream.as_bytes());
-        o.push(status_byte(status));
-        o.extend_from_slice(&at_ms.to_le_bytes());
+        o.push(status_byte(end.status));
+        o.extend_from_slice(&end.at_ms.to_le_bytes());
+        o.push(outcome_byte(end.outcome));
     });
+}
+
+pub fn change(out: &mut Vec<u8>, stream: StreamId, change: &Change) {
+    let (tag, value) = match *change {
+        Change::Ack(seq) => (1, seq),
+        Change::Touch { at_ms } => (2, at_ms),
+        Change::Request(seq) => (3, seq),
+        Change::Coalesced => (4, 0),
+    };
+    frame(out, CHANGE, |o| {
+        o.extend_from_slice(stream.as_bytes());
+        o.push(tag);
+        o.extend_from_slice(&value.to_le_bytes());
+    });
+}
+
+fn change_of(tag: u8, value: u64) -> Option<Change> {
+    Some(match tag {
+        1 => Change::Ack(value),
+        2 => Change::Touch { at_ms: value },
+        3 => Change::Request(value),
+        4 => Change::Coalesced,
+        _ => return None,
+    })
+}
+
+fn outcome_byte(o: Option<Outcome>) -> u8 {
+    match o {
+        None => 0,
+        Some(Outcome::Result) => 1,
+        Some(Outcome::Error) => 2,
+    }
+}
+
+fn outcome_of(b: u8) -> Option<Option<Outcome>> {
+    Some(match b {
+        0 => None,
+        1 => Some(Outcome::Result),
+        2 => Some(Outcome::Error),
+        _ => return None,
+    })
 }
 
 pub fn stream_gone(out: &mut Vec<u8>, id: StreamId) {
@@ -213,10 +260,21 @@ fn parse(kind: u8, p: &[u8]) -> Option<Record> {
         SESSION => Record::Session(serde_json::from_slice(p).ok()?),
         SESSION_GONE if p.len() == 16 => Record::SessionGone(SessionId(id16(p)?)),
         STREAM => Record::Stream(serde_json::from_slice(p).ok()?),
-        STATUS if p.len() == 25 => Record::Status {
+        // 25 bytes: written before outcomes were recorded.
+        STATUS if p.len() == 25 || p.len() == 26 => Record::Status {
             stream: StreamId(id16(p)?),
-            status: status_of(p[16])?,
-            at_ms: u64_at(p, 17)?,
+            end: Finish {
+                status: status_of(p[16])?,
+                at_ms: u64_at(p, 17)?,
+                outcome: match p.get(25) {
+                    Some(&b) => outcome_of(b)?,
+                    None => None,
+                },
+            },
+        },
+        CHANGE if p.len() == 25 => Record::Change {
+            stream: StreamId(id16(p)?),
+            change: change_of(p[16], u64_at(p, 17)?)?,
         },
         ENTRIES => {
             let stream = StreamId(id16(p)?);
@@ -294,15 +352,23 @@ mod tests {
     fn status_and_tombstones_round_trip() {
         let (stream, session) = (StreamId::random(), SessionId::random());
         let mut out = Vec::new();
-        status(&mut out, stream, StreamStatus::Cancelled, 42);
-        assert_eq!(
-            one(&out),
-            Record::Status {
-                stream,
-                status: StreamStatus::Cancelled,
-                at_ms: 42
-            }
-        );
+        let end = Finish {
+            status: StreamStatus::Completed,
+            outcome: Some(Outcome::Error),
+            at_ms: 42,
+        };
+        status(&mut out, stream, &end);
+        assert_eq!(one(&out), Record::Status { stream, end });
+        for c in [
+            Change::Ack(7),
+            Change::Touch { at_ms: 9 },
+            Change::Request(3),
+            Change::Coalesced,
+        ] {
+            out.clear();
+            change(&mut out, stream, &c);
+            assert_eq!(one(&out), Record::Change { stream, change: c });
+        }
         out.clear();
         session_gone(&mut out, session);
         assert_eq!(one(&out), Record::SessionGone(session));

@@ -47,14 +47,14 @@ impl Metadata {
             Record::Stream(meta) => {
                 self.streams.insert(meta.id, meta.clone());
             }
-            Record::Status {
-                stream,
-                status,
-                at_ms,
-            } => {
+            Record::Status { stream, end } => {
                 if let Some(meta) = self.streams.get_mut(stream) {
-                    meta.status = *status;
-                    meta.finished_ms = (!status.is_live()).then_some(*at_ms);
+                    meta.finish(end);
+                }
+            }
+            Record::Change { stream, change } => {
+                if let Some(meta) = self.streams.get_mut(stream) {
+                    meta.apply(change);
                 }
             }
             Record::StreamGone(id) => {

@@ -237,7 +237,11 @@ async fn a_crash_during_rollover_leaves_a_journal_that_opens() {
     partial.extend_from_slice(&snap[..snap.len() / 2]);
     std::fs::write(segment::path(&journal, next), partial).unwrap();
     let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-    assert_eq!(store.stream_meta(m.id).await.unwrap(), Some(m.clone()));
+    let reopened = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!(
+        (reopened.id, reopened.status, reopened.entries),
+        (m.id, m.status, 1)
+    );
     assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 1);
 }
 
@@ -264,4 +268,29 @@ async fn concurrent_appends_to_one_stream_get_distinct_ordered_seqs() {
     assert_eq!(got.len(), 400);
     assert!(got.iter().zip(1..).all(|(e, s)| e.seq == s));
     assert_eq!(store.subscribe(m.id).borrow().seq, 400);
+}
+
+#[tokio::test]
+async fn a_snapshot_larger_than_a_segment_does_not_make_every_write_roll_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open_with(dir.path(), SyncMode::Never, 4096).unwrap();
+    let session = SessionId::random();
+    // Enough retained streams that their metadata alone outgrows a segment.
+    for _ in 0..100 {
+        let m = meta(session);
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &[progress(1)]).await.unwrap();
+    }
+    let before = segments(dir.path()).last().copied().unwrap();
+    let m = meta(session);
+    store.create_stream(&m).await.unwrap();
+    for i in 0..20 {
+        store.append(m.id, &[progress(i)]).await.unwrap();
+    }
+    let after = segments(dir.path()).last().copied().unwrap();
+    assert!(
+        after - before <= 2,
+        "20 small appends rolled over {} times",
+        after - before
+    );
 }

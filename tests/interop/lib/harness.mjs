@@ -220,6 +220,17 @@ export const everythingStdioCommand = () => `${process.execPath} ${EVERYTHING_JS
  * Starts the proxy in front of an HTTP upstream ({upstream: url}) or a stdio
  * command ({upstreamCommand: "cmd args"}). Waits for /healthz.
  */
+/** The proxy in front of server-everything, reached over Streamable HTTP
+ * (`mode` 'http') or run as a stdio child of the proxy ('stdio'). */
+export async function startProxyForEverything(mode, { name = 'proxy' } = {}) {
+  if (mode === 'http') {
+    const everything = await startEverythingHttp(name === 'proxy' ? 'everything' : `everything-${mode}`);
+    log('server-everything (streamableHttp) at', everything.url);
+    return startProxy({ upstream: everything.url, name });
+  }
+  return startProxy({ upstreamCommand: everythingStdioCommand(), name });
+}
+
 export async function startProxy({ upstream, upstreamCommand, name = 'proxy', extraArgs = [] }) {
   const port = await freePort();
   const dataDir = path.join(workdir(), `${name}-data`);

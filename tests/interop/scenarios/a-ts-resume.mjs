@@ -10,7 +10,7 @@
 // usage: node scenarios/a-ts-resume.mjs http|stdio
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 import {
-  EXIT_NEEDS_FEATURE, descendantProcesses, everythingStdioCommand, sleep, log, proxyHasUpstreamCommand, runScenario, startEverythingHttp, startProxy,
+  EXIT_NEEDS_FEATURE, descendantProcesses, sleep, log, proxyHasUpstreamCommand, runScenario, startProxyForEverything,
 } from '../lib/harness.mjs';
 import { Relay } from '../lib/relay.mjs';
 import { connectClient, short } from '../lib/tsclient.mjs';
@@ -28,14 +28,7 @@ if (mode === 'stdio' && !proxyHasUpstreamCommand()) {
 }
 
 await runScenario(`a-ts-resume (${mode}): TS SDK client, cut mid-call, SDK Last-Event-ID resume`, async (checks) => {
-  let proxy;
-  if (mode === 'http') {
-    const everything = await startEverythingHttp();
-    log('server-everything (streamableHttp) at', everything.url);
-    proxy = await startProxy({ upstream: everything.url });
-  } else {
-    proxy = await startProxy({ upstreamCommand: everythingStdioCommand() });
-  }
+  const proxy = await startProxyForEverything(mode);
   log('proxy at', proxy.url);
   const relay = new Relay(proxy.port, { log });
   await relay.listen();

@@ -14,7 +14,7 @@
 //        proxy has --upstream-command)
 import { CreateMessageRequestSchema, ElicitRequestSchema, ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 import {
-  everythingStdioCommand, log, proxyHasUpstreamCommand, runScenario, sleep, startEverythingHttp, startProxy,
+  log, proxyHasUpstreamCommand, runScenario, sleep, startProxyForEverything,
 } from '../lib/harness.mjs';
 import { Relay } from '../lib/relay.mjs';
 import { connectClient } from '../lib/tsclient.mjs';
@@ -28,13 +28,7 @@ await runScenario(`c-server-requests (${kinds.join(' + ')}): sampling + elicitat
 async function oneUpstream(allChecks, kind) {
   console.log(`-- upstream: server-everything over ${kind}`);
   const checks = { ok: (c, w, d) => allChecks.ok(c, `[${kind}] ${w}`, d) };
-  let proxy;
-  if (kind === 'http') {
-    const everything = await startEverythingHttp(`everything-${kind}`);
-    proxy = await startProxy({ upstream: everything.url, name: `proxy-${kind}` });
-  } else {
-    proxy = await startProxy({ upstreamCommand: everythingStdioCommand(), name: `proxy-${kind}` });
-  }
+  const proxy = await startProxyForEverything(kind, { name: `proxy-${kind}` });
   const relay = new Relay(proxy.port, { log });
   await relay.listen();
   log('proxy', proxy.url, '| relay', relay.url);

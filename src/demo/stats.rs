@@ -1,0 +1,40 @@
+//! What the demo server counts for the tests that drive it, and the one
+//! protocol revision it speaks statelessly. Shared by the HTTP and stdio
+//! fronts and the MCP logic behind them; depends on none of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use http::HeaderMap;
+
+/// The stateless revision the demo server also speaks.
+pub(super) const MODERN_VERSION: &str = "2026-07-28";
+
+/// Counters the tests read. `requests` holds the headers of every request.
+#[derive(Default, Debug)]
+pub struct DemoStats {
+    pub sessions_created: AtomicU64,
+    pub sessions_deleted: AtomicU64,
+    pub calls_started: AtomicU64,
+    pub calls_completed: AtomicU64,
+    /// `notifications/cancelled` for an in-flight call, or (modern) the client
+    /// closed the response stream.
+    pub calls_cancelled: AtomicU64,
+    /// GETs carrying `Last-Event-ID` that were served.
+    pub resumed_gets: AtomicU64,
+    pub requests: Mutex<Vec<HeaderMap>>,
+}
+
+impl DemoStats {
+    pub fn last_headers(&self) -> Option<HeaderMap> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last()
+            .cloned()
+    }
+
+    pub(super) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}

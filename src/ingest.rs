@@ -1,0 +1,280 @@
+//! What an upstream says, made fit for the log — the one step HTTP relays and
+//! the stdio demultiplexer share before anything is appended:
+//!
+//! - messages in the namespaces the proxy authors itself
+//!   (`notifications/requests/…`, `notifications/stream/…`) are dropped: an
+//!   upstream must not speak for the proxy;
+//! - progress naming no live request of the session is dropped (seed 004:
+//!   only tokens of active requests; a late one must not land elsewhere);
+//! - a stream past its caps coalesces progress of one token to the latest,
+//!   and one that still overflows ends with a JSON-RPC error entry — its
+//!   neighbours are untouched;
+//! - server-to-client requests and the outcome of the final response are
+//!   noted on the stream, so status answers stay O(1).
+//!
+//! Appending failures end the stream with an error entry when the log still
+//! can: a stream never goes silent.
+
+use bytes::Bytes;
+
+use crate::config::LimitsConfig;
+use crate::jsonrpc::{self, Kind};
+use crate::session::Session;
+use crate::store::{Change, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus};
+use crate::stream::{keep_latest_progress, Log};
+
+/// What became of a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// Appended (possibly fewer messages than given, after filtering).
+    Appended,
+    /// The stream is over and must not be appended to again: it overflowed
+    /// its caps, or the log refused the batch (the stream ended with an error
+    /// entry if the log allowed).
+    Ended(&'static str),
+}
+
+/// Why a stream's upstream request should be cancelled.
+pub const OVERFLOWED: &str = "the stream exceeded the proxy's per-stream limits";
+
+/// What one batch holds, as the stream's status needs it.
+#[derive(Default)]
+struct Noted {
+    /// Index of the last server-to-client request in the batch.
+    last_request: Option<usize>,
+    /// Outcome of the last response in the batch.
+    outcome: Option<Outcome>,
+}
+
+/// Appends what the upstream sent for `stream` — finishing it as completed
+/// when `complete` — after the rules above.
+pub async fn record(
+    log: &Log,
+    limits: &LimitsConfig,
+    session: &Session,
+    stream: &StreamMeta,
+    batch: Vec<Bytes>,
+    complete: bool,
+) -> Recorded {
+    let (mut batch, mut noted) = admit(session, stream, batch);
+    if stream.kind == StreamKind::Request {
+        match within_caps(log, limits, stream, &mut batch).await {
+            Ok(Caps::Fit) => {}
+            // Rare: the batch changed, note it again.
+            Ok(Caps::Coalesced) => noted = note(&batch),
+            Ok(Caps::Overflow) => return fail(log, stream, OVERFLOWED).await,
+            Err(e) => return failed_append(log, stream, e).await,
+        }
+    }
+    let logged = if complete {
+        let outcome = noted.outcome.or(Some(Outcome::Result));
+        log.append_final(stream.id, &batch, StreamStatus::Completed, outcome)
+            .await
+    } else if batch.is_empty() {
+        return Recorded::Appended;
+    } else {
+        log.append(stream.id, &batch).await
+    };
+    let last = match logged {
+        Ok(last) => last,
+        Err(e) => return failed_append(log, stream, e).await,
+    };
+    if let Some(i) = noted.last_request {
+        let seq = last + 1 + i as u64 - batch.len() as u64;
+        if let Err(e) = log
+            .store()
+            .update_stream(stream.id, Change::Request(seq))
+            .await
+        {
+            tracing::warn!(stream = %stream.id, error = %e, "cannot note a server request");
+        }
+    }
+    Recorded::Appended
+}
+
+/// Drops what must not reach the log, and notes what the rest holds — one
+/// look at each message.
+fn admit(session: &Session, stream: &StreamMeta, batch: Vec<Bytes>) -> (Vec<Bytes>, Noted) {
+    let mut noted = Noted::default();
+    let mut kept = Vec::with_capacity(batch.len());
+    for message in batch {
+        let Ok(envelope) = jsonrpc::classify(&message) else {
+            kept.push(message); // batches and the like: relayed as they came
+            continue;
+        };
+        let method = envelope.method.as_deref().unwrap_or_default();
+        if envelope.kind == Kind::Notification && crate::dialect::authored_by_proxy(method) {
+            tracing::warn!(stream = %stream.id, method, "upstream spoke in the proxy's namespace; dropped");
+            continue;
+        }
+        if method == "notifications/progress" {
+            let live = jsonrpc::progress_token(&message)
+                .is_some_and(|t| session.progress_stream(&t).is_some());
+            if !live {
+                tracing::debug!(stream = %stream.id, "progress for no live request dropped");
+                continue;
+            }
+        }
+        noted.see(kept.len(), &envelope);
+        kept.push(message);
+    }
+    (kept, noted)
+}
+
+/// Whether a batch fits its stream's caps.
+enum Caps {
+    Fit,
+    /// Fits once progress was coalesced.
+    Coalesced,
+    Overflow,
+}
+
+/// Keeps a stream within its caps: once a batch would cross one, progress in
+/// it is coalesced per token to the latest. `false` when even that does not
+/// fit.
+async fn within_caps(
+    log: &Log,
+    limits: &LimitsConfig,
+    stream: &StreamMeta,
+    batch: &mut Vec<Bytes>,
+) -> Result<Caps, StoreError> {
+    let Some(now) = log.store().counts(stream.id).await? else {
+        return Err(StoreError::NoSuchStream(stream.id));
+    };
+    let fits = |batch: &[Bytes]| {
+        now.entries + batch.len() as u64 <= limits.stream_max_entries
+            && now.bytes + batch.iter().map(|m| m.len() as u64).sum::<u64>()
+                <= limits.stream_max_bytes
+    };
+    if fits(batch) {
+        return Ok(Caps::Fit);
+    }
+    keep_latest_progress(batch, |m| m);
+    if !now.coalesced {
+        log.store()
+            .update_stream(stream.id, Change::Coalesced)
+            .await?;
+    }
+    Ok(if fits(batch) {
+        Caps::Coalesced
+    } else {
+        Caps::Overflow
+    })
+}
+
+impl Noted {
+    /// Notes message `i` of the batch.
+    fn see(&mut self, i: usize, envelope: &jsonrpc::Envelope) {
+        match envelope.kind {
+            Kind::Request => self.last_request = Some(i),
+            Kind::Response => {
+                self.outcome = Some(if envelope.error {
+                    Outcome::Error
+                } else {
+                    Outcome::Result
+                })
+            }
+            Kind::Notification => {}
+        }
+    }
+}
+
+fn note(batch: &[Bytes]) -> Noted {
+    let mut noted = Noted::default();
+    for (i, message) in batch.iter().enumerate() {
+        if let Ok(envelope) = jsonrpc::classify(message) {
+            noted.see(i, &envelope);
+        }
+    }
+    noted
+}
+
+/// Ends a stream that must not grow: an error entry for every request the
+/// log holds no answer to.
+async fn fail(log: &Log, stream: &StreamMeta, why: &'static str) -> Recorded {
+    if let Err(e) = log.fail_unanswered(stream, why).await {
+        tracing::error!(stream = %stream.id, error = %e, "cannot end stream with an error entry");
+    }
+    Recorded::Ended(why)
+}
+
+async fn failed_append(log: &Log, stream: &StreamMeta, e: StoreError) -> Recorded {
+    if matches!(e, StoreError::NoSuchStream(_)) {
+        // Deleted under us (abandoned, session ended): nobody will read it.
+        tracing::debug!(stream = %stream.id, "stream gone; upstream messages dropped");
+        return Recorded::Ended("the stream is gone");
+    }
+    tracing::error!(stream = %stream.id, error = %e, "cannot log upstream messages; ending the stream");
+    fail(
+        log,
+        stream,
+        "the proxy could not record the upstream's answer",
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(token: &str, n: u32) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"{token}","progress":{n}}}}}"#
+        ))
+    }
+
+    #[tokio::test]
+    async fn progress_for_no_live_request_is_dropped_before_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
+                .unwrap();
+        let sessions = crate::session::Sessions::new(store);
+        let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
+        let stream = crate::store::contract::meta(session.id);
+        session.track(&stream, &["\"a\"".to_owned()]);
+        let spoof = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","method":"notifications/stream/end","params":{"streamId":"x"}}"#,
+        );
+        let (kept, _) = admit(
+            &session,
+            &stream,
+            vec![progress("a", 1), progress("b", 1), spoof],
+        );
+        assert_eq!(kept, vec![progress("a", 1)]);
+        session.release(&stream);
+        assert!(admit(&session, &stream, vec![progress("a", 2)])
+            .0
+            .is_empty());
+    }
+
+    #[test]
+    fn coalescing_keeps_the_latest_progress_of_each_token_in_order() {
+        let other = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#,
+        );
+        let mut batch = vec![
+            progress("a", 1),
+            progress("b", 1),
+            other.clone(),
+            progress("a", 2),
+            progress("a", 3),
+        ];
+        keep_latest_progress(&mut batch, |m| m);
+        assert_eq!(batch, vec![progress("b", 1), other, progress("a", 3)]);
+    }
+
+    #[test]
+    fn responses_note_their_outcome_and_requests_their_place() {
+        let batch = [
+            progress("a", 1),
+            Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":9,"method":"sampling/createMessage","params":{}}"#,
+            ),
+            Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"x"}}"#),
+        ];
+        let noted = note(&batch);
+        assert_eq!(noted.last_request, Some(1));
+        assert_eq!(noted.outcome, Some(Outcome::Error));
+    }
+}

@@ -1,0 +1,190 @@
+//! The request path's one error type: why the proxy refuses a request, as an
+//! HTTP status plus a JSON-RPC error (code, message, and the id it answers,
+//! if any), turned into a response in exactly one place
+//! ([`Rejection::into_response`]). Handlers return `Result<_, Rejection>` and
+//! use `?`; none of them builds an error reply inline.
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::dialect::Refusal;
+use crate::jsonrpc::{code, ParseError, RequestId};
+use crate::reply::{self, Body};
+use crate::store::StoreError;
+use crate::upstream::UpstreamError;
+
+#[derive(Debug)]
+pub struct Rejection {
+    status: StatusCode,
+    id: Option<RequestId>,
+    code: i64,
+    message: String,
+    /// `Allow` header value, for 405.
+    allow: Option<&'static str>,
+}
+
+impl Rejection {
+    fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            id: None,
+            code,
+            message: message.into(),
+            allow: None,
+        }
+    }
+
+    /// A transport-level "Bad Request: …" as SDK servers word it.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code::SERVER_ERROR, message)
+    }
+
+    pub fn session_not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            code::SESSION_NOT_FOUND,
+            "Session not found",
+        )
+    }
+
+    pub fn unsupported_media_type() -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code::SERVER_ERROR,
+            "Unsupported Media Type: Content-Type must be application/json",
+        )
+    }
+
+    pub fn not_acceptable() -> Self {
+        Self::new(
+            StatusCode::NOT_ACCEPTABLE,
+            code::SERVER_ERROR,
+            "Not Acceptable: Accept must include text/event-stream",
+        )
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self {
+            allow: Some("GET, POST, DELETE"),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                code::SERVER_ERROR,
+                "Method Not Allowed: use POST, GET or DELETE",
+            )
+        }
+    }
+
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            code::INVALID_REQUEST,
+            format!("Payload Too Large: request bodies are limited to {limit} bytes"),
+        )
+    }
+
+    pub fn unreadable_body(e: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            code::INVALID_REQUEST,
+            format!("Bad Request: cannot read body: {e}"),
+        )
+    }
+
+    pub fn unknown_event_id() -> Self {
+        Self::bad_request("Bad Request: unknown or expired Last-Event-ID")
+    }
+
+    /// A request id the session already used for another call.
+    pub fn reused_id(id: RequestId) -> Self {
+        Self {
+            id: Some(id),
+            ..Self::new(
+                StatusCode::OK,
+                code::INVALID_REQUEST,
+                "Invalid Request: this id belongs to another request of this session; use a new id",
+            )
+        }
+    }
+
+    pub fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, code::SERVER_ERROR, "Not Found")
+    }
+
+    pub fn forbidden(what: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            code::SERVER_ERROR,
+            format!("Forbidden: {what} not allowed"),
+        )
+    }
+
+    /// The one place a refusal becomes a response.
+    pub fn into_response(self) -> Response<Body> {
+        let mut res = reply::error(self.status, self.id.as_ref(), self.code, &self.message);
+        if let Some(allow) = self.allow {
+            res.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        res
+    }
+}
+
+impl From<ParseError> for Rejection {
+    fn from(e: ParseError) -> Self {
+        match e {
+            ParseError::Json(_) => Self::new(
+                StatusCode::BAD_REQUEST,
+                code::PARSE_ERROR,
+                format!("Parse error: {e}"),
+            ),
+            ParseError::Shape(_) => Self::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_REQUEST,
+                format!("Invalid Request: {e}"),
+            ),
+        }
+    }
+}
+
+/// The log failed: nothing can be promised to the client.
+impl From<StoreError> for Rejection {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "log failure");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            code::INTERNAL_ERROR,
+            "the proxy's log is unavailable",
+        )
+    }
+}
+
+/// The upstream could not be reached at all.
+impl From<UpstreamError> for Rejection {
+    fn from(e: UpstreamError) -> Self {
+        let status = match e {
+            UpstreamError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        Self::new(status, code::SERVER_ERROR, e.to_string())
+    }
+}
+
+/// A dialect's refusal: a JSON-RPC error answering the command's id (HTTP
+/// 200, as a method's error is), or a malformed batch (400).
+impl From<Refusal> for Rejection {
+    fn from(r: Refusal) -> Self {
+        let code = r.code();
+        match r {
+            Refusal::InvalidParams { id, message } => Self {
+                id: Some(id),
+                ..Self::new(StatusCode::OK, code, message)
+            },
+            Refusal::Batched => Self::new(
+                StatusCode::BAD_REQUEST,
+                code,
+                "Invalid Request: requests/* and stream/* methods cannot be sent in a batch",
+            ),
+            Refusal::UnknownEventId => Self::unknown_event_id(),
+            Refusal::Store(e) => e.into(),
+        }
+    }
+}
