@@ -46,17 +46,52 @@ struct Noted {
     outcome: Option<Outcome>,
 }
 
+/// What one read from an upstream gave for a stream.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Upstream messages, in order.
+    pub messages: Vec<Bytes>,
+    /// They answer the stream's last request: the stream ends with them.
+    pub complete: bool,
+    /// The upstream's SSE event id they ended at, when it gives ids: logged
+    /// with them, so a restarted proxy can resume the upstream from there.
+    pub upstream_event: Option<String>,
+}
+
+impl Batch {
+    pub fn new(messages: Vec<Bytes>, complete: bool) -> Self {
+        Self {
+            messages,
+            complete,
+            upstream_event: None,
+        }
+    }
+
+    /// Takes in the next batch read while this one waited for the log.
+    pub fn extend(&mut self, next: Batch) {
+        self.messages.extend(next.messages);
+        self.complete = next.complete;
+        if next.upstream_event.is_some() {
+            self.upstream_event = next.upstream_event;
+        }
+    }
+}
+
 /// Appends what the upstream sent for `stream` — finishing it as completed
-/// when `complete` — after the rules above.
+/// when the batch is `complete` — after the rules above.
 pub async fn record(
     log: &Log,
     limits: &LimitsConfig,
     session: &Session,
     stream: &StreamMeta,
-    batch: Vec<Bytes>,
-    complete: bool,
+    batch: Batch,
 ) -> Recorded {
-    let (mut batch, mut noted) = admit(session, stream, batch);
+    let Batch {
+        messages,
+        complete,
+        upstream_event,
+    } = batch;
+    let (mut batch, mut noted) = admit(session, stream, messages);
     if stream.kind == StreamKind::Request {
         match within_caps(log, limits, stream, &mut batch).await {
             Ok(Caps::Fit) => {}
@@ -70,6 +105,8 @@ pub async fn record(
         let outcome = noted.outcome.or(Some(Outcome::Result));
         log.append_final(stream.id, &batch, StreamStatus::Completed, outcome)
             .await
+    } else if let Some(event) = &upstream_event {
+        log.store().append_upstream(stream.id, &batch, event).await
     } else if batch.is_empty() {
         return Recorded::Appended;
     } else {
@@ -231,8 +268,9 @@ mod tests {
                 .unwrap();
         let sessions = crate::session::Sessions::new(store);
         let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
-        let stream = crate::store::contract::meta(session.id);
-        session.track(&stream, &["\"a\"".to_owned()]);
+        let mut stream = crate::store::contract::meta(session.id);
+        stream.progress = vec!["\"a\"".to_owned()];
+        session.track(&stream);
         let spoof = Bytes::from_static(
             br#"{"jsonrpc":"2.0","method":"notifications/stream/end","params":{"streamId":"x"}}"#,
         );

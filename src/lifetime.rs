@@ -3,10 +3,12 @@
 //! retention of finished streams, and expiry of idle sessions.
 //!
 //! Recovery runs once before the proxy serves: a stream still `live` in the
-//! log lost its relay with the previous process, so its unanswered requests
-//! get a JSON-RPC error entry (a client must never wait on silence) and the
-//! stream is finished. The sweeper then runs forever in the background and
-//! finds what is due through the store's deadline queries, never by reading
+//! log lost its relay with the previous process. A [`Resumer`] takes it over
+//! when its upstream can be resumed from the last event logged; otherwise its
+//! unanswered requests get a JSON-RPC error entry (a client must never wait
+//! on silence) and the stream is finished. The sweeper then runs forever in
+//! the background and finds what is due through the store's deadline
+//! queries, never by reading
 //! every stream.
 
 use std::sync::Arc;
@@ -31,26 +33,47 @@ pub trait Canceller: Send + Sync {
     async fn cancel(&self, stream: &StreamMeta, why: &str);
 }
 
-/// Finishes every stream a previous process left live. Returns how many.
-pub async fn recover(log: &Log) -> Result<usize> {
-    let mut recovered = 0;
+/// Who can carry on a stream a previous process was relaying.
+#[async_trait::async_trait]
+pub trait Resumer: Send + Sync {
+    /// Takes the stream over (its relay ends it later); `false` when it
+    /// cannot be resumed here.
+    async fn resume(&self, stream: &StreamMeta) -> bool;
+}
+
+/// What recovery did with the streams a previous process left live.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Handed to a relay that re-attached to the upstream.
+    pub resumed: usize,
+    /// Finished from the log alone (answered, or failed with an error entry).
+    pub finished: usize,
+}
+
+/// Resumes or finishes every stream a previous process left live.
+pub async fn recover(log: &Log, resumer: &dyn Resumer) -> Result<Recovered> {
+    let mut recovered = Recovered::default();
     for meta in log.store().list_streams().await? {
         if !meta.status.is_live() {
             continue;
         }
-        recovered += 1;
         match meta.kind {
             StreamKind::Standalone => log.finish(meta.id, StreamStatus::Completed).await?,
             StreamKind::Request => {
                 let answered = log.answered(meta.id).await?;
                 if meta.origin_ids.iter().all(|id| answered.contains(id)) {
                     log.finish(meta.id, StreamStatus::Completed).await?;
+                } else if resumer.resume(&meta).await {
+                    tracing::info!(stream = %meta.id, "resuming upstream stream left live by a previous run");
+                    recovered.resumed += 1;
+                    continue;
                 } else {
                     log.fail_unanswered(&meta, RESTARTED).await?;
                 }
             }
         }
-        tracing::info!(stream = %meta.id, "recovered stream left live by a previous run");
+        recovered.finished += 1;
+        tracing::info!(stream = %meta.id, "finished stream left live by a previous run");
     }
     Ok(recovered)
 }

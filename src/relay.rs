@@ -8,7 +8,7 @@
 //! logged for the client to replay. Relays stop when their stream ends or
 //! their session does. Nothing here writes to clients; readers do that.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,10 +17,10 @@ use http::HeaderMap;
 use tokio::sync::mpsc;
 
 use crate::config::LimitsConfig;
-use crate::ingest::{self, Recorded};
+use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, RequestId};
 use crate::session::{Session, Sessions};
-use crate::store::{StreamKind, StreamMeta, StreamStatus};
+use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 
@@ -34,10 +34,24 @@ const FEED_DEPTH: usize = 256;
 /// What the reading half of a relay hands the writing half.
 enum Feed {
     /// Upstream messages; `complete` when they answer the last request.
-    Messages { batch: Vec<Bytes>, complete: bool },
+    Messages(Batch),
     /// The upstream stream ended (for good) with these requests unanswered.
-    Ended { pending: HashSet<RequestId> },
+    Ended {
+        pending: HashSet<RequestId>,
+        why: &'static str,
+    },
 }
+
+/// Why a stream failed when its upstream stream ended without the answer.
+const ENDED_EARLY: &str = "upstream ended the stream before responding";
+
+/// Why a stream failed when a restarted proxy could not resume it.
+pub const NOT_RESUMED: &str =
+    "the proxy restarted while the upstream was answering this request, and the upstream could not be resumed; its outcome is unknown";
+
+/// Longest upstream event id the proxy records (longer ones are followed but
+/// not logged: a restart then cannot resume that stream).
+const MAX_EVENT_ID: usize = 1024;
 
 pub struct Relay {
     pub log: Arc<Log>,
@@ -53,10 +67,45 @@ pub struct Relay {
 impl Relay {
     /// Logs every message of `messages` and then finishes the stream.
     pub async fn run(self, messages: Messages) {
+        let pending = self.stream.origin_ids.iter().cloned().collect();
+        self.supervise(
+            Source::Open(Box::new(messages)),
+            pending,
+            Replayed::default(),
+        )
+        .await
+    }
+
+    /// Carries on a stream a previous process was relaying when it died:
+    /// re-attaches to the upstream after the last event it logged, skips
+    /// the replay of entries logged after that mark, and fails the stream
+    /// (never silence) when the upstream cannot be resumed.
+    pub async fn resume_after_restart(self, mark: UpstreamMark) {
+        let logged = (self.log.store())
+            .read_after(self.stream.id, mark.seq, usize::MAX)
+            .await;
+        let answered = self.log.answered(self.stream.id).await;
+        let (Ok(logged), Ok(answered)) = (logged, answered) else {
+            tracing::error!(stream = %self.stream.id, "cannot read a stream to resume it");
+            return;
+        };
+        let pending = self
+            .stream
+            .origin_ids
+            .iter()
+            .filter(|id| !answered.contains(*id))
+            .cloned()
+            .collect();
+        let replayed = Replayed(logged.into_iter().map(|e| e.message).collect());
+        self.supervise(Source::Resume(mark.event_id), pending, replayed)
+            .await
+    }
+
+    async fn supervise(self, source: Source, pending: HashSet<RequestId>, replayed: Replayed) {
         let session = self.session.clone();
         let id = self.stream.id;
         tokio::select! {
-            _ = self.pump(messages) => {}
+            _ = self.pump(source, pending, replayed) => {}
             _ = session.ended.cancelled() => {
                 tracing::debug!(stream = %id, "session ended; relay stopped");
             }
@@ -67,19 +116,45 @@ impl Relay {
     /// waits for its flush, the next one accumulates, so a fast upstream costs
     /// a flush per batch rather than per message. (hyper reads a response
     /// body only as fast as it is polled, so reading must not wait on the log.)
-    async fn pump(&self, messages: Messages) {
+    async fn pump(&self, source: Source, pending: HashSet<RequestId>, replayed: Replayed) {
         let (feed, fed) = mpsc::channel(FEED_DEPTH);
-        tokio::join!(self.read_upstream(messages, feed), self.write_log(fed));
+        tokio::join!(
+            self.read_upstream(source, pending, replayed, feed),
+            self.write_log(fed)
+        );
     }
 
     /// The reading half: upstream messages in order, resuming the upstream
     /// stream when it is cut before its last response.
-    async fn read_upstream(&self, mut messages: Messages, feed: mpsc::Sender<Feed>) {
-        let mut pending: HashSet<RequestId> = self.stream.origin_ids.iter().cloned().collect();
+    async fn read_upstream(
+        &self,
+        source: Source,
+        mut pending: HashSet<RequestId>,
+        mut replayed: Replayed,
+        feed: mpsc::Sender<Feed>,
+    ) {
         let mut resumes_left = self.upstream.config.resume_attempts;
+        let (mut messages, mut why) = match source {
+            Source::Open(messages) => (*messages, ENDED_EARLY),
+            Source::Resume(last) => {
+                match self.resume_upstream(&last, None, &mut resumes_left).await {
+                    Some(messages) => (messages, ENDED_EARLY),
+                    None => {
+                        let _ = feed
+                            .send(Feed::Ended {
+                                pending,
+                                why: NOT_RESUMED,
+                            })
+                            .await;
+                        return;
+                    }
+                }
+            }
+        };
         loop {
             match messages.next_batch().await {
-                Some(Ok(batch)) => {
+                Some(Ok(mut batch)) => {
+                    replayed.skip(&mut batch);
                     for message in &batch {
                         for id in jsonrpc::response_ids(message) {
                             pending.remove(&id);
@@ -89,7 +164,15 @@ impl Relay {
                     // upstream SHOULD end it now, and nothing after it belongs
                     // to the client.
                     let complete = self.stream.kind == StreamKind::Request && pending.is_empty();
-                    if feed.send(Feed::Messages { batch, complete }).await.is_err() || complete {
+                    let batch = Batch {
+                        messages: batch,
+                        complete,
+                        upstream_event: messages
+                            .last_event_id
+                            .clone()
+                            .filter(|id| id.len() <= MAX_EVENT_ID),
+                    };
+                    if feed.send(Feed::Messages(batch)).await.is_err() || complete {
                         return;
                     }
                 }
@@ -97,15 +180,21 @@ impl Relay {
                     if let Some(Err(e)) = &ended {
                         tracing::info!(stream = %self.stream.id, error = %e, "upstream stream broke");
                     }
-                    if self.stream.kind == StreamKind::Request && resumes_left > 0 {
-                        if let Some(next) = self.resume_upstream(&messages).await {
-                            resumes_left -= 1;
-                            messages = next;
-                            continue;
+                    let resumed = match (&messages.last_event_id, self.stream.kind) {
+                        (Some(last), StreamKind::Request) if messages.is_sse() => {
+                            self.resume_upstream(last, messages.retry_ms, &mut resumes_left)
+                                .await
+                        }
+                        _ => None,
+                    };
+                    match resumed {
+                        Some(next) => messages = next,
+                        None => {
+                            let _ = feed.send(Feed::Ended { pending, why }).await;
+                            return;
                         }
                     }
-                    let _ = feed.send(Feed::Ended { pending }).await;
-                    return;
+                    why = ENDED_EARLY;
                 }
             }
         }
@@ -116,37 +205,25 @@ impl Relay {
     async fn write_log(&self, mut fed: mpsc::Receiver<Feed>) {
         let learn_version = self.stream.method.as_deref() == Some("initialize");
         while let Some(first) = fed.recv().await {
-            let (mut batch, mut complete, mut ended) = match first {
-                Feed::Messages { batch, complete } => (batch, complete, None),
-                Feed::Ended { pending } => (Vec::new(), false, Some(pending)),
+            let (mut batch, mut ended) = match first {
+                Feed::Messages(batch) => (batch, None),
+                Feed::Ended { pending, why } => (Batch::default(), Some((pending, why))),
             };
-            while !complete && ended.is_none() {
+            while !batch.complete && ended.is_none() {
                 match fed.try_recv() {
-                    Ok(Feed::Messages {
-                        batch: more,
-                        complete: last,
-                    }) => {
-                        batch.extend(more);
-                        complete = last;
-                    }
-                    Ok(Feed::Ended { pending }) => ended = Some(pending),
+                    Ok(Feed::Messages(more)) => batch.extend(more),
+                    Ok(Feed::Ended { pending, why }) => ended = Some((pending, why)),
                     Err(_) => break,
                 }
             }
             if learn_version {
-                for message in &batch {
+                for message in &batch.messages {
                     self.sessions.learn_version(&self.session, message).await;
                 }
             }
-            let recorded = ingest::record(
-                &self.log,
-                &self.limits,
-                &self.session,
-                &self.stream,
-                batch,
-                complete,
-            )
-            .await;
+            let complete = batch.complete;
+            let recorded =
+                ingest::record(&self.log, &self.limits, &self.session, &self.stream, batch).await;
             if let Recorded::Ended(why) = recorded {
                 // The stream ended with an error entry; the upstream must
                 // stop working for nobody.
@@ -156,13 +233,13 @@ impl Relay {
             if complete {
                 return self.release();
             }
-            if let Some(pending) = ended {
+            if let Some((pending, why)) = ended {
                 let status = if self.stream.kind == StreamKind::Standalone || pending.is_empty() {
                     StreamStatus::Completed
                 } else {
                     StreamStatus::Failed
                 };
-                return self.finish(status, &pending).await;
+                return self.finish(status, &pending, why).await;
             }
         }
     }
@@ -179,40 +256,45 @@ impl Relay {
         }
     }
 
-    /// Reconnects with the upstream's own `Last-Event-ID`, when it gave one.
-    async fn resume_upstream(&self, cut: &Messages) -> Option<Messages> {
-        let last = cut.last_event_id.as_deref()?;
-        if !cut.is_sse() {
-            return None;
-        }
-        let delay = cut
-            .retry_ms
+    /// Reconnects with the upstream's own `Last-Event-ID`, waiting as its
+    /// `retry:` says (bounded), while attempts are left.
+    async fn resume_upstream(
+        &self,
+        last: &str,
+        retry_ms: Option<u64>,
+        attempts_left: &mut u32,
+    ) -> Option<Messages> {
+        let delay = retry_ms
             .map(Duration::from_millis)
             .unwrap_or(Duration::from_millis(100))
             .min(MAX_RESUME_DELAY);
-        tokio::time::sleep(delay).await;
-        let upstream_session = self.session.upstream_session();
-        match self
-            .upstream
-            .resume(&self.client_headers, upstream_session.as_deref(), last)
-            .await
-        {
-            Ok(res) if carries_messages(&res) => {
-                tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
-                Some(Messages::new(res))
-            }
-            Ok(res) => {
-                tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
-                None
-            }
-            Err(e) => {
-                tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
-                None
+        while *attempts_left > 0 {
+            *attempts_left -= 1;
+            tokio::time::sleep(delay).await;
+            let upstream_session = self.session.upstream_session();
+            match self
+                .upstream
+                .resume(&self.client_headers, upstream_session.as_deref(), last)
+                .await
+            {
+                Ok(res) if carries_messages(&res) => {
+                    tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
+                    return Some(Messages::new(res));
+                }
+                Ok(res) => {
+                    // A refusal is an answer: asking again changes nothing.
+                    tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
+                }
             }
         }
+        None
     }
 
-    async fn finish(&self, status: StreamStatus, pending: &HashSet<RequestId>) {
+    async fn finish(&self, status: StreamStatus, pending: &HashSet<RequestId>, why: &str) {
         // The client may have cancelled the request meanwhile (the proxy marks
         // the stream when it forwards `notifications/cancelled`).
         let cancelled = self
@@ -228,13 +310,7 @@ impl Relay {
             status
         };
         let finished = if status == StreamStatus::Failed {
-            self.log
-                .fail(
-                    &self.stream,
-                    pending,
-                    "upstream ended the stream before responding",
-                )
-                .await
+            self.log.fail(&self.stream, pending, why).await
         } else {
             self.log.finish(self.stream.id, status).await
         };
@@ -250,5 +326,35 @@ impl Relay {
         if self.stream.kind == StreamKind::Standalone {
             self.session.clear_standalone(self.stream.id);
         }
+    }
+}
+
+/// Where a relay's upstream messages come from.
+enum Source {
+    /// The response to the request the proxy just forwarded.
+    Open(Box<Messages>),
+    /// The upstream's stream, to be re-attached after this event id.
+    Resume(String),
+}
+
+/// Entries a previous process logged after its last upstream mark (a crash
+/// inside the write that carried them): the resumed upstream sends them
+/// again, and they are recognised by their bytes, in order, and skipped.
+#[derive(Default)]
+struct Replayed(VecDeque<Bytes>);
+
+impl Replayed {
+    fn skip(&mut self, batch: &mut Vec<Bytes>) {
+        if self.0.is_empty() {
+            return;
+        }
+        batch.retain(|message| {
+            if self.0.front() == Some(message) {
+                self.0.pop_front();
+                false
+            } else {
+                true
+            }
+        });
     }
 }

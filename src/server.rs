@@ -18,12 +18,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
+use crate::lifetime::{Recovered, Resumer};
 use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
 use crate::store::sled::SledStore;
-use crate::store::SharedStore;
+use crate::store::{SharedStore, StreamMeta};
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::http::HttpUpstream;
@@ -54,10 +55,6 @@ impl App {
             Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
         };
         let log = Log::new(store);
-        let recovered = crate::lifetime::recover(&log).await?;
-        if recovered > 0 {
-            tracing::warn!(recovered, "finished streams a previous run left live");
-        }
         let sessions = Sessions::new(log.store().clone());
         let shared = Arc::new(Shared {
             config,
@@ -100,7 +97,20 @@ impl App {
                 shared.sessions.close(record.id).await?;
             }
         }
-        Ok(Arc::new(App { routes, shared }))
+        let app = Arc::new(App { routes, shared });
+        let recovered = crate::lifetime::recover(&app.shared.log, app.as_ref()).await?;
+        if recovered != Recovered::default() {
+            tracing::warn!(
+                resumed = recovered.resumed,
+                finished = recovered.finished,
+                "streams a previous run left live"
+            );
+        }
+        Ok(app)
+    }
+
+    fn route_of(&self, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.path == path)
     }
 
     /// Stops what runs on behalf of clients: stdio children.
@@ -129,7 +139,7 @@ impl App {
             }
         }
         let path = path.trim_end_matches('/');
-        match self.routes.iter().find(|r| r.path == path) {
+        match self.route_of(path) {
             Some(route) => route.handle(req).await,
             None => Rejection::not_found().into_response(),
         }
@@ -139,12 +149,27 @@ impl App {
 /// Abandoned requests are cancelled by the route that forwarded them.
 #[async_trait::async_trait]
 impl crate::lifetime::Canceller for App {
-    async fn cancel(&self, stream: &crate::store::StreamMeta, why: &str) {
+    async fn cancel(&self, stream: &StreamMeta, why: &str) {
         let Ok(Some(session)) = self.shared.log.store().get_session(stream.session).await else {
             return;
         };
-        if let Some(route) = self.routes.iter().find(|r| r.path == session.route) {
+        if let Some(route) = self.route_of(&session.route) {
             route.cancel(stream, why).await;
+        }
+    }
+}
+
+/// Streams left live by a previous process are resumed by the route that
+/// forwarded them.
+#[async_trait::async_trait]
+impl Resumer for App {
+    async fn resume(&self, stream: &StreamMeta) -> bool {
+        let Ok(Some(session)) = self.shared.log.store().get_session(stream.session).await else {
+            return false;
+        };
+        match self.route_of(&session.route) {
+            Some(route) => route.resume_after_restart(stream).await,
+            None => false,
         }
     }
 }

@@ -122,15 +122,15 @@ impl Session {
     }
 
     /// Tracks the requests (and their progress tokens) a stream answers.
-    pub fn track(&self, stream: &StreamMeta, progress: &[String]) {
+    pub fn track(&self, stream: &StreamMeta) {
         for id in &stream.origin_ids {
             self.in_flight.insert(id.clone(), stream.id);
         }
-        for token in progress {
+        for token in &stream.progress {
             self.progress.insert(token.clone(), stream.id);
         }
-        if !progress.is_empty() {
-            self.tokens_of.insert(stream.id, progress.to_vec());
+        if !stream.progress.is_empty() {
+            self.tokens_of.insert(stream.id, stream.progress.clone());
         }
     }
 
@@ -291,16 +291,8 @@ impl Sessions {
         route: &str,
         principal: &str,
     ) -> Result<Option<Arc<Session>>> {
-        let session = match self.live.get(&id).map(|s| s.clone()) {
-            Some(s) => s,
-            None => match self.store.get_session(id).await? {
-                Some(record) => self
-                    .live
-                    .entry(id)
-                    .or_insert_with(|| Session::new(record))
-                    .clone(),
-                None => return Ok(None),
-            },
+        let Some(session) = self.load(id).await? else {
+            return Ok(None);
         };
         let stale = {
             let mut r = session.lock();
@@ -316,6 +308,30 @@ impl Sessions {
             self.persist(&session).await?;
         }
         Ok(Some(session))
+    }
+
+    /// The session `id` for the proxy's own work on it (resuming its
+    /// streams after a restart): no route or principal to check, and not a
+    /// sign of client activity. `None` when it is gone or closed.
+    pub async fn restore(&self, id: SessionId) -> Result<Option<Arc<Session>>> {
+        let Some(session) = self.load(id).await? else {
+            return Ok(None);
+        };
+        let closed = session.lock().closed_ms.is_some();
+        Ok((!closed).then_some(session))
+    }
+
+    /// The cached session, or the stored one brought into the cache.
+    async fn load(&self, id: SessionId) -> Result<Option<Arc<Session>>> {
+        if let Some(s) = self.live.get(&id) {
+            return Ok(Some(s.clone()));
+        }
+        Ok(self.store.get_session(id).await?.map(|record| {
+            self.live
+                .entry(id)
+                .or_insert_with(|| Session::new(record))
+                .clone()
+        }))
     }
 
     /// Ends a session: stops its tasks, forgets it, deletes its streams.

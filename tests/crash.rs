@@ -1,6 +1,7 @@
 //! kill -9 of the proxy process: everything it logged is served after a
-//! restart, sessions still map to their upstream sessions, and a stream whose
-//! upstream request died with the proxy ends with a JSON-RPC error entry.
+//! restart, sessions still map to their upstream sessions, a call whose
+//! upstream stream can be resumed carries on to its result, and one that
+//! cannot ends with a JSON-RPC error entry.
 
 mod common;
 
@@ -12,21 +13,12 @@ use http::StatusCode;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use serde_json::json;
 
-#[tokio::test]
-async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut proxy =
-        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
-    let sid = client.initialize(V_LATEST).await;
-
+/// Starts a slow call (`steps` progress notifications) and reads the first
+/// few; returns the proxy's last event id and the progress seen.
+async fn start_slow_call(client: &McpClient, sid: &str, steps: u64) -> (String, Vec<u64>) {
     let mut live = SseReader::new(
         client
-            .send(Call::post(&slow_call(2, 40, 50)).session(&sid))
+            .send(Call::post(&slow_call(2, steps, 50)).session(sid))
             .await,
     );
     let mut last_id = live.next().await.unwrap().id.unwrap();
@@ -36,15 +28,15 @@ async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
         last_id = id.unwrap();
         progress.push(m["params"]["progress"].as_u64().unwrap());
     }
-    // Let more entries reach the log than the client has seen, then crash.
+    // Let more entries reach the log than the client has seen.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.kill9();
-    drop(live);
+    (last_id, progress)
+}
 
-    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
+/// Everything the proxy serves after `last_id` on a GET, to the stream's end.
+async fn tail_after(client: &McpClient, sid: &str, last_id: &str) -> Vec<serde_json::Value> {
     let res = client
-        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .send(Call::get().session(sid).header("last-event-id", last_id))
         .await;
     assert_eq!(res.status(), StatusCode::OK);
     let mut reader = SseReader::new(res);
@@ -52,26 +44,75 @@ async fn resume_after_kill9_replays_every_logged_entry_then_an_error() {
     while let Some((_, m)) = reader.next_message().await {
         tail.push(m);
     }
-    let (error, replayed) = tail.split_last().expect("at least the error entry");
+    tail
+}
+
+#[tokio::test]
+async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let mut proxy =
+        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let client = proxy.client();
+    let sid = client.initialize(V_LATEST).await;
+    let (last_id, mut progress) = start_slow_call(&client, &sid, 40).await;
+    proxy.kill9();
+
+    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let client = proxy.client();
+    let tail = tail_after(&client, &sid, &last_id).await;
+    let (result, replayed) = tail.split_last().expect("at least the result");
     for m in replayed {
         progress.push(m["params"]["progress"].as_u64().unwrap());
     }
-    assert!(
-        progress.len() > 3,
-        "entries logged before the crash were replayed"
-    );
     assert_eq!(
         progress,
-        (1..=progress.len() as u64).collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>(),
         "no gap, no duplicate"
     );
-    assert_eq!(error["id"], 2);
-    assert_eq!(error["error"]["code"], -32603);
+    assert_eq!(result["id"], 2);
+    assert!(result.get("result").is_some(), "{result}");
 
     // The session still maps to the same upstream session.
     let call = Call::post(&tool_call(3, "echo", json!({"text":"still here"}))).session(&sid);
     let messages = messages(client.send(call).await).await;
     assert_eq!(messages[0]["result"]["content"][0]["text"], "still here");
+}
+
+#[tokio::test]
+async fn a_call_whose_upstream_gave_no_event_ids_ends_with_an_error_after_kill9() {
+    let opts = DemoOptions {
+        no_event_ids: true,
+        ..DemoOptions::default()
+    };
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), opts)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let mut proxy =
+        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let client = proxy.client();
+    let sid = client.initialize(V_LATEST).await;
+    let mut live = SseReader::new(
+        client
+            .send(Call::post(&slow_call(2, 40, 50)).session(&sid))
+            .await,
+    );
+    let priming = live.next().await.unwrap().id.unwrap();
+    live.next_message().await.expect("the first progress");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.kill9();
+    drop(live);
+
+    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let tail = tail_after(&proxy.client(), &sid, &priming).await;
+    let error = tail.last().expect("the error entry");
+    assert_eq!(error["id"], 2);
+    assert_eq!(error["error"]["code"], -32603);
 }
 
 #[tokio::test]

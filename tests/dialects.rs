@@ -311,8 +311,50 @@ async fn a_stream_past_its_caps_ends_with_an_error_entry_and_its_neighbours_are_
 }
 
 #[tokio::test]
-async fn after_kill9_get_status_says_failed_and_resume_delivers_the_restart_error() {
+async fn after_kill9_a_resumable_request_carries_on_to_its_result() {
     let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let args = ["--upstream", &upstream.url()];
+    let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
+    let (sid, _) = initialize_declaring(&proxy.client(), both()).await;
+    let res = proxy
+        .client()
+        .send(Call::post(&slow_call(2, 20, 50)).session(&sid))
+        .await;
+    let seen = read_then_cut(res, 3).await;
+    let token = resume_token(&seen);
+    proxy.kill9();
+
+    let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
+    let client = proxy.client();
+    let status = ask(
+        &client,
+        &sid,
+        &request(
+            json!(5),
+            "requests/getStatus",
+            json!({"requestId": 2, "resumeToken": token}),
+        ),
+    )
+    .await;
+    assert_ne!(status["result"]["status"], "failed", "{status}");
+    let resumed = read_to_end(resume_request(&client, &sid, 2, &token).await).await;
+    let (_, answer) = resumed.iter().rev().find(|(id, _)| id.is_some()).unwrap();
+    assert_eq!(answer["id"], 2);
+    assert!(answer.get("result").is_some(), "{answer}");
+}
+
+#[tokio::test]
+async fn after_kill9_get_status_says_failed_and_resume_delivers_the_restart_error() {
+    // An upstream without event ids cannot be resumed by a restarted proxy.
+    let opts = DemoOptions {
+        no_event_ids: true,
+        ..DemoOptions::default()
+    };
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), opts)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -387,7 +387,12 @@ async fn in_passthrough_the_upstreams_own_tokens_reach_the_client_untouched() {
 async fn after_an_interim_and_a_kill9_the_token_brings_the_restart_error() {
     use common::process::{free_addr, ProxyProcess};
     use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+    // An upstream without event ids cannot be resumed by a restarted proxy.
+    let opts = DemoOptions {
+        no_event_ids: true,
+        ..DemoOptions::default()
+    };
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), opts)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -117,7 +117,7 @@ impl StreamLog {
 
     /// Waits until the stream is done, then encodes it (the `buffered_sse`
     /// mode, where the whole body is known before the response starts).
-    pub(crate) async fn encode_when_done(&self, limit: Option<usize>, retry: Option<u64>) -> Bytes {
+    pub(crate) async fn encode_when_done(&self, opts: &PumpOptions) -> Bytes {
         let mut rx = self.changed.subscribe();
         loop {
             if self.lock().done {
@@ -129,7 +129,7 @@ impl StreamLog {
         }
         let (events, _) = self.since(0);
         let mut out = BytesMut::new();
-        encode_until(&mut out, &events, retry, limit, &mut 0);
+        encode_until(&mut out, &events, opts, &mut 0);
         out.freeze()
     }
 }
@@ -141,18 +141,17 @@ impl StreamLog {
 fn encode_until(
     out: &mut BytesMut,
     events: &[LogEvent],
-    retry: Option<u64>,
-    limit: Option<usize>,
+    opts: &PumpOptions,
     messages: &mut usize,
 ) -> (usize, bool) {
-    let full = |m: usize| limit.is_some_and(|n| m >= n);
+    let full = |m: usize| opts.limit.is_some_and(|n| m >= n);
     let mut used = 0;
     for ev in events {
         if ev.data.is_some() && full(*messages) {
             break;
         }
         used += 1;
-        if encode(out, ev, retry) {
+        if encode(out, ev, opts) {
             *messages += 1;
         }
     }
@@ -160,14 +159,16 @@ fn encode_until(
 }
 
 /// Appends one log event; returns whether it was a message (not priming).
-fn encode(out: &mut BytesMut, ev: &LogEvent, retry: Option<u64>) -> bool {
+fn encode(out: &mut BytesMut, ev: &LogEvent, opts: &PumpOptions) -> bool {
     match &ev.data {
         Some(data) => {
-            sse::encode_event(out, Some(&ev.id), data);
+            sse::encode_event(out, opts.ids.then_some(ev.id.as_str()), data);
             true
         }
         None => {
-            sse::encode_priming(out, &ev.id, retry);
+            if opts.ids {
+                sse::encode_priming(out, &ev.id, opts.retry);
+            }
             false
         }
     }
@@ -181,6 +182,9 @@ pub(crate) struct PumpOptions {
     pub keep_alive: bool,
     /// `retry` field for priming events.
     pub retry: Option<u64>,
+    /// Give events ids (a server without resumability gives none, and no
+    /// priming event).
+    pub ids: bool,
 }
 
 /// Copies `log` from `cursor` onto `tx` until the log is done, the limit is
@@ -201,8 +205,7 @@ pub(crate) async fn pump(
         let (events, done) = log.since(cursor);
         if !events.is_empty() {
             let mut out = BytesMut::new();
-            let (used, reached) =
-                encode_until(&mut out, &events, opts.retry, opts.limit, &mut messages);
+            let (used, reached) = encode_until(&mut out, &events, &opts, &mut messages);
             cursor += used;
             if tx.send(out.freeze()).await.is_err() {
                 return;

@@ -58,6 +58,8 @@ pub struct DemoOptions {
     /// End SSE POST responses after this many events (SEP-1699 polling); the
     /// call keeps running and the client resumes with GET + `Last-Event-ID`.
     pub close_after_events: Option<usize>,
+    /// SSE without event ids: a server that does not support resumption.
+    pub no_event_ids: bool,
 }
 
 /// A running demo server; shut down explicitly or when dropped.
@@ -325,15 +327,16 @@ impl Server {
         let limit = self.opts.close_after_events;
         let retry = limit.map(|_| POLL_RETRY_MS);
         let sse = |body| with_session(sse_response(body), &session);
-        if self.opts.buffered_sse {
-            return sse(reply::full(log.encode_when_done(limit, retry).await));
-        }
-        let (tx, body) = reply::streamed(16);
         let opts = PumpOptions {
             limit,
             keep_alive: false,
             retry,
+            ids: !self.opts.no_event_ids,
         };
+        if self.opts.buffered_sse {
+            return sse(reply::full(log.encode_when_done(&opts).await));
+        }
+        let (tx, body) = reply::streamed(16);
         tokio::spawn(async move { pump(&log, 0, tx, opts, |_| {}).await });
         let mut resp = sse(body);
         if limit.is_some() && http11 {
@@ -442,6 +445,7 @@ impl Server {
                     limit: None,
                     keep_alive: false,
                     retry: None,
+                    ids: true,
                 };
                 tokio::spawn(async move { pump(&log, from, tx, opts, |_| {}).await });
                 with_session(sse_response(body), &session)
@@ -474,6 +478,7 @@ impl Server {
                 limit: None,
                 keep_alive: true,
                 retry: None,
+                ids: true,
             };
             let delivered = |c: usize| {
                 let mut state = session.lock();

@@ -102,8 +102,6 @@ struct Opened {
     stream: StreamMeta,
     /// How a tool call that gets resume tokens is answered.
     call: Option<Call>,
-    /// Progress tokens of the requests (a stdio child routes by them).
-    progress: Vec<String>,
 }
 
 /// Opens the request stream of a POST: armed for abandonment and opened
@@ -132,26 +130,22 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     if matches!(post.message, Message::Single(_)) {
         meta.params_digest = jsonrpc::params_digest(&post.bytes);
     }
+    meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
     let meta = log.open(meta).await?;
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
     if !opening.is_empty() {
         log.append(meta.id, &opening).await?;
     }
-    let progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    session.track(&meta, &progress);
+    session.track(&meta);
     session.remember_headers(&post.headers);
-    Ok(Opened {
-        stream: meta,
-        call,
-        progress,
-    })
+    Ok(Opened { stream: meta, call })
 }
 
 /// Sends a POST to a stdio child and answers from the log.
 async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
     let opened = open_stream(route, &post).await?;
     let stream = &opened.stream;
-    child.expect(stream, opened.progress.clone());
+    child.expect(stream, stream.progress.clone());
     if let Err(e) = child.write(&post.bytes).await {
         child.forget(stream.id);
         post.session.release(stream);
@@ -421,7 +415,7 @@ async fn http_standalone(
     Ok(reader)
 }
 
-fn relay(
+pub(super) fn relay(
     route: &Route,
     upstream: &Arc<HttpUpstream>,
     session: Arc<Session>,

@@ -13,7 +13,7 @@ mod rejection;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
@@ -87,6 +87,33 @@ impl Route {
             }
         }
         session.release(stream);
+    }
+}
+
+impl Route {
+    /// Takes over a stream a previous process was relaying when it died:
+    /// a relay re-attaches to the upstream after the last event logged.
+    /// `false` when this route cannot: a stdio child died with that process,
+    /// and an upstream that gave no event ids cannot be resumed.
+    pub async fn resume_after_restart(&self, stream: &StreamMeta) -> bool {
+        let (Upstream::Http(upstream), Some(mark)) = (&self.upstream, &stream.upstream) else {
+            return false;
+        };
+        let session = match self.shared.sessions.restore(stream.session).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(stream = %stream.id, error = %e, "cannot load the session of a stream to resume");
+                return false;
+            }
+        };
+        session.track(stream);
+        // The client's headers died with the previous process (they are never
+        // logged): an upstream that wants credentials on every request
+        // refuses the resume, and the stream fails with an error entry.
+        let relay = exchange::relay(self, upstream, session, stream.clone(), HeaderMap::new());
+        tokio::spawn(relay.resume_after_restart(mark.clone()));
+        true
     }
 }
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::commit::SyncMode;
 use super::{
     now_ms, Change, Finish, Outcome, SessionRecord, SharedStore, Store, StoreError, StreamKind,
-    StreamMeta, StreamStatus,
+    StreamMeta, StreamStatus, UpstreamMark,
 };
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -326,6 +326,37 @@ pub async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen(op
     assert_eq!(store.stream_of_request(b, &one).await.unwrap(), None);
 }
 
+pub async fn the_upstream_mark_names_its_last_entry_and_survives_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store.create_stream(&m).await.unwrap();
+        assert_eq!(store.append(m.id, &bytes(&["a"])).await.unwrap(), 1);
+        assert_eq!(
+            store.stream_meta(m.id).await.unwrap().unwrap().upstream,
+            None
+        );
+        let seq = store
+            .append_upstream(m.id, &bytes(&["b", "c"]), "ev-2")
+            .await
+            .unwrap();
+        assert_eq!(seq, 3);
+        // An event without a message moves the mark, not the seq.
+        assert_eq!(store.append_upstream(m.id, &[], "ev-3").await.unwrap(), 3);
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    let got = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!(
+        got.upstream,
+        Some(UpstreamMark {
+            event_id: "ev-3".into(),
+            seq: 3
+        })
+    );
+    assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 3);
+}
+
 pub async fn deadline_queries_name_only_the_streams_that_are_due(open: Opener) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), SyncMode::Batch);
@@ -420,6 +451,11 @@ macro_rules! contract_tests {
             #[tokio::test]
             async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen() {
                 c::a_request_id_finds_its_newest_stream_in_its_session_after_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn the_upstream_mark_names_its_last_entry_and_survives_reopen() {
+                c::the_upstream_mark_names_its_last_entry_and_survives_reopen(open).await
             }
 
             #[tokio::test]

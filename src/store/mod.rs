@@ -107,6 +107,10 @@ pub struct StreamMeta {
     /// Ids of the client requests whose responses end this stream.
     pub origin_ids: Vec<RequestId>,
     pub method: Option<String>,
+    /// Progress tokens of those requests, so that a restarted proxy still
+    /// routes their progress here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub progress: Vec<String>,
     pub status: StreamStatus,
     pub created_ms: u64,
     /// When the stream left `Live`; retention counts from here.
@@ -142,6 +146,10 @@ pub struct StreamMeta {
     /// skip progress that a later entry supersedes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub coalesced: bool,
+    /// How far the upstream's own SSE stream had been logged: a restarted
+    /// proxy resumes the upstream from here instead of failing the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamMark>,
     /// Entries in the stream (its highest seq). Kept by the store, which
     /// counts them from the entries themselves: never written with the
     /// record.
@@ -168,6 +176,7 @@ impl StreamMeta {
             kind,
             origin_ids,
             method,
+            progress: Vec::new(),
             status: StreamStatus::Live,
             created_ms: now_ms,
             finished_ms: None,
@@ -179,6 +188,7 @@ impl StreamMeta {
             outcome: None,
             last_request: 0,
             coalesced: false,
+            upstream: None,
             entries: 0,
             bytes: 0,
         }
@@ -219,6 +229,17 @@ impl StreamMeta {
             self.outcome = end.outcome;
         }
     }
+}
+
+/// The upstream's SSE event id of the last event whose messages were logged,
+/// and the seq of the stream's last entry when it was recorded. Written with
+/// the entries it covers (same write, same durability wait). Only a crash
+/// inside that one write can leave entries newer than the mark; the seq says
+/// which, so the resuming side can recognise their replay.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UpstreamMark {
+    pub event_id: String,
+    pub seq: Seq,
 }
 
 /// How much a stream holds: what its caps are checked against, cheaper to
@@ -333,6 +354,16 @@ pub trait Store: Send + Sync + 'static {
     /// durability wait for both (a call's final response costs one flush,
     /// not two).
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq>;
+    /// Appends messages read from an upstream SSE stream and records, in
+    /// the same write and durability wait, the [`UpstreamMark`]: the
+    /// upstream's id of the event they ended with. `messages` may be empty
+    /// (an event that carried no message still moves the mark).
+    async fn append_upstream(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        event_id: &str,
+    ) -> Result<Seq>;
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>>;

@@ -27,7 +27,7 @@ use tokio::sync::{watch, Mutex};
 use super::commit::{GroupCommit, SyncMode};
 use super::{
     Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
-    Watermark,
+    UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -193,6 +193,7 @@ impl SledStore {
         stream: StreamId,
         messages: &[Bytes],
         finish: Option<Finish>,
+        upstream: Option<&str>,
     ) -> Result<Seq> {
         let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
         let _serial = tail.append.lock().await;
@@ -206,6 +207,16 @@ impl SledStore {
             self.entries.apply_batch(batch).map_err(backend)?;
             let added: u64 = messages.iter().map(|m| m.len() as u64).sum();
             tail.bytes.fetch_add(added, Ordering::Relaxed);
+        }
+        // After the entries it covers: sled recovers a prefix of what was
+        // applied, so a crash can lose the mark and keep entries (their
+        // replay is then recognised), never the other way round.
+        if let Some(event_id) = upstream {
+            let mark = UpstreamMark {
+                event_id: event_id.to_owned(),
+                seq,
+            };
+            self.edit_meta(stream, |meta| meta.upstream = Some(mark))?;
         }
         if let Some(end) = &finish {
             self.edit_meta(stream, |meta| meta.finish(end))?;
@@ -411,11 +422,21 @@ impl Store for SledStore {
     }
 
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.append_inner(stream, messages, None).await
+        self.append_inner(stream, messages, None, None).await
     }
 
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        self.append_inner(stream, messages, Some(end)).await
+        self.append_inner(stream, messages, Some(end), None).await
+    }
+
+    async fn append_upstream(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        event_id: &str,
+    ) -> Result<Seq> {
+        self.append_inner(stream, messages, None, Some(event_id))
+            .await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {

@@ -31,7 +31,7 @@ use super::http::MAX_MESSAGE;
 use super::UpstreamError;
 use crate::config::{LimitsConfig, UpstreamConfig};
 use crate::id::{SessionId, StreamId};
-use crate::ingest::{self, Recorded};
+use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::session::{Session, Sessions};
 use crate::store::{StreamMeta, StreamStatus};
@@ -306,8 +306,14 @@ async fn demux(
                 None => child.meta_of(group.stream),
             };
             let complete = group.completes.is_some();
-            let recorded =
-                ingest::record(&log, &limits, &child.session, &meta, group.lines, complete).await;
+            let recorded = ingest::record(
+                &log,
+                &limits,
+                &child.session,
+                &meta,
+                Batch::new(group.lines, complete),
+            )
+            .await;
             if let Recorded::Ended(why) = recorded {
                 child.abandon(&meta, why).await;
             } else if let Some(done) = group.completes {

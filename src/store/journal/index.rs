@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
-use crate::store::{Change, Finish, SessionRecord, StreamMeta, Watermark};
+use crate::store::{Change, Finish, SessionRecord, StreamMeta, UpstreamMark, Watermark};
 
 /// Segment files are numbered from 1; the number orders them.
 pub type SegmentNo = u32;
@@ -195,6 +195,12 @@ impl Index {
                     self.users.remove(s);
                 }
             }
+        }
+    }
+
+    pub fn set_upstream(&mut self, stream: StreamId, mark: UpstreamMark) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.meta.upstream = Some(mark);
         }
     }
 

@@ -44,7 +44,7 @@ use self::segment::Writer;
 use super::commit::{GroupCommit, SyncMode};
 use super::{
     Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
-    Subscription, Watermark,
+    Subscription, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -285,6 +285,7 @@ impl Journal {
         stream: StreamId,
         messages: &[Bytes],
         finish: Option<Finish>,
+        upstream: Option<&str>,
     ) -> Result<Seq> {
         let (last, watermark) = {
             let mut guard = self.lock();
@@ -296,17 +297,31 @@ impl Journal {
                 .ok_or(StoreError::NoSuchStream(stream))?;
             let watermark = state.watermark.clone();
             let first = state.locs.len() as Seq + 1;
+            let last = first + messages.len() as Seq - 1;
             let placed = encode_entries(&mut inner.buf, stream, first, messages);
+            // After the entries it covers, in the same write: a torn write
+            // can lose the mark and keep entries (their replay is then
+            // recognised), never the other way round.
+            let mark = upstream.map(|event_id| UpstreamMark {
+                event_id: event_id.to_owned(),
+                seq: last,
+            });
+            if let Some(mark) = &mark {
+                record::upstream(&mut inner.buf, stream, mark);
+            }
             if let Some(end) = &finish {
                 record::status(&mut inner.buf, stream, end);
             }
             let (no, at) = self.write(inner)?;
             inner.index.push_locs(stream, &locate(placed, no, at));
+            if let Some(mark) = mark {
+                inner.index.set_upstream(stream, mark);
+            }
             if let Some(end) = &finish {
                 inner.index.set_status(stream, end);
             }
             self.wrote(inner);
-            (first + messages.len() as Seq - 1, watermark)
+            (last, watermark)
         };
         self.durable().await?;
         // Concurrent appends to one stream were written in seq order, so a
@@ -615,11 +630,21 @@ impl Store for Journal {
     }
 
     async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.append_inner(stream, messages, None).await
+        self.append_inner(stream, messages, None, None).await
     }
 
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        self.append_inner(stream, messages, Some(end)).await
+        self.append_inner(stream, messages, Some(end), None).await
+    }
+
+    async fn append_upstream(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        event_id: &str,
+    ) -> Result<Seq> {
+        self.append_inner(stream, messages, None, Some(event_id))
+            .await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {

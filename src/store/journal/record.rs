@@ -11,7 +11,9 @@
 use bytes::Bytes;
 
 use crate::id::{Seq, SessionId, StreamId};
-use crate::store::{Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus};
+use crate::store::{
+    Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus, UpstreamMark,
+};
 
 /// Bytes before the first record of every segment: a foreign or truncated
 /// file is refused instead of being read as garbage.
@@ -36,6 +38,7 @@ const ENTRIES: u8 = 5;
 const STREAM_GONE: u8 = 6;
 const SNAPSHOT_END: u8 = 7;
 const CHANGE: u8 = 8;
+const UPSTREAM: u8 = 9;
 
 /// One decoded change. Entries carry where their messages sit in the record
 /// (offsets from the record's start), not the messages: recovery rebuilds an
@@ -45,7 +48,7 @@ pub enum Record {
     Session(SessionRecord),
     SessionGone(SessionId),
     /// A stream's full metadata: written when it is created and in snapshots.
-    Stream(StreamMeta),
+    Stream(Box<StreamMeta>),
     Status {
         stream: StreamId,
         end: Finish,
@@ -54,6 +57,11 @@ pub enum Record {
     Change {
         stream: StreamId,
         change: Change,
+    },
+    /// Where the upstream's SSE stream stood after the entries before it.
+    Upstream {
+        stream: StreamId,
+        mark: UpstreamMark,
     },
     Entries {
         stream: StreamId,
@@ -116,6 +124,14 @@ pub fn change(out: &mut Vec<u8>, stream: StreamId, change: &Change) {
         o.extend_from_slice(stream.as_bytes());
         o.push(tag);
         o.extend_from_slice(&value.to_le_bytes());
+    });
+}
+
+pub fn upstream(out: &mut Vec<u8>, stream: StreamId, mark: &UpstreamMark) {
+    frame(out, UPSTREAM, |o| {
+        o.extend_from_slice(stream.as_bytes());
+        o.extend_from_slice(&mark.seq.to_le_bytes());
+        o.extend_from_slice(mark.event_id.as_bytes());
     });
 }
 
@@ -276,6 +292,13 @@ fn parse(kind: u8, p: &[u8]) -> Option<Record> {
             stream: StreamId(id16(p)?),
             change: change_of(p[16], u64_at(p, 17)?)?,
         },
+        UPSTREAM if p.len() >= 24 => Record::Upstream {
+            stream: StreamId(id16(p)?),
+            mark: UpstreamMark {
+                seq: u64_at(p, 16)?,
+                event_id: std::str::from_utf8(&p[24..]).ok()?.to_owned(),
+            },
+        },
         ENTRIES => {
             let stream = StreamId(id16(p)?);
             let first = u64_at(p, 16)?;
@@ -369,6 +392,13 @@ mod tests {
             change(&mut out, stream, &c);
             assert_eq!(one(&out), Record::Change { stream, change: c });
         }
+        out.clear();
+        let mark = UpstreamMark {
+            event_id: "ev-41_é".into(),
+            seq: 12,
+        };
+        upstream(&mut out, stream, &mark);
+        assert_eq!(one(&out), Record::Upstream { stream, mark });
         out.clear();
         session_gone(&mut out, session);
         assert_eq!(one(&out), Record::SessionGone(session));

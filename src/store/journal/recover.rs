@@ -45,7 +45,7 @@ impl Metadata {
                 self.sessions.remove(id);
             }
             Record::Stream(meta) => {
-                self.streams.insert(meta.id, meta.clone());
+                self.streams.insert(meta.id, (**meta).clone());
             }
             Record::Status { stream, end } => {
                 if let Some(meta) = self.streams.get_mut(stream) {
@@ -55,6 +55,11 @@ impl Metadata {
             Record::Change { stream, change } => {
                 if let Some(meta) = self.streams.get_mut(stream) {
                     meta.apply(change);
+                }
+            }
+            Record::Upstream { stream, mark } => {
+                if let Some(meta) = self.streams.get_mut(stream) {
+                    meta.upstream = Some(mark.clone());
                 }
             }
             Record::StreamGone(id) => {
