@@ -185,12 +185,16 @@ pub async fn start_floor(upstream: SocketAddr) -> Result<(Proc, Target)> {
 }
 
 /// The release proxy binary: `MCP_RESUME_PROXY_BIN`, else
-/// `target/release/mcp-resume-proxy`, built when missing.
+/// `release/mcp-resume-proxy` under the target directory (`CARGO_TARGET_DIR`
+/// or `target/`), built when missing.
 pub fn proxy_bin() -> Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|dir| root.join(dir))
+        .unwrap_or_else(|| root.join("target"));
     let bin = std::env::var_os("MCP_RESUME_PROXY_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/release/mcp-resume-proxy"));
+        .unwrap_or_else(|| target.join("release/mcp-resume-proxy"));
     if !bin.exists() {
         eprintln!(
             "load: {} is missing; running cargo build --release",
