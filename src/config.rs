@@ -278,6 +278,15 @@ pub struct UpstreamConfig {
     /// stream that was cut before its response.
     #[serde(default = "default_resume_attempts")]
     pub resume_attempts: u32,
+    /// Milliseconds an upstream request may go without a byte from the
+    /// upstream (head or stream) before it fails with a JSON-RPC error and
+    /// is cancelled upstream. Off by default: long, quiet tools are the point.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Milliseconds an upstream request may take in all, from the client's
+    /// POST to its last response. Off by default.
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
     /// Resume tokens (seeds 000/001) for this upstream's tool calls.
     #[serde(default)]
     pub resume_tokens: ResumeTokensConfig,
@@ -364,6 +373,8 @@ impl UpstreamConfig {
             answer_wait_ms: default_answer_wait(),
             connect_timeout_secs: default_connect_timeout(),
             resume_attempts: default_resume_attempts(),
+            idle_timeout_ms: None,
+            request_timeout_ms: None,
             resume_tokens: ResumeTokensConfig::default(),
         }
     }

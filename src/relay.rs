@@ -22,7 +22,7 @@ use crate::jsonrpc::{self, RequestId};
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
-use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
+use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 
 /// Longest pause before reconnecting to an upstream stream, whatever its
 /// `retry:` says.
@@ -48,6 +48,10 @@ const ENDED_EARLY: &str = "upstream ended the stream before responding";
 /// Why a stream failed when a restarted proxy could not resume it.
 pub const NOT_RESUMED: &str =
     "the proxy restarted while the upstream was answering this request, and the upstream could not be resumed; its outcome is unknown";
+
+/// Why a stream failed when the upstream no longer knew its session.
+const SESSION_LOST: &str =
+    "the upstream lost the session (it restarted?) while answering this request; its outcome is unknown";
 
 /// Longest upstream event id the proxy records (longer ones are followed but
 /// not logged: a restart then cannot resume that stream).
@@ -138,21 +142,34 @@ impl Relay {
             Source::Open(messages) => (*messages, ENDED_EARLY),
             Source::Resume(last) => {
                 match self.resume_upstream(&last, None, &mut resumes_left).await {
-                    Some(messages) => (messages, ENDED_EARLY),
-                    None => {
-                        let _ = feed
-                            .send(Feed::Ended {
-                                pending,
-                                why: NOT_RESUMED,
-                            })
-                            .await;
+                    Ok(messages) => (messages, ENDED_EARLY),
+                    Err(refused) => {
+                        let why = refused.unwrap_or(NOT_RESUMED);
+                        let _ = feed.send(Feed::Ended { pending, why }).await;
                         return;
                     }
                 }
             }
         };
         loop {
-            match messages.next_batch().await {
+            let patience = match self.stream.kind {
+                StreamKind::Request => self.upstream.patience(self.stream.created_ms),
+                // A standalone stream is quiet by nature.
+                StreamKind::Standalone => None,
+            };
+            let Ok(next) = within(patience, messages.next_batch())
+                .await
+                .map_err(|why| {
+                    tracing::info!(stream = %self.stream.id, why, "upstream timed out");
+                    why
+                })
+            else {
+                let why = patience.map_or(ENDED_EARLY, |(_, why)| why);
+                self.cancel_upstream(why).await;
+                let _ = feed.send(Feed::Ended { pending, why }).await;
+                return;
+            };
+            match next {
                 Some(Ok(mut batch)) => {
                     replayed.skip(&mut batch);
                     for message in &batch {
@@ -185,11 +202,12 @@ impl Relay {
                             self.resume_upstream(last, messages.retry_ms, &mut resumes_left)
                                 .await
                         }
-                        _ => None,
+                        _ => Err(None),
                     };
                     match resumed {
-                        Some(next) => messages = next,
-                        None => {
+                        Ok(next) => messages = next,
+                        Err(refused) => {
+                            let why = refused.unwrap_or(why);
                             let _ = feed.send(Feed::Ended { pending, why }).await;
                             return;
                         }
@@ -244,8 +262,12 @@ impl Relay {
         }
     }
 
-    async fn cancel_upstream(&self, why: &str) {
-        if self.stream.kind != StreamKind::Request {
+    /// Tells the upstream to stop working on the stream's requests (never
+    /// an `initialize`, which must not be cancelled).
+    pub async fn cancel_upstream(&self, why: &str) {
+        if self.stream.kind != StreamKind::Request
+            || self.stream.method.as_deref() == Some("initialize")
+        {
             return;
         }
         let upstream_session = self.session.upstream_session();
@@ -257,13 +279,14 @@ impl Relay {
     }
 
     /// Reconnects with the upstream's own `Last-Event-ID`, waiting as its
-    /// `retry:` says (bounded), while attempts are left.
+    /// `retry:` says (bounded), while attempts are left. An error names the
+    /// reason when the upstream's refusal says more than "not resumed".
     async fn resume_upstream(
         &self,
         last: &str,
         retry_ms: Option<u64>,
         attempts_left: &mut u32,
-    ) -> Option<Messages> {
+    ) -> Result<Messages, Option<&'static str>> {
         let delay = retry_ms
             .map(Duration::from_millis)
             .unwrap_or(Duration::from_millis(100))
@@ -279,19 +302,21 @@ impl Relay {
             {
                 Ok(res) if carries_messages(&res) => {
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
-                    return Some(Messages::new(res));
+                    return Ok(Messages::new(res));
                 }
                 Ok(res) => {
                     // A refusal is an answer: asking again changes nothing.
                     tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
-                    return None;
+                    let lost =
+                        res.status() == http::StatusCode::NOT_FOUND && upstream_session.is_some();
+                    return Err(lost.then_some(SESSION_LOST));
                 }
                 Err(e) => {
                     tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
                 }
             }
         }
-        None
+        Err(None)
     }
 
     async fn finish(&self, status: StreamStatus, pending: &HashSet<RequestId>, why: &str) {

@@ -88,6 +88,8 @@ pub struct Session {
     /// Orders writes of the record, so an older snapshot never overwrites a
     /// newer one in the store.
     write: tokio::sync::Mutex<()>,
+    /// Held while the upstream session is renewed (see `proxy::renew`).
+    renewing: tokio::sync::Mutex<()>,
 }
 
 impl Session {
@@ -102,6 +104,7 @@ impl Session {
             headers: Mutex::new(HeaderMap::new()),
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
+            renewing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -115,6 +118,11 @@ impl Session {
 
     pub fn upstream_session(&self) -> Option<String> {
         self.lock().upstream_session.clone()
+    }
+
+    /// Waits for, and holds, the right to renew the upstream session.
+    pub async fn renewal(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.renewing.lock().await
     }
 
     pub fn protocol_version(&self) -> Option<String> {

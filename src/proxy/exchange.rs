@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
-use super::present;
+use super::{present, renew};
 use super::{Rejection, Route};
 use crate::dialect::resume_token::{self, Call};
 use crate::dialect::Negotiated;
@@ -40,7 +40,7 @@ use crate::reply::Body;
 use crate::session::Session;
 use crate::store::{now_ms, StreamKind, StreamMeta};
 use crate::stream::Reader;
-use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
+use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -283,16 +283,23 @@ async fn exchange(
     bytes: Bytes,
     orphaned: Arc<AtomicBool>,
 ) -> Outcome {
-    let upstream_session = relay.session.upstream_session();
-    let sent = relay
-        .upstream
-        .send(
-            Method::POST,
-            &relay.client_headers,
-            bytes,
-            upstream_session.as_deref(),
-        )
-        .await;
+    let patience = relay.upstream.patience(relay.stream.created_ms);
+    let sending = renew::send(
+        &relay.sessions,
+        &relay.upstream,
+        &relay.session,
+        Method::POST,
+        &relay.client_headers,
+        bytes,
+    );
+    let sent = match within(patience, sending).await {
+        Ok(sent) => sent,
+        Err(why) => {
+            // The upstream may be working on it: tell it to stop.
+            relay.cancel_upstream(why).await;
+            Err(UpstreamError::TimedOut(why))
+        }
+    };
     let res = match sent {
         Ok(res) if carries_messages(&res) => res,
         Ok(res) if orphaned.load(Ordering::Acquire) => {
@@ -391,16 +398,17 @@ async fn http_standalone(
             }
         }
     }
-    let upstream_session = session.upstream_session();
-    let res = upstream
-        .send(
-            Method::GET,
-            headers,
-            Bytes::new(),
-            upstream_session.as_deref(),
-        )
-        .await
-        .map_err(|e| refused(e.into()))?;
+    let sessions = &route.shared.sessions;
+    let res = renew::send(
+        sessions,
+        upstream,
+        session,
+        Method::GET,
+        headers,
+        Bytes::new(),
+    )
+    .await
+    .map_err(|e| refused(e.into()))?;
     if !carries_messages(&res) {
         return Err(Box::new(present::pass_through(res, Some(session.id))));
     }

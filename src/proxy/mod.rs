@@ -9,6 +9,7 @@ pub mod legacy;
 pub mod modern;
 mod present;
 mod rejection;
+mod renew;
 
 use std::sync::Arc;
 

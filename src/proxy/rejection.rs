@@ -162,6 +162,7 @@ impl From<UpstreamError> for Rejection {
     fn from(e: UpstreamError) -> Self {
         let status = match e {
             UpstreamError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamError::TimedOut(_) => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_GATEWAY,
         };
         Self::new(status, code::SERVER_ERROR, e.to_string())

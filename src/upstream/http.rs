@@ -113,6 +113,40 @@ impl HttpUpstream {
     }
 }
 
+/// Why a request's wait on its upstream ran out.
+pub const IDLE: &str = "no message from the upstream within its idle timeout";
+pub const DEADLINE: &str = "the request passed its deadline";
+
+impl HttpUpstream {
+    /// How long the next wait on the upstream may last for a request
+    /// created at `created_ms`, and why it would end: the idle timeout or
+    /// what is left of the request deadline, whichever is shorter. `None`
+    /// when neither is configured.
+    pub fn patience(&self, created_ms: u64) -> Option<(Duration, &'static str)> {
+        let idle = self.config.idle_timeout_ms.map(|ms| (ms, IDLE));
+        let left = self.config.request_timeout_ms.map(|ms| {
+            let elapsed = crate::store::now_ms().saturating_sub(created_ms);
+            (ms.saturating_sub(elapsed), DEADLINE)
+        });
+        [idle, left]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(ms, _)| *ms)
+            .map(|(ms, why)| (Duration::from_millis(ms), why))
+    }
+}
+
+/// Waits on `work` as long as `patience` allows.
+pub async fn within<T>(
+    patience: Option<(Duration, &'static str)>,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, &'static str> {
+    match patience {
+        Some((limit, why)) => tokio::time::timeout(limit, work).await.map_err(|_| why),
+        None => Ok(work.await),
+    }
+}
+
 impl HttpUpstream {
     /// Tells the upstream to stop working on request `id` (a proxy-originated
     /// `notifications/cancelled`: abandonment, overflow). Best effort: the
@@ -148,6 +182,60 @@ impl HttpUpstream {
                 tracing::info!(request = id.as_json(), error = %e, "cannot send a cancellation upstream")
             }
         }
+    }
+}
+
+impl HttpUpstream {
+    /// Opens a new upstream session with a client's logged `initialize`
+    /// request, then sends `notifications/initialized`: the handshake the
+    /// client made once, made again for an upstream that forgot it (it
+    /// restarted). Returns the new upstream session id (`None` for an
+    /// upstream without sessions).
+    pub async fn initialize(
+        &self,
+        client_headers: &HeaderMap,
+        initialize: Bytes,
+    ) -> Result<Option<String>, UpstreamError> {
+        let mut headers = client_headers.clone();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        let res = self.send(Method::POST, &headers, initialize, None).await?;
+        if !carries_messages(&res) {
+            return Err(UpstreamError::Refused(res.status().as_u16()));
+        }
+        let session = headers::get_str(res.headers(), &headers::SESSION_ID).map(str::to_owned);
+        // The result itself is of no use (the client has the first one),
+        // but the handshake is only done once it came.
+        let mut messages = Messages::new(res);
+        loop {
+            match messages.next_batch().await {
+                Some(Ok(batch)) => {
+                    if batch
+                        .iter()
+                        .any(|m| !crate::jsonrpc::response_ids(m).is_empty())
+                    {
+                        break;
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(UpstreamError::Broken("no initialize result".into())),
+            }
+        }
+        let initialized =
+            Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        let res = self
+            .send(Method::POST, &headers, initialized, session.as_deref())
+            .await?;
+        if !res.status().is_success() {
+            return Err(UpstreamError::Refused(res.status().as_u16()));
+        }
+        Ok(session)
     }
 }
 

@@ -28,4 +28,8 @@ pub enum UpstreamError {
     TooLarge(usize),
     #[error("upstream at capacity: {0}")]
     Busy(String),
+    #[error("upstream refused with HTTP {0}")]
+    Refused(u16),
+    #[error("upstream timed out: {0}")]
+    TimedOut(&'static str),
 }

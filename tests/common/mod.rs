@@ -61,6 +61,26 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// Stops the demo upstream and starts a new one on the same address: an
+    /// upstream restart, which forgets every upstream session.
+    pub async fn restart_upstream(&mut self, options: DemoOptions) {
+        let addr = self.upstream.addr;
+        self.upstream.shutdown();
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        self.upstream = loop {
+            // The old listener closes as its accept loop sees the shutdown.
+            match DemoUpstream::spawn(addr, options.clone()).await {
+                Ok(upstream) => break upstream,
+                Err(e) => {
+                    assert!(tokio::time::Instant::now() < deadline, "rebind {addr}: {e}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        };
+    }
+}
+
 pub struct McpClient {
     pub url: String,
     http: Client<HttpConnector, Full<Bytes>>,
