@@ -157,17 +157,14 @@ impl Relay {
                 // A standalone stream is quiet by nature.
                 StreamKind::Standalone => None,
             };
-            let Ok(next) = within(patience, messages.next_batch())
-                .await
-                .map_err(|why| {
+            let next = match within(patience, messages.next_batch()).await {
+                Ok(next) => next,
+                Err(why) => {
                     tracing::info!(stream = %self.stream.id, why, "upstream timed out");
-                    why
-                })
-            else {
-                let why = patience.map_or(ENDED_EARLY, |(_, why)| why);
-                self.cancel_upstream(why).await;
-                let _ = feed.send(Feed::Ended { pending, why }).await;
-                return;
+                    self.cancel_upstream(why).await;
+                    let _ = feed.send(Feed::Ended { pending, why }).await;
+                    return;
+                }
             };
             match next {
                 Some(Ok(mut batch)) => {
