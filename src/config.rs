@@ -90,7 +90,8 @@ impl Default for TokensConfig {
     }
 }
 
-/// Caps that keep one stream from taking the log over.
+/// Caps that keep one stream from taking the log over, and one client from
+/// holding a connection or request open at the front door.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
@@ -101,7 +102,8 @@ pub struct LimitsConfig {
     /// Most bytes of messages one stream keeps (same rule).
     pub stream_max_bytes: u64,
     /// Largest request head (request line and headers) a client may send;
-    /// HTTP/1 answers a larger one with 431 and closes, HTTP/2 refuses it.
+    /// a larger one gets 431 (HTTP/1 closes the connection, HTTP/2 refuses
+    /// only that stream).
     pub max_header_bytes: usize,
     /// How long a new connection has for its TLS handshake and first request
     /// head, and an HTTP/1 connection for each later head: a client that
