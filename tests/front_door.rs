@@ -168,3 +168,18 @@ async fn a_stalled_body_does_not_hold_up_other_clients() {
     let answer = read_until_closed(&mut stalled).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
 }
+
+#[tokio::test]
+async fn an_answer_that_streams_longer_than_the_head_timeout_is_not_cut() {
+    let (rig, _) = rig(|c| c.limits.header_read_timeout_ms = 300).await;
+    let session = rig.client.initialize(V_LATEST).await;
+    // Five progress steps 250 ms apart: over a second of streaming.
+    let res = rig
+        .client
+        .send(Call::post(&slow_call(1, 5, 250)).session(&session))
+        .await;
+    let answers = messages(res).await;
+    let result = answers.last().expect("a result");
+    assert_eq!(result["id"], 1, "{result}");
+    assert!(result["result"].is_object(), "{result}");
+}
