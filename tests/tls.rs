@@ -64,6 +64,26 @@ async fn an_mcp_session_and_a_tool_call_work_over_https() {
 }
 
 #[tokio::test]
+async fn alpn_gives_http2_to_clients_that_offer_it() {
+    let pki = Pki::new();
+    let rig = https_rig(&pki, false).await;
+    let client = McpClient::with_tls(https_url(&rig), pki.client_config(None));
+    let res = client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.version(), http::Version::HTTP_2);
+}
+
+#[tokio::test]
+async fn an_http1_client_is_served_over_https() {
+    let pki = Pki::new();
+    let rig = https_rig(&pki, false).await;
+    let client = McpClient::with_tls_http1(https_url(&rig), pki.client_config(None));
+    let res = client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.version(), http::Version::HTTP_11);
+}
+
+#[tokio::test]
 async fn plain_http_is_not_served_on_a_tls_listener() {
     let pki = Pki::new();
     let rig = https_rig(&pki, false).await;

@@ -151,6 +151,17 @@ impl McpClient {
         Self { url, http }
     }
 
+    /// As [`McpClient::with_tls`], offering HTTP/1.1 only.
+    pub fn with_tls_http1(url: String, tls: rustls::ClientConfig) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = Client::builder(TokioExecutor::new()).build(connector);
+        Self { url, http }
+    }
+
     pub async fn send(&self, call: Call) -> Response<Incoming> {
         self.try_send(call).await.expect("request sent")
     }
