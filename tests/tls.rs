@@ -185,3 +185,24 @@ async fn an_https_upstream_with_an_unknown_ca_is_a_bad_gateway() {
     let res = rig.client.send(Call::post(&initialize(V_LATEST))).await;
     assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
 }
+
+#[tokio::test]
+async fn an_oversized_http2_request_head_gets_431_on_its_stream_only() {
+    let pki = Pki::new();
+    let tls = pki.proxy_tls(false);
+    let rig = Rig::with(DemoOptions::default(), |c| {
+        c.tls = Some(tls);
+        c.limits.max_header_bytes = 16 * 1024;
+    })
+    .await;
+    let client = McpClient::with_tls(https_url(&rig), pki.client_config(None));
+    let big = "a".repeat(20 * 1024);
+    let call = Call::post(&initialize(V_LATEST)).header("x-padding", &big);
+    let res = client.send(call).await;
+    assert_eq!(res.version(), http::Version::HTTP_2);
+    assert_eq!(res.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    // Only that stream was refused: the client (its pooled HTTP/2
+    // connection) is served next.
+    let res = client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
