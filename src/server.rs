@@ -216,7 +216,8 @@ impl Server {
         self.app.shared.log.store()
     }
 
-    /// Binds, opens the log, and serves in the background.
+    /// Binds, loads the TLS files, opens the log, and serves in the
+    /// background.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let listener = TcpListener::bind(config.listen)
             .await
