@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -43,7 +44,26 @@ pub struct Config {
     pub limits: LimitsConfig,
     pub dialects: DialectsConfig,
     pub tokens: TokensConfig,
+    /// Serve https instead of plain HTTP (`[tls]`); unset: plain HTTP.
+    pub tls: Option<TlsConfig>,
     pub upstream: Vec<UpstreamConfig>,
+}
+
+/// The listener's certificate and, for mutual TLS, the CA that client
+/// certificates must chain to (`[tls]`). Files are PEM; they are read when
+/// the proxy starts, and a problem stops the start naming the key.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The server certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key of the leaf (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates client certificates must chain to. Set: every
+    /// client must present a certificate, and its certificate (not the
+    /// `principal_header`) is the principal its sessions belong to.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
 }
 
 /// The key every handle the proxy gives out is sealed with.
@@ -70,7 +90,8 @@ impl Default for TokensConfig {
     }
 }
 
-/// Caps that keep one stream from taking the log over.
+/// Caps that keep one stream from taking the log over, and one client from
+/// holding a connection or request open at the front door.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitsConfig {
@@ -80,7 +101,31 @@ pub struct LimitsConfig {
     pub stream_max_entries: u64,
     /// Most bytes of messages one stream keeps (same rule).
     pub stream_max_bytes: u64,
+    /// Largest request head (request line and headers) a client may send;
+    /// a larger one gets 431 (HTTP/1 closes the connection, HTTP/2 refuses
+    /// only that stream).
+    pub max_header_bytes: usize,
+    /// How long a new connection has for its TLS handshake and first request
+    /// head, and an HTTP/1 connection for each later head: a client that
+    /// trickles its head (slowloris) is disconnected.
+    pub header_read_timeout_ms: u64,
+    /// How long a client has to send a whole request body; a stalled one is
+    /// answered with 408.
+    pub body_read_timeout_ms: u64,
 }
+
+impl LimitsConfig {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+}
+
+/// hyper's HTTP/1 read buffer cannot be smaller than this.
+const MIN_HEADER_BYTES: usize = 8192;
 
 /// The resumability dialects the proxy offers clients that ask for them.
 #[derive(Clone, Debug, Deserialize, PartialEq, Default)]
@@ -183,6 +228,9 @@ impl Default for LimitsConfig {
         Self {
             stream_max_entries: 100_000,
             stream_max_bytes: 256 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
         }
     }
 }
@@ -290,6 +338,10 @@ pub struct UpstreamConfig {
     /// Resume tokens (seeds 000/001) for this upstream's tool calls.
     #[serde(default)]
     pub resume_tokens: ResumeTokensConfig,
+    /// PEM CA certificates trusted for an https `url`, in addition to the
+    /// built-in (webpki) roots: for upstreams with a private CA.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 fn default_mount() -> String {
@@ -327,6 +379,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             dialects: DialectsConfig::default(),
             tokens: TokensConfig::default(),
+            tls: None,
             upstream: Vec::new(),
         }
     }
@@ -376,6 +429,7 @@ impl UpstreamConfig {
             idle_timeout_ms: None,
             request_timeout_ms: None,
             resume_tokens: ResumeTokensConfig::default(),
+            ca_file: None,
         }
     }
 }
@@ -426,6 +480,29 @@ impl Config {
         for (key, value) in [
             ("limits.stream_max_entries", self.limits.stream_max_entries),
             ("limits.stream_max_bytes", self.limits.stream_max_bytes),
+        ] {
+            if value == 0 {
+                return fail(format!("{key} must be greater than 0"));
+            }
+        }
+        if self.limits.max_header_bytes < MIN_HEADER_BYTES
+            || u32::try_from(self.limits.max_header_bytes).is_err()
+        {
+            return fail(format!(
+                "limits.max_header_bytes = {} must be between {MIN_HEADER_BYTES} and {}",
+                self.limits.max_header_bytes,
+                u32::MAX
+            ));
+        }
+        for (key, value) in [
+            (
+                "limits.header_read_timeout_ms",
+                self.limits.header_read_timeout_ms,
+            ),
+            (
+                "limits.body_read_timeout_ms",
+                self.limits.body_read_timeout_ms,
+            ),
         ] {
             if value == 0 {
                 return fail(format!("{key} must be greater than 0"));
@@ -487,6 +564,11 @@ impl Config {
                 return fail(format!(
                     "{key}.resume_tokens: interim_after_ms must be greater than 0 and not above \
                      idle_expiry_ms"
+                ));
+            }
+            if up.ca_file.is_some() && up.command.is_some() {
+                return fail(format!(
+                    "{key}.ca_file applies to an https `url`, not to a `command`"
                 ));
             }
             if up.connect_timeout_secs == 0 {
@@ -555,6 +637,38 @@ mod tests {
         assert!(err.0.contains("not both"), "{err}");
         let err = Config::from_toml("[[upstream]]\ncommand = []\n").unwrap_err();
         assert!(err.0.contains("upstream[0].command"), "{err}");
+    }
+
+    #[test]
+    fn front_door_limits_have_defaults_and_bounds() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(c.limits.max_header_bytes, 64 * 1024);
+        assert_eq!(c.limits.header_read_timeout(), Duration::from_secs(10));
+        assert_eq!(c.limits.body_read_timeout(), Duration::from_secs(30));
+        assert_eq!(c.tls, None);
+        let err =
+            Config::from_toml(&format!("[limits]\nmax_header_bytes = 100\n{up}")).unwrap_err();
+        assert!(err.0.contains("limits.max_header_bytes"), "{err}");
+        let err =
+            Config::from_toml(&format!("[limits]\nbody_read_timeout_ms = 0\n{up}")).unwrap_err();
+        assert!(err.0.contains("limits.body_read_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn tls_takes_cert_key_and_an_optional_client_ca() {
+        let up = "[[upstream]]\nurl = \"https://a/\"\nca_file = \"up.pem\"\n";
+        let c =
+            Config::from_toml(&format!("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n{up}")).unwrap();
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.cert, PathBuf::from("c.pem"));
+        assert_eq!(tls.client_ca, None);
+        assert_eq!(c.upstream[0].ca_file, Some(PathBuf::from("up.pem")));
+        let err = Config::from_toml(&format!("[tls]\ncert = \"c.pem\"\n{up}")).unwrap_err();
+        assert!(err.0.contains("key"), "{err}");
+        let err = Config::from_toml("[[upstream]]\ncommand = [\"x\"]\nca_file = \"a.pem\"\n")
+            .unwrap_err();
+        assert!(err.0.contains("upstream[0].ca_file"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,10 @@
 //!   name the key.
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
 //!   start-up order (open log, recover, serve).
+//! - [`front_door`]: one connection from socket to hyper — TLS handshake,
+//!   limits on request heads, the client certificate's principal.
+//! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
+//!   roots) and the principal of a client certificate.
 //! - [`proxy`]: per-route request handling; [`proxy::legacy`] (the request
 //!   pipeline: parse → session → dialect router → no double execution →
 //!   exchange → present), its
@@ -56,6 +60,7 @@
 pub mod config;
 pub mod demo;
 pub mod dialect;
+pub mod front_door;
 pub mod headers;
 pub mod id;
 pub mod ingest;
@@ -69,6 +74,7 @@ pub mod session;
 pub mod sse;
 pub mod store;
 pub mod stream;
+pub mod tls;
 pub mod token;
 pub mod upstream;
 

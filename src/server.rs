@@ -1,23 +1,22 @@
-//! The HTTP front: the accept loop (HTTP/1.1 and h2c), the routes (`/healthz`
-//! and one mount per upstream), the `Origin` check every MCP server must make
-//! against DNS rebinding, and graceful shutdown.
+//! The HTTP front: the accept loop (HTTP/1.1 and HTTP/2, plain or TLS; each
+//! connection is then served by [`crate::front_door`]), the routes
+//! (`/healthz` and one mount per upstream), the `Origin` check every MCP
+//! server must make against DNS rebinding, and graceful shutdown.
 //!
 //! Start-up order matters and lives here: open the log, recover what a
 //! previous process left live, and only then accept connections.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
+use crate::front_door::FrontDoor;
 use crate::lifetime::{Recovered, Resumer};
 use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
@@ -242,7 +241,8 @@ impl Server {
         self.app.shared.log.store()
     }
 
-    /// Binds, opens the log, and serves in the background.
+    /// Binds, loads the TLS files, opens the log, and serves in the
+    /// background.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
         let listener = TcpListener::bind(config.listen)
             .await
@@ -250,6 +250,8 @@ impl Server {
         let addr = listener.local_addr()?;
         let grace = Duration::from_secs(config.shutdown_grace_secs);
         let store_config = config.store.clone();
+        let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+        let limits = config.limits.clone();
         let app = App::open(config).await?;
         let stop = CancellationToken::new();
         let sweeper = crate::lifetime::spawn_sweeper(
@@ -259,9 +261,10 @@ impl Server {
             app.clone(),
             stop.clone(),
         );
+        let front_door = Arc::new(FrontDoor::new(app.clone(), tls, &limits));
         let done = tokio::spawn(accept_loop(
             listener,
-            app.clone(),
+            front_door,
             stop.clone(),
             grace,
             sweeper,
@@ -291,13 +294,12 @@ impl Server {
 
 async fn accept_loop(
     listener: TcpListener,
-    app: Arc<App>,
+    front_door: Arc<FrontDoor>,
     stop: CancellationToken,
     grace: Duration,
     sweeper: tokio::task::JoinHandle<()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (socket, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -312,18 +314,9 @@ async fn accept_loop(
             _ = stop.cancelled() => break,
         };
         let _ = socket.set_nodelay(true);
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(req).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(socket), service);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        // The handshake and everything after it happen in the connection's
+        // task: the loop only accepts.
+        tokio::spawn(front_door.clone().serve(socket, peer, graceful.watcher()));
     }
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown())

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionRecord, SharedStore, StreamMeta};
+use crate::tls::CertificatePrincipal;
 
 /// Protocol revisions that use `initialize`, sessions and SSE resumability.
 pub const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
@@ -57,9 +58,18 @@ pub fn wants_priming(version: Option<&str>) -> bool {
     version.is_some_and(|v| v >= PRIMING_SINCE)
 }
 
-/// The principal a request speaks for: a digest of its credential header (or
-/// of nothing), never the credential itself.
-pub fn principal(headers: &HeaderMap, header: &str) -> String {
+/// The principal a request speaks for: the client certificate its
+/// connection was verified with (mutual TLS), else a digest of its
+/// credential header (or of nothing) — never the credential itself. The two
+/// kinds never collide: a certificate's principal carries a prefix.
+pub fn principal(request: &http::request::Parts, header: &str) -> String {
+    match request.extensions.get::<CertificatePrincipal>() {
+        Some(certificate) => certificate.as_str().to_owned(),
+        None => header_principal(&request.headers, header),
+    }
+}
+
+fn header_principal(headers: &HeaderMap, header: &str) -> String {
     let value = headers.get(header).map(|v| v.as_bytes()).unwrap_or(b"");
     let d = digest::digest(&digest::SHA256, value);
     crate::id::hex(d.as_ref())
@@ -394,11 +404,31 @@ mod tests {
         assert!(wants_priming(Some("2025-11-25")));
     }
 
+    fn request(pairs: &[(&'static str, &'static str)]) -> http::request::Parts {
+        let mut req = http::Request::new(());
+        *req.headers_mut() = headers(pairs);
+        req.into_parts().0
+    }
+
     #[test]
     fn principals_differ_by_credential_and_hide_it() {
-        let a = principal(&headers(&[("authorization", "Bearer a")]), "authorization");
-        let b = principal(&headers(&[("authorization", "Bearer b")]), "authorization");
+        let a = principal(&request(&[("authorization", "Bearer a")]), "authorization");
+        let b = principal(&request(&[("authorization", "Bearer b")]), "authorization");
         assert_ne!(a, b);
         assert!(!a.contains("Bearer"));
+    }
+
+    #[test]
+    fn a_client_certificate_is_the_principal_whatever_the_header() {
+        let cert = CertificatePrincipal::of_leaf(&vec![7u8; 16].into());
+        let mut a = request(&[("authorization", "Bearer a")]);
+        a.extensions.insert(cert.clone());
+        let mut b = request(&[("authorization", "Bearer b")]);
+        b.extensions.insert(cert.clone());
+        assert_eq!(principal(&a, "authorization"), cert.as_str());
+        assert_eq!(
+            principal(&a, "authorization"),
+            principal(&b, "authorization")
+        );
     }
 }

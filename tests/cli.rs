@@ -47,3 +47,23 @@ fn running_without_an_upstream_is_a_config_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
 }
+
+#[test]
+fn an_unreadable_tls_certificate_stops_the_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    let missing = dir.path().join("missing.pem");
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[tls]\ncert = {missing:?}\nkey = {missing:?}\n\
+             [[upstream]]\nurl = \"http://127.0.0.1:1/mcp\"\n",
+            dir.path().join("data"),
+        ),
+    )
+    .unwrap();
+    let out = proxy().arg("--config").arg(&file).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tls.cert"), "{err}");
+}

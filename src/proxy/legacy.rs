@@ -31,12 +31,13 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     if headers::media_type(&parts.headers) != "application/json" {
         return Err(Rejection::unsupported_media_type());
     }
-    let bytes = read_body(body, route.shared.config.max_body).await?;
+    let bytes = read_body(body, &route.shared.config).await?;
     let message = jsonrpc::parse_body(&bytes)?;
     if message.single_method() == Some("initialize") && !parts.headers.contains_key(SESSION_ID) {
-        return initialize(route, parts.headers, bytes, message).await;
+        let principal = session::principal(&parts, &route.shared.config.principal_header);
+        return initialize(route, principal, parts.headers, bytes, message).await;
     }
-    let session = find_session(route, &parts.headers).await?;
+    let session = find_session(route, &parts).await?;
     let negotiated = Negotiated::of(&session);
     if let Some(command) = Command::parse(&bytes, &message, &negotiated, &route.dialects)? {
         return answer_command(route, &session, &parts.headers, command).await;
@@ -65,6 +66,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
 /// the upstream is a program, and exchanges the request.
 async fn initialize(
     route: &Route,
+    principal: String,
     headers: HeaderMap,
     bytes: Bytes,
     message: Message,
@@ -74,7 +76,6 @@ async fn initialize(
         Some((negotiated, stripped)) => (negotiated, stripped),
         None => (Negotiated::default(), bytes),
     };
-    let principal = session::principal(&headers, &shared.config.principal_header);
     let session = shared
         .sessions
         .mint(&route.path, principal, &bytes, negotiated.names());
@@ -136,14 +137,17 @@ async fn reissued(
 }
 
 /// The caller's session: 400 without the header, 404 for an unknown,
-/// expired or foreign one.
-async fn find_session(route: &Route, headers: &HeaderMap) -> Result<Arc<Session>, Rejection> {
-    let text = headers::get_str(headers, &SESSION_ID)
+/// expired or foreign one (another principal's).
+async fn find_session(
+    route: &Route,
+    request: &http::request::Parts,
+) -> Result<Arc<Session>, Rejection> {
+    let text = headers::get_str(&request.headers, &SESSION_ID)
         .ok_or_else(|| Rejection::bad_request("Bad Request: Mcp-Session-Id header is required"))?;
     let id = text
         .parse::<SessionId>()
         .map_err(|()| Rejection::session_not_found())?;
-    let principal = session::principal(headers, &route.shared.config.principal_header);
+    let principal = session::principal(request, &route.shared.config.principal_header);
     route
         .shared
         .sessions
@@ -232,7 +236,7 @@ async fn cancelled(route: &Route, target: &Target<'_>, session: &Session, id: &R
 
 pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, _) = req.into_parts();
-    let session = find_session(route, &parts.headers).await?;
+    let session = find_session(route, &parts).await?;
     if !headers::accepts(&parts.headers, "text/event-stream") {
         return Err(Rejection::not_acceptable());
     }
@@ -267,7 +271,7 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
 
 pub async fn delete(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, _) = req.into_parts();
-    let session = find_session(route, &parts.headers).await?;
+    let session = find_session(route, &parts).await?;
     let upstream = match &route.upstream {
         Upstream::Http(up) => {
             let upstream_session = session.upstream_session();

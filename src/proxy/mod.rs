@@ -118,14 +118,20 @@ impl Route {
     }
 }
 
-/// Reads a request body of at most `limit` bytes; a larger one is refused
-/// with 413 before it is read whole.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Rejection> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+/// Reads a request body of at most `max_body` bytes within
+/// `limits.body_read_timeout_ms`: a larger one is refused with 413 before it
+/// is read whole, and one that stalls (or trickles) with 408, so a client
+/// cannot hold a request open by never finishing its body.
+pub async fn read_body(body: Incoming, config: &Config) -> Result<Bytes, Rejection> {
+    let limit = config.max_body;
+    let within = config.limits.body_read_timeout();
+    let read = tokio::time::timeout(within, Limited::new(body, limit).collect());
+    match read.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             Err(Rejection::payload_too_large(limit))
         }
-        Err(e) => Err(Rejection::unreadable_body(e)),
+        Ok(Err(e)) => Err(Rejection::unreadable_body(e)),
+        Err(_) => Err(Rejection::body_timeout(within)),
     }
 }

@@ -20,7 +20,7 @@ pub async fn forward(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
-    let bytes = read_body(body, route.shared.config.max_body).await?;
+    let bytes = read_body(body, &route.shared.config).await?;
     // A stray session id is the upstream's business (the spec tells modern
     // servers to ignore it): pass it through as it came.
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);

@@ -81,6 +81,18 @@ impl Rejection {
         )
     }
 
+    /// The body did not arrive in time (a stalled or trickling client).
+    pub fn body_timeout(within: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            code::INVALID_REQUEST,
+            format!(
+                "Request Timeout: the request body must arrive within {} ms",
+                within.as_millis()
+            ),
+        )
+    }
+
     pub fn unreadable_body(e: impl std::fmt::Display) -> Self {
         Self::new(
             StatusCode::BAD_REQUEST,

@@ -1,5 +1,6 @@
 //! Streamable HTTP upstreams: a pooled hyper client (HTTP/1.1 and HTTP/2,
-//! rustls on ring for https), and [`Messages`], which turns an upstream
+//! rustls on ring for https, trusting the webpki roots and the upstream's
+//! `ca_file`), and [`Messages`], which turns an upstream
 //! response body — `text/event-stream` or `application/json`, chunked or with
 //! a Content-Length — into upstream messages as they arrive, never waiting for
 //! the whole body of a stream.
@@ -45,9 +46,11 @@ impl HttpUpstream {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(config.connect_timeout_secs)));
+        let key = format!("ca_file of the upstream at {}", config.path);
+        let tls = crate::tls::upstream_client(&key, config.ca_file.as_deref())
+            .map_err(|e| e.to_string())?;
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| format!("TLS setup: {e}"))?
+            .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .enable_http2()

@@ -5,13 +5,16 @@
 
 pub mod dialects;
 pub mod process;
+pub mod tls;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
@@ -83,7 +86,7 @@ impl Rig {
 
 pub struct McpClient {
     pub url: String,
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 /// A request under construction.
@@ -144,12 +147,50 @@ impl Call {
 }
 
 impl McpClient {
+    /// A client for an `http://` URL.
     pub fn new(url: String) -> Self {
-        let http = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        Self::with_tls(url, tls)
+    }
+
+    /// A client for an `https://` URL with the given trust and identity
+    /// (HTTP/2 or HTTP/1.1, as ALPN decides).
+    pub fn with_tls(url: String, tls: rustls::ClientConfig) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .build();
+        let http = Client::builder(TokioExecutor::new()).build(connector);
+        Self { url, http }
+    }
+
+    /// As [`McpClient::with_tls`], offering HTTP/1.1 only.
+    pub fn with_tls_http1(url: String, tls: rustls::ClientConfig) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = Client::builder(TokioExecutor::new()).build(connector);
         Self { url, http }
     }
 
     pub async fn send(&self, call: Call) -> Response<Incoming> {
+        self.try_send(call).await.expect("request sent")
+    }
+
+    /// Sends `call`; a connection the server refused is an `Err`.
+    pub async fn try_send(
+        &self,
+        call: Call,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
         let mut req = Request::builder().method(call.method).uri(&self.url);
         for (k, v) in &call.headers {
             req = req.header(k.as_str(), v.as_str());
@@ -158,7 +199,6 @@ impl McpClient {
         tokio::time::timeout(LIMIT, self.http.request(req))
             .await
             .expect("response head in time")
-            .expect("request sent")
     }
 
     /// `initialize` + `notifications/initialized`; returns the session id.
