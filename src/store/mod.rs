@@ -221,6 +221,19 @@ impl StreamMeta {
         }
     }
 
+    /// The metadata as readers may see it: a status change shows once it is
+    /// durable, as the entries it ends do (the watermark says so), so that a
+    /// reader told "finished" can always read the final entry. Backends
+    /// record the change at write time and answer with this.
+    pub fn as_of(mut self, durable: &Watermark) -> Self {
+        if !self.status.is_live() && !durable.finished {
+            self.status = StreamStatus::Live;
+            self.finished_ms = None;
+            self.outcome = None;
+        }
+        self
+    }
+
     /// Records a status change (and the outcome it carries).
     pub fn finish(&mut self, end: &Finish) {
         self.status = end.status;
@@ -384,4 +397,26 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_change_shows_only_once_the_watermark_says_it_is_durable() {
+        let mut meta = StreamMeta::standalone(SessionId::random());
+        meta.finish(&Finish::new(StreamStatus::Completed, Some(Outcome::Result)));
+        let written = Watermark::default();
+        let seen = meta.clone().as_of(&written);
+        assert_eq!(
+            (seen.status, seen.outcome, seen.finished_ms),
+            (StreamStatus::Live, None, None)
+        );
+        let durable = Watermark {
+            finished: true,
+            ..written
+        };
+        assert_eq!(meta.clone().as_of(&durable), meta);
+    }
 }

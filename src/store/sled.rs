@@ -247,8 +247,10 @@ impl SledStore {
     /// Fills in the counts the store keeps outside the record.
     fn counted(&self, mut meta: StreamMeta) -> Result<StreamMeta> {
         if let Some(tail) = self.tail(meta.id)? {
-            meta.entries = tail.watermark.borrow().seq;
+            let durable = *tail.watermark.borrow();
+            meta.entries = durable.seq;
             meta.bytes = tail.bytes.load(Ordering::Relaxed);
+            meta = meta.as_of(&durable);
         }
         Ok(meta)
     }

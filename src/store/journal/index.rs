@@ -38,6 +38,11 @@ pub struct StreamState {
 }
 
 impl StreamState {
+    /// The metadata readers see (see [`StreamMeta::as_of`]).
+    pub fn visible(&self) -> StreamMeta {
+        self.meta.clone().as_of(&self.watermark.borrow())
+    }
+
     pub fn new(mut meta: StreamMeta, locs: Vec<Loc>) -> Self {
         // Counts are the locations' (a snapshot's copy may be older).
         meta.entries = locs.len() as Seq;

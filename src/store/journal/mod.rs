@@ -544,7 +544,7 @@ impl Store for Journal {
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
-        Ok(self.lock().index.streams.get(&id).map(|s| s.meta.clone()))
+        Ok(self.lock().index.streams.get(&id).map(StreamState::visible))
     }
 
     async fn counts(&self, id: StreamId) -> Result<Option<Counts>> {
@@ -561,7 +561,7 @@ impl Store for Journal {
             .index
             .streams
             .values()
-            .map(|s| s.meta.clone())
+            .map(StreamState::visible)
             .collect())
     }
 
@@ -571,7 +571,7 @@ impl Store for Journal {
             .index
             .streams_of(session)
             .iter()
-            .filter_map(|id| inner.index.streams.get(id).map(|s| s.meta.clone()))
+            .filter_map(|id| inner.index.streams.get(id).map(StreamState::visible))
             .collect())
     }
 
