@@ -58,6 +58,7 @@ impl App {
         if recovered > 0 {
             tracing::warn!(recovered, "finished streams a previous run left live");
         }
+        log.metrics().recovered(recovered);
         let sessions = Sessions::new(log.store().clone());
         let shared = Arc::new(Shared {
             config,
@@ -116,6 +117,9 @@ impl App {
         let path = req.uri().path();
         if path == "/healthz" {
             return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
+        }
+        if path == "/metrics" && self.shared.config.metrics {
+            return crate::metrics::respond(&self.shared.log, &self.shared.sessions);
         }
         if !self.host_allowed(req.headers()) {
             return Rejection::forbidden("Host").into_response();
