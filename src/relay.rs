@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use crate::config::LimitsConfig;
 use crate::ingest::{self, Recorded};
 use crate::jsonrpc::{self, RequestId};
+use crate::metrics::ResumedAfter;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
@@ -96,6 +97,7 @@ impl Relay {
                 ended => {
                     if let Some(Err(e)) = &ended {
                         tracing::info!(stream = %self.stream.id, error = %e, "upstream stream broke");
+                        self.log.metrics().upstream_error(e);
                     }
                     if self.stream.kind == StreamKind::Request && resumes_left > 0 {
                         if let Some(next) = self.resume_upstream(&messages).await {
@@ -192,13 +194,15 @@ impl Relay {
             .min(MAX_RESUME_DELAY);
         tokio::time::sleep(delay).await;
         let upstream_session = self.session.upstream_session();
-        match self
+        let resumed = self
             .upstream
             .resume(&self.client_headers, upstream_session.as_deref(), last)
-            .await
-        {
+            .await;
+        self.log.metrics().upstream_answer(&resumed);
+        match resumed {
             Ok(res) if carries_messages(&res) => {
                 tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
+                self.log.metrics().upstream_resumed(ResumedAfter::Cut);
                 Some(Messages::new(res))
             }
             Ok(res) => {
