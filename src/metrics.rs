@@ -293,10 +293,14 @@ impl Metrics {
     pub fn upstream_answer<B>(&self, sent: &Result<http::Response<B>, UpstreamError>) {
         match sent {
             Err(e) => self.upstream_error(e),
-            Ok(res) if res.status().is_client_error() || res.status().is_server_error() => {
-                self.upstream_failed(UpstreamFailure::Status)
-            }
-            Ok(_) => {}
+            Ok(res) => self.upstream_status(res.status()),
+        }
+    }
+
+    /// An upstream's HTTP status: an error status counts as a failure.
+    pub fn upstream_status(&self, status: http::StatusCode) {
+        if status.is_client_error() || status.is_server_error() {
+            self.upstream_failed(UpstreamFailure::Status);
         }
     }
 

@@ -194,12 +194,11 @@ impl Relay {
             .min(MAX_RESUME_DELAY);
         tokio::time::sleep(delay).await;
         let upstream_session = self.session.upstream_session();
-        let resumed = self
+        match self
             .upstream
             .resume(&self.client_headers, upstream_session.as_deref(), last)
-            .await;
-        self.log.metrics().upstream_answer(&resumed);
-        match resumed {
+            .await
+        {
             Ok(res) if carries_messages(&res) => {
                 tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
                 self.log.metrics().upstream_resumed(ResumedAfter::Cut);
@@ -207,10 +206,12 @@ impl Relay {
             }
             Ok(res) => {
                 tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
+                self.log.metrics().upstream_status(res.status());
                 None
             }
             Err(e) => {
                 tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
+                self.log.metrics().upstream_error(&e);
                 None
             }
         }
