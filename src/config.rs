@@ -39,6 +39,8 @@ pub struct Config {
     pub principal_header: String,
     /// Seconds to wait for connections to finish on shutdown.
     pub shutdown_grace_secs: u64,
+    /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
+    pub metrics: bool,
     pub sse: SseConfig,
     pub store: StoreConfig,
     pub limits: LimitsConfig,
@@ -374,6 +376,7 @@ impl Default for Config {
             allowed_hosts: Vec::new(),
             principal_header: "authorization".into(),
             shutdown_grace_secs: 5,
+            metrics: true,
             sse: SseConfig::default(),
             store: StoreConfig::default(),
             limits: LimitsConfig::default(),
@@ -536,6 +539,11 @@ impl Config {
                 return fail(format!(
                     "{key}.path = {:?} must start with '/' and must not be /healthz",
                     up.path
+                ));
+            }
+            if self.metrics && up.path.trim_end_matches('/') == "/metrics" {
+                return fail(format!(
+                    "{key}.path = \"/metrics\" is where metrics are served; set metrics = false to mount an upstream there"
                 ));
             }
             if !paths.insert(up.path.trim_end_matches('/')) {

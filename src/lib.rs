@@ -46,6 +46,8 @@
 //!   (seed 003).
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
+//! - [`metrics`]: the Prometheus registry (owned by the log) and its
+//!   OpenMetrics text for `GET /metrics`.
 //! - [`lifetime`]: crash recovery, abandonment, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
@@ -66,6 +68,7 @@ pub mod id;
 pub mod ingest;
 pub mod jsonrpc;
 pub mod lifetime;
+pub mod metrics;
 pub mod proxy;
 pub mod relay;
 pub mod reply;

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use crate::config::LimitsConfig;
 use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, RequestId};
+use crate::metrics::ResumedAfter;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
@@ -141,7 +142,9 @@ impl Relay {
         let (mut messages, mut why) = match source {
             Source::Open(messages) => (*messages, ENDED_EARLY),
             Source::Resume(last) => {
-                match self.resume_upstream(&last, None, &mut resumes_left).await {
+                match (self.resume_upstream(&last, None, &mut resumes_left, ResumedAfter::Restart))
+                    .await
+                {
                     Ok(messages) => (messages, ENDED_EARLY),
                     Err(refused) => {
                         let why = refused.unwrap_or(NOT_RESUMED);
@@ -193,11 +196,17 @@ impl Relay {
                 ended => {
                     if let Some(Err(e)) = &ended {
                         tracing::info!(stream = %self.stream.id, error = %e, "upstream stream broke");
+                        self.log.metrics().upstream_error(e);
                     }
                     let resumed = match (&messages.last_event_id, self.stream.kind) {
                         (Some(last), StreamKind::Request) if messages.is_sse() => {
-                            self.resume_upstream(last, messages.retry_ms, &mut resumes_left)
-                                .await
+                            self.resume_upstream(
+                                last,
+                                messages.retry_ms,
+                                &mut resumes_left,
+                                ResumedAfter::Cut,
+                            )
+                            .await
                         }
                         _ => Err(None),
                     };
@@ -283,6 +292,7 @@ impl Relay {
         last: &str,
         retry_ms: Option<u64>,
         attempts_left: &mut u32,
+        after: ResumedAfter,
     ) -> Result<Messages, Option<&'static str>> {
         let delay = retry_ms
             .map(Duration::from_millis)
@@ -299,17 +309,20 @@ impl Relay {
             {
                 Ok(res) if carries_messages(&res) => {
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
+                    self.log.metrics().upstream_resumed(after);
                     return Ok(Messages::new(res));
                 }
                 Ok(res) => {
                     // A refusal is an answer: asking again changes nothing.
                     tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
+                    self.log.metrics().upstream_status(res.status());
                     let lost =
                         res.status() == http::StatusCode::NOT_FOUND && upstream_session.is_some();
                     return Err(lost.then_some(SESSION_LOST));
                 }
                 Err(e) => {
                     tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
+                    self.log.metrics().upstream_error(&e);
                 }
             }
         }

@@ -105,6 +105,10 @@ impl App {
                 "streams a previous run left live"
             );
         }
+        app.shared
+            .log
+            .metrics()
+            .recovered(recovered.resumed + recovered.finished);
         Ok(app)
     }
 
@@ -125,6 +129,9 @@ impl App {
         let path = req.uri().path();
         if path == "/healthz" {
             return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
+        }
+        if path == "/metrics" && self.shared.config.metrics {
+            return crate::metrics::respond(&self.shared.log, &self.shared.sessions);
         }
         if !self.host_allowed(req.headers()) {
             return Rejection::forbidden("Host").into_response();

@@ -367,6 +367,15 @@ impl Sessions {
         }
     }
 
+    /// Sessions this process holds that are not closed (the metrics'
+    /// `sessions_open`).
+    pub fn open(&self) -> usize {
+        self.live
+            .iter()
+            .filter(|s| s.lock().closed_ms.is_none())
+            .count()
+    }
+
     /// The cached session, if this process knows it.
     pub fn cached(&self, id: SessionId) -> Option<Arc<Session>> {
         self.live.get(&id).map(|s| s.clone())

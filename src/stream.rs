@@ -13,6 +13,10 @@
 //! The acknowledged cursor, touch times and the status words every dialect
 //! maps from live here too ([`Status`]); which words a dialect says is the
 //! dialect's business, not this module's.
+//!
+//! The log also carries the process's [`Metrics`]: every path that needs to
+//! count something already holds the log, and appends are counted here,
+//! where every append passes.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::id::{Seq, StreamId};
 use crate::jsonrpc::{self, RequestId};
+use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
     now_ms, Change, Entry, Finish, Outcome, Result, SharedStore, StreamMeta, StreamStatus,
 };
@@ -37,6 +42,9 @@ pub struct Log {
     /// Reader generation per stream with an attached exclusive reader;
     /// bumping it retires the previous reader.
     readers: DashMap<StreamId, watch::Sender<u64>>,
+    metrics: Metrics,
+    /// For the `streams_live` gauge.
+    live: LiveStreams,
 }
 
 /// Where a stream stands, in the terms every dialect maps its words from.
@@ -89,10 +97,16 @@ impl Status {
 }
 
 impl Log {
+    /// The log over `store`, with a fresh metrics registry whose flush
+    /// histogram the store's group commit reports to.
     pub fn new(store: SharedStore) -> Arc<Self> {
+        let metrics = Metrics::new();
+        store.observe_flushes(metrics.flush_observer());
         Arc::new(Self {
             store,
             readers: DashMap::new(),
+            metrics,
+            live: LiveStreams::default(),
         })
     }
 
@@ -100,14 +114,33 @@ impl Log {
         &self.store
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Streams this process opened that are still live (for the gauge).
+    pub fn live_streams(&self) -> usize {
+        self.live.count(|id| self.finished(id))
+    }
+
+    /// Whether the store says `stream` left `Live` (or is gone).
+    fn finished(&self, stream: StreamId) -> bool {
+        self.store.subscribe(stream).borrow().finished
+    }
+
     /// Creates a stream from its (new, live) metadata.
     pub async fn open(&self, meta: StreamMeta) -> Result<StreamMeta> {
         self.store.create_stream(&meta).await?;
+        if meta.status.is_live() {
+            self.live.opened(meta.id, |id| self.finished(id));
+        }
         Ok(meta)
     }
 
     pub async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.store.append(stream, messages).await
+        let last = self.store.append(stream, messages).await?;
+        self.metrics.appended(messages);
+        Ok(last)
     }
 
     /// Appends a stream's last messages and finishes it, durable together.
@@ -118,9 +151,20 @@ impl Log {
         status: StreamStatus,
         outcome: Option<Outcome>,
     ) -> Result<Seq> {
-        self.store
+        let last = self
+            .store
             .append_final(stream, messages, Finish::new(status, outcome))
-            .await
+            .await?;
+        self.metrics.appended(messages);
+        self.left_live(stream, status);
+        Ok(last)
+    }
+
+    /// Keeps the live set in step with a status change.
+    fn left_live(&self, stream: StreamId, status: StreamStatus) {
+        if !status.is_live() {
+            self.live.ended(stream);
+        }
     }
 
     /// Ends a stream as failed: one JSON-RPC error response per request in
@@ -184,7 +228,9 @@ impl Log {
     pub async fn finish(&self, stream: StreamId, status: StreamStatus) -> Result<()> {
         self.store
             .set_status(stream, Finish::new(status, None))
-            .await
+            .await?;
+        self.left_live(stream, status);
+        Ok(())
     }
 
     pub async fn meta(&self, stream: StreamId) -> Result<Option<StreamMeta>> {
@@ -230,6 +276,7 @@ impl Log {
 
     pub async fn delete(&self, stream: StreamId) -> Result<()> {
         self.retire(stream);
+        self.live.ended(stream);
         self.store.delete_stream(stream).await
     }
 

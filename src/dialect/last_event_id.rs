@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::{Context, Presenter, Refusal};
 use crate::id::{Seq, SessionId};
+use crate::metrics::Replayed;
 use crate::reply::{self, Body};
 use crate::store::{StreamKind, StreamMeta};
 use crate::stream::{Next, Reader};
@@ -56,6 +57,7 @@ pub async fn resume(
     if seq > meta.acked {
         cx.log.ack(stream, seq).await?;
     }
+    cx.log.metrics().replayed(Replayed::LastEventId);
     Ok(Some((meta, seq)))
 }
 

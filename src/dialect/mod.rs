@@ -36,6 +36,7 @@ use serde_json::{json, Value};
 
 use crate::config::{DialectsConfig, ResumeTokensMode};
 use crate::jsonrpc::{self, code, Body as Message, RequestId};
+use crate::metrics::Replayed;
 use crate::session::Session;
 use crate::store::{StoreError, StreamKind, StreamMeta};
 use crate::stream::{Log, Reader};
@@ -382,13 +383,29 @@ impl Command {
     }
 
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
-        match self {
+        let replay = self.replayed();
+        let answer = match self {
             Command::GetStatus(c) => c.apply(cx).await,
             Command::ResumeRequest(c) => c.apply(cx).await,
             Command::ResumeStream(c) => c.apply(cx).await,
             Command::Poll(c) => c.apply(cx).await,
             Command::PollAll(c) => c.apply(cx).await,
             Command::Continue(c) => c.apply(cx).await,
+        };
+        if let (Some(dialect), Ok(Answer::Replay(_))) = (replay, &answer) {
+            cx.log.metrics().replayed(dialect);
+        }
+        answer
+    }
+
+    /// The dialect a command resumes in, if it replays a stream (a status
+    /// or poll answers with a response, not a replay).
+    fn replayed(&self) -> Option<Replayed> {
+        match self {
+            Command::ResumeRequest(_) => Some(Replayed::ResumableRequests),
+            Command::ResumeStream(_) => Some(Replayed::Streams),
+            Command::Continue(_) => Some(Replayed::ResumeTokens),
+            Command::GetStatus(_) | Command::Poll(_) | Command::PollAll(_) => None,
         }
     }
 }

@@ -147,6 +147,7 @@ async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body
     let stream = &opened.stream;
     child.expect(stream, stream.progress.clone());
     if let Err(e) = child.write(&post.bytes).await {
+        route.shared.log.metrics().upstream_error(&e);
         child.forget(stream.id);
         post.session.release(stream);
         route
@@ -300,6 +301,7 @@ async fn exchange(
             Err(UpstreamError::TimedOut(why))
         }
     };
+    relay.log.metrics().upstream_answer(&sent);
     let res = match sent {
         Ok(res) if carries_messages(&res) => res,
         Ok(res) if orphaned.load(Ordering::Acquire) => {
@@ -408,7 +410,10 @@ async fn http_standalone(
         Bytes::new(),
     )
     .await
-    .map_err(|e| refused(e.into()))?;
+    .map_err(|e| {
+        log.metrics().upstream_error(&e);
+        refused(e.into())
+    })?;
     if !carries_messages(&res) {
         return Err(Box::new(present::pass_through(res, Some(session.id))));
     }

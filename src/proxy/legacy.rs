@@ -84,6 +84,7 @@ async fn initialize(
             .spawn(session.clone(), shared.log.clone(), shared.sessions.clone())
             .await;
         if let Err(e) = spawned {
+            shared.log.metrics().upstream_error(&e);
             shared.sessions.discard(session.id);
             return Err(e.into());
         }

@@ -7,8 +7,11 @@
 //! duration, while a lone writer pays exactly one flush.
 //!
 //! This module owns only the scheduling; what "flush" means is the backend's.
+//! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
+//! without knowing who that is.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -30,6 +33,10 @@ pub enum SyncMode {
 
 type FlushFn = dyn Fn() -> std::io::Result<()> + Send + Sync;
 
+/// Told how long each flush took, failed ones included (a slow failing disk
+/// is what an operator most needs to see).
+pub type FlushObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 #[derive(Default)]
 struct Queue {
     /// Tickets handed out so far.
@@ -49,6 +56,9 @@ struct Done {
 /// What the syncer thread and the writers share.
 struct Shared {
     flush: Arc<FlushFn>,
+    /// Set once, after the store is opened: the log that owns the metrics
+    /// is built around an already open store.
+    observer: OnceLock<FlushObserver>,
     queue: Mutex<Queue>,
     /// Wakes the syncer when a ticket is issued.
     work: Condvar,
@@ -73,6 +83,7 @@ impl GroupCommit {
     pub fn new(mode: SyncMode, flush: Arc<FlushFn>) -> Self {
         let shared = Arc::new(Shared {
             flush,
+            observer: OnceLock::new(),
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             done: watch::Sender::new(Done::default()),
@@ -103,13 +114,19 @@ impl GroupCommit {
         match self.mode {
             SyncMode::Never => Ok(()),
             SyncMode::Always => {
-                let flush = self.shared.flush.clone();
-                tokio::task::spawn_blocking(move || flush())
+                let shared = self.shared.clone();
+                tokio::task::spawn_blocking(move || shared.timed_flush())
                     .await
                     .map_err(std::io::Error::other)?
             }
             SyncMode::Batch => self.batched().await,
         }
+    }
+
+    /// Reports every later flush's duration to `observer`. A second
+    /// observer is ignored: one process, one set of metrics.
+    pub fn observe(&self, observer: FlushObserver) {
+        let _ = self.shared.observer.set(observer);
     }
 
     async fn batched(&self) -> std::io::Result<()> {
@@ -147,6 +164,15 @@ fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl Shared {
+    fn timed_flush(&self) -> std::io::Result<()> {
+        let started = Instant::now();
+        let result = (self.flush)();
+        if let Some(observe) = self.observer.get() {
+            observe(started.elapsed());
+        }
+        result
+    }
+
     /// The syncer: waits for tickets, flushes once for all of them, reports.
     fn run(&self) {
         let mut flushed = 0;
@@ -161,7 +187,7 @@ impl Shared {
                 }
                 q.issued
             };
-            let result = (self.flush)();
+            let result = self.timed_flush();
             if let Err(e) = &result {
                 tracing::error!(error = %e, "log flush failed");
             }
@@ -204,6 +230,19 @@ mod tests {
         }
         let n = flushes.load(Ordering::SeqCst);
         assert!((1..50).contains(&n), "{n} flushes for 50 writers");
+    }
+
+    #[tokio::test]
+    async fn every_flush_is_timed_for_the_observer() {
+        let commit = GroupCommit::new(SyncMode::Always, Arc::new(|| Ok(())));
+        let seen = Arc::new(AtomicU64::new(0));
+        let counter = seen.clone();
+        commit.observe(Arc::new(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        commit.durable().await.unwrap();
+        commit.durable().await.unwrap();
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -383,6 +383,10 @@ pub trait Store: Send + Sync + 'static {
     /// Subscribe *before* reading so that no append between the read and the
     /// wait is missed.
     fn subscribe(&self, stream: StreamId) -> Subscription;
+
+    /// Tells the backend whom to report each flush's duration to. A backend
+    /// that does not flush through a group commit has nothing to report.
+    fn observe_flushes(&self, _observer: commit::FlushObserver) {}
 }
 
 pub type SharedStore = Arc<dyn Store>;

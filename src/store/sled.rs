@@ -24,7 +24,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::{watch, Mutex};
 
-use super::commit::{GroupCommit, SyncMode};
+use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
     Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
     UpstreamMark, Watermark,
@@ -482,6 +482,10 @@ impl Store for SledStore {
             })
             .subscribe(),
         }
+    }
+
+    fn observe_flushes(&self, observer: FlushObserver) {
+        self.commit.observe(observer);
     }
 }
 

@@ -41,7 +41,7 @@ use tokio::sync::watch;
 
 use self::index::{Index, Loc, SegmentNo, StreamState};
 use self::segment::Writer;
-use super::commit::{GroupCommit, SyncMode};
+use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
     Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
     Subscription, UpstreamMark, Watermark,
@@ -694,6 +694,10 @@ impl Store for Journal {
             })
             .subscribe(),
         }
+    }
+
+    fn observe_flushes(&self, observer: FlushObserver) {
+        self.commit.observe(observer);
     }
 }
 

@@ -1,0 +1,161 @@
+//! `GET /metrics`: OpenMetrics text from the running proxy, and the
+//! counters that traffic through it moves.
+
+mod common;
+
+use common::*;
+use http::StatusCode;
+use mcp_resume_proxy::config::UpstreamConfig;
+
+/// The metrics page of the proxy `rig.client` talks to.
+async fn scrape(client: &McpClient) -> String {
+    let url = client.url.trim_end_matches("/mcp").to_owned() + "/metrics";
+    let res = McpClient::new(url).send(Call::get()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let content_type = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    String::from_utf8(body_bytes(res).await.to_vec()).expect("metrics are UTF-8")
+}
+
+/// The value of the sample `series` (name with labels, as printed).
+fn value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
+}
+
+/// initialize + one completed tool call of `steps` progress notifications.
+async fn a_session_with_one_call(rig: &Rig, steps: u64) -> (String, Vec<Option<String>>) {
+    let sid = rig.client.initialize(V_LATEST).await;
+    let res = rig
+        .client
+        .send(Call::post(&slow_call(2, steps, 1)).session(&sid))
+        .await;
+    let ids = read_all(res)
+        .await
+        .into_iter()
+        .filter(|e| !e.data.is_empty())
+        .map(|e| e.id)
+        .collect();
+    (sid, ids)
+}
+
+#[tokio::test]
+async fn the_page_is_openmetrics_text_with_a_type_for_every_series() {
+    let rig = Rig::start().await;
+    a_session_with_one_call(&rig, 2).await;
+    let text = scrape(&rig.client).await;
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for (name, kind) in [
+        ("mcp_proxy_sessions_open", "gauge"),
+        ("mcp_proxy_streams_live", "gauge"),
+        ("mcp_proxy_entries_appended", "counter"),
+        ("mcp_proxy_appended_bytes", "counter"),
+        ("mcp_proxy_replays", "counter"),
+        ("mcp_proxy_flush_duration_seconds", "histogram"),
+        ("mcp_proxy_upstream_errors", "counter"),
+        ("mcp_proxy_recovered_streams", "counter"),
+        ("mcp_proxy_upstream_resumes", "counter"),
+    ] {
+        let line = format!("# TYPE {name} {kind}");
+        assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_call_counts_its_messages_as_appended_and_its_flushes() {
+    let rig = Rig::start().await;
+    let (_, events) = a_session_with_one_call(&rig, 3).await;
+    let text = scrape(&rig.client).await;
+    // The initialize result, then the call's progress and result.
+    let logged = 1.0 + events.len() as f64;
+    assert!(events.len() >= 4, "3 progress + the result: {events:?}");
+    assert!(
+        value(&text, "mcp_proxy_entries_appended_total") >= logged,
+        "{text}"
+    );
+    assert!(value(&text, "mcp_proxy_appended_bytes_total") > 0.0);
+    assert!(value(&text, "mcp_proxy_flush_duration_seconds_count") >= 1.0);
+}
+
+#[tokio::test]
+async fn an_initialized_session_is_one_open_session() {
+    let rig = Rig::start().await;
+    let (sid, _) = a_session_with_one_call(&rig, 1).await;
+    let text = scrape(&rig.client).await;
+    assert_eq!(value(&text, "mcp_proxy_sessions_open"), 1.0);
+    assert_eq!(value(&text, "mcp_proxy_streams_live"), 0.0, "{text}");
+    let res = rig.client.send(Call::delete().session(&sid)).await;
+    assert!(res.status().is_success());
+    let text = scrape(&rig.client).await;
+    assert_eq!(value(&text, "mcp_proxy_sessions_open"), 0.0);
+}
+
+#[tokio::test]
+async fn a_last_event_id_resume_counts_as_a_last_event_id_replay() {
+    let rig = Rig::start().await;
+    let (sid, ids) = a_session_with_one_call(&rig, 3).await;
+    let first = ids[0].clone().expect("every event has an id");
+    let before = scrape(&rig.client).await;
+    assert_eq!(
+        value(
+            &before,
+            "mcp_proxy_replays_total{dialect=\"last_event_id\"}"
+        ),
+        0.0
+    );
+    let res = rig
+        .client
+        .send(Call::get().session(&sid).header("last-event-id", &first))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    read_all(res).await;
+    let after = scrape(&rig.client).await;
+    assert_eq!(
+        value(&after, "mcp_proxy_replays_total{dialect=\"last_event_id\"}"),
+        1.0
+    );
+    assert_eq!(
+        value(&after, "mcp_proxy_replays_total{dialect=\"streams\"}"),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_counts_as_a_connect_error() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let rig = Rig::with(Default::default(), |c| {
+        c.upstream = vec![UpstreamConfig::new(format!("http://{closed}/mcp"))];
+    })
+    .await;
+    let res = rig.client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    let text = scrape(&rig.client).await;
+    assert_eq!(
+        value(&text, "mcp_proxy_upstream_errors_total{kind=\"connect\"}"),
+        1.0
+    );
+    assert_eq!(value(&text, "mcp_proxy_sessions_open"), 0.0);
+}
+
+#[tokio::test]
+async fn metrics_can_be_switched_off() {
+    let rig = Rig::with(Default::default(), |c| c.metrics = false).await;
+    let url = rig.client.url.trim_end_matches("/mcp").to_owned() + "/metrics";
+    let res = McpClient::new(url).send(Call::get()).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
