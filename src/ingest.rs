@@ -106,7 +106,7 @@ pub async fn record(
         log.append_final(stream.id, &batch, StreamStatus::Completed, outcome)
             .await
     } else if let Some(event) = &upstream_event {
-        log.store().append_upstream(stream.id, &batch, event).await
+        log.append_upstream(stream.id, &batch, event).await
     } else if batch.is_empty() {
         return Recorded::Appended;
     } else {

@@ -143,6 +143,22 @@ impl Log {
         Ok(last)
     }
 
+    /// Appends messages read from an upstream SSE stream with the
+    /// upstream's event id they ended at (see [`crate::store::UpstreamMark`]).
+    pub async fn append_upstream(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        event_id: &str,
+    ) -> Result<Seq> {
+        let last = self
+            .store
+            .append_upstream(stream, messages, event_id)
+            .await?;
+        self.metrics.appended(messages);
+        Ok(last)
+    }
+
     /// Appends a stream's last messages and finishes it, durable together.
     pub async fn append_final(
         &self,

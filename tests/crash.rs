@@ -75,6 +75,13 @@ async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
     );
     assert_eq!(result["id"], 2);
     assert!(result.get("result").is_some(), "{result}");
+    let metrics = McpClient::new(format!("http://{}/metrics", proxy.addr));
+    let text = body_bytes(metrics.send(Call::get()).await).await;
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains("mcp_proxy_upstream_resumes_total{after=\"restart\"} 1"),
+        "{text}"
+    );
 
     // The session still maps to the same upstream session.
     let call = Call::post(&tool_call(3, "echo", json!({"text":"still here"}))).session(&sid);
