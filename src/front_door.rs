@@ -5,7 +5,8 @@
 //! the HTTP/1 read timeout for later heads), and sets the principal of a
 //! verified client certificate on every request of its connection.
 //!
-//! It knows nothing of routes or sessions: requests go to [`App::handle`].
+//! It knows nothing of routes or sessions: requests go to a [`Handler`] (the
+//! app, in `server.rs`).
 //! Bodies are bounded where they are read (`proxy::read_body`).
 
 use std::convert::Infallible;
@@ -24,15 +25,21 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::LimitsConfig;
-use crate::server::App;
+use crate::reply::Body;
 use crate::tls::CertificatePrincipal;
+
+/// What serves the requests of every connection.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn handle(&self, req: Request<Incoming>) -> http::Response<Body>;
+}
 
 /// hyper refuses an HTTP/1 read buffer smaller than this (it panics).
 const HYPER_MIN_BUF: usize = 8192;
 
 /// How every connection is served.
 pub struct FrontDoor {
-    app: Arc<App>,
+    app: Arc<dyn Handler>,
     tls: Option<TlsAcceptor>,
     http: auto::Builder<TokioExecutor>,
     /// From accept to the first request head: TLS handshake, protocol
@@ -41,7 +48,7 @@ pub struct FrontDoor {
 }
 
 impl FrontDoor {
-    pub fn new(app: Arc<App>, tls: Option<TlsAcceptor>, limits: &LimitsConfig) -> Self {
+    pub fn new(app: Arc<dyn Handler>, tls: Option<TlsAcceptor>, limits: &LimitsConfig) -> Self {
         let mut http = auto::Builder::new(TokioExecutor::new());
         http.http1()
             .timer(TokioTimer::new())

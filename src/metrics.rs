@@ -27,11 +27,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::id::StreamId;
-use crate::reply::{self, Body};
-use crate::session::Sessions;
+
 use crate::store::commit::FlushObserver;
-use crate::stream::Log;
-use crate::upstream::UpstreamError;
 
 /// What `GET /metrics` answers with.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -87,6 +84,12 @@ pub enum UpstreamFailure {
     Timeout,
 }
 
+impl From<&UpstreamFailure> for UpstreamFailure {
+    fn from(kind: &UpstreamFailure) -> Self {
+        *kind
+    }
+}
+
 impl UpstreamFailure {
     pub const ALL: &'static [Self] = &[
         UpstreamFailure::Connect,
@@ -104,19 +107,6 @@ impl UpstreamFailure {
             UpstreamFailure::Busy => "busy",
             UpstreamFailure::Status => "status",
             UpstreamFailure::Timeout => "timeout",
-        }
-    }
-}
-
-impl From<&UpstreamError> for UpstreamFailure {
-    fn from(e: &UpstreamError) -> Self {
-        match e {
-            UpstreamError::Connect(_) => UpstreamFailure::Connect,
-            UpstreamError::Broken(_) => UpstreamFailure::Broken,
-            UpstreamError::TooLarge(_) => UpstreamFailure::TooLarge,
-            UpstreamError::Busy(_) => UpstreamFailure::Busy,
-            UpstreamError::Refused(_) => UpstreamFailure::Status,
-            UpstreamError::TimedOut(_) => UpstreamFailure::Timeout,
         }
     }
 }
@@ -290,13 +280,17 @@ impl Metrics {
             .inc();
     }
 
-    pub fn upstream_error(&self, e: &UpstreamError) {
-        self.upstream_failed(e.into());
+    /// An upstream failure, by kind (upstream errors say theirs).
+    pub fn upstream_error(&self, kind: impl Into<UpstreamFailure>) {
+        self.upstream_failed(kind.into());
     }
 
     /// An upstream's answer to a request the proxy sent: a transport error,
     /// or an HTTP error status, counts as a failure.
-    pub fn upstream_answer<B>(&self, sent: &Result<http::Response<B>, UpstreamError>) {
+    pub fn upstream_answer<'e, B, E>(&self, sent: &'e Result<http::Response<B>, E>)
+    where
+        &'e E: Into<UpstreamFailure>,
+    {
         match sent {
             Err(e) => self.upstream_error(e),
             Ok(res) => self.upstream_status(res.status()),
@@ -334,17 +328,6 @@ impl Metrics {
         }
         out
     }
-}
-
-/// `GET /metrics`: the exposition, with the gauges counted now.
-pub fn respond(log: &Log, sessions: &Sessions) -> http::Response<Body> {
-    let text = log.metrics().render(sessions.open(), log.live_streams());
-    let mut res = http::Response::new(reply::full(text));
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(CONTENT_TYPE),
-    );
-    res
 }
 
 /// A counter family with every label value present from the start, so a
@@ -439,11 +422,11 @@ mod tests {
         let metrics = Metrics::new();
         metrics.appended(&[Bytes::from_static(b"abc"), Bytes::from_static(b"de")]);
         metrics.replayed(Replayed::Streams);
-        metrics.upstream_error(&UpstreamError::Connect("refused".into()));
-        metrics.upstream_answer(&Ok::<_, UpstreamError>(
+        metrics.upstream_error(UpstreamFailure::Connect);
+        metrics.upstream_answer(&Ok::<_, UpstreamFailure>(
             http::Response::builder().status(503).body(()).unwrap(),
         ));
-        metrics.upstream_answer(&Ok::<_, UpstreamError>(http::Response::new(())));
+        metrics.upstream_answer(&Ok::<_, UpstreamFailure>(http::Response::new(())));
         metrics.recovered(2);
         metrics.upstream_resumed(ResumedAfter::Cut);
         (metrics.flush_observer())(Duration::from_millis(3));

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
-use crate::front_door::FrontDoor;
+use crate::front_door::{FrontDoor, Handler};
 use crate::lifetime::{Recovered, Resumer};
 use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
@@ -131,7 +131,7 @@ impl App {
             return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
         }
         if path == "/metrics" && self.shared.config.metrics {
-            return crate::metrics::respond(&self.shared.log, &self.shared.sessions);
+            return self.metrics_page();
         }
         if !self.host_allowed(req.headers()) {
             return Rejection::forbidden("Host").into_response();
@@ -149,6 +149,30 @@ impl App {
             Some(route) => route.handle(req).await,
             None => Rejection::not_found().into_response(),
         }
+    }
+}
+
+impl App {
+    /// `GET /metrics`: the exposition, with the gauges counted now.
+    fn metrics_page(&self) -> Response<Body> {
+        let log = &self.shared.log;
+        let text = log
+            .metrics()
+            .render(self.shared.sessions.open(), log.live_streams());
+        let mut res = Response::new(reply::full(text));
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        );
+        res
+    }
+}
+
+/// The front door hands every request to the app.
+#[async_trait::async_trait]
+impl Handler for App {
+    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        App::handle(self, req).await
     }
 }
 

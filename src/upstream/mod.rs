@@ -11,6 +11,8 @@ pub mod stdio;
 
 use std::sync::Arc;
 
+use crate::metrics::UpstreamFailure;
+
 /// The server behind one route.
 pub enum Upstream {
     Http(Arc<http::HttpUpstream>),
@@ -32,4 +34,18 @@ pub enum UpstreamError {
     Refused(u16),
     #[error("upstream timed out: {0}")]
     TimedOut(&'static str),
+}
+
+/// How metrics count an upstream error.
+impl From<&UpstreamError> for UpstreamFailure {
+    fn from(e: &UpstreamError) -> Self {
+        match e {
+            UpstreamError::Connect(_) => UpstreamFailure::Connect,
+            UpstreamError::Broken(_) => UpstreamFailure::Broken,
+            UpstreamError::TooLarge(_) => UpstreamFailure::TooLarge,
+            UpstreamError::Busy(_) => UpstreamFailure::Busy,
+            UpstreamError::Refused(_) => UpstreamFailure::Status,
+            UpstreamError::TimedOut(_) => UpstreamFailure::Timeout,
+        }
+    }
 }
