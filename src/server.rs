@@ -60,6 +60,7 @@ impl App {
             log,
             sessions,
             keyring,
+            draining: CancellationToken::new(),
         });
         let routes = shared
             .config
@@ -308,11 +309,18 @@ impl Server {
         })
     }
 
-    /// Stops accepting, lets connections finish within the grace period.
+    /// Shuts down gracefully: open SSE answers end with a `retry:` so their
+    /// clients reconnect, no new connection is accepted, connections get
+    /// the grace period to finish, stdio children are stopped, and the log
+    /// is flushed whatever its `sync` mode.
     pub async fn shutdown(self) {
+        self.app.shared.draining.cancel();
         self.stop.cancel();
         let _ = self.done.await;
         self.app.stop_upstreams().await;
+        if let Err(e) = self.app.shared.log.store().flush().await {
+            tracing::error!(error = %e, "cannot flush the log at shutdown");
+        }
     }
 
     /// Serves until `signal` resolves, then shuts down.

@@ -22,6 +22,10 @@ use crate::stream::{Next, Reader};
 use crate::token::Keyring;
 
 /// How a stream is presented on the wire.
+/// The reconnection delay a draining answer suggests once the configured
+/// one was sent: soon, since a restarted or another instance serves it.
+const DRAIN_RETRY_MS: u64 = 1_000;
+
 pub struct Presentation {
     pub session: SessionId,
     pub keyring: Keyring,
@@ -33,6 +37,8 @@ pub struct Presentation {
     /// A resume that runs to the stream's end is evidence the client got
     /// it: the acknowledged cursor moves there.
     pub ack_at_end: bool,
+    /// The proxy is shutting down: end with a `retry:` hint.
+    pub draining: tokio_util::sync::CancellationToken,
 }
 
 /// Where a `Last-Event-ID` resumes: its stream and cursor, or `None` when it
@@ -115,7 +121,11 @@ impl Serving {
             }
             wait = wait.min(left);
         }
-        match self.reader.next(wait).await {
+        let next = tokio::select! {
+            next = self.reader.next(wait) => next,
+            () = self.how.draining.cancelled() => return self.drained(),
+        };
+        match next {
             Ok(Next::Entries(entries)) => {
                 for entry in entries {
                     let Some(message) = self.how.presenter.entry(entry.message) else {
@@ -164,6 +174,17 @@ impl Serving {
         let interim = self.how.presenter.interim(self.reader.cursor())?;
         self.retry_first();
         crate::sse::encode_event(&mut self.out, None, &interim);
+        Some(self.out.split().freeze())
+    }
+
+    /// Ends the answer because the proxy shuts down: the client is told
+    /// when to reconnect, and reconnects with its last event id (the
+    /// entries it has not seen are in the log).
+    fn drained(&mut self) -> Option<Bytes> {
+        self.ended = true;
+        let ms = self.how.retry_ms.take().unwrap_or(DRAIN_RETRY_MS);
+        crate::sse::encode_retry_field(&mut self.out, ms);
+        self.out.extend_from_slice(b"\n");
         Some(self.out.split().freeze())
     }
 

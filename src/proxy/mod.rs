@@ -26,6 +26,7 @@ use crate::store::StreamMeta;
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::Upstream;
+use tokio_util::sync::CancellationToken;
 
 /// State shared by every route.
 pub struct Shared {
@@ -33,6 +34,10 @@ pub struct Shared {
     pub log: Arc<Log>,
     pub sessions: Arc<Sessions>,
     pub keyring: Keyring,
+    /// Cancelled when the proxy starts shutting down: open SSE answers end
+    /// with a `retry:` so their clients reconnect (here after a restart, or
+    /// to another instance).
+    pub draining: CancellationToken,
 }
 
 /// One upstream, mounted at `path`.

@@ -75,6 +75,7 @@ impl Route {
                 keepalive: Duration::from_secs(sse.keepalive_secs),
                 presenter: showing.presenter,
                 ack_at_end: showing.resume,
+                draining: self.shared.draining.clone(),
             };
             reply::sse(last_event_id::serve(showing.reader, how))
         } else {

@@ -387,6 +387,10 @@ pub trait Store: Send + Sync + 'static {
     /// Tells the backend whom to report each flush's duration to. A backend
     /// that does not flush through a group commit has nothing to report.
     fn observe_flushes(&self, _observer: commit::FlushObserver) {}
+
+    /// Makes everything written so far durable, whatever the `sync` mode:
+    /// the last thing a proxy that shuts down does with its log.
+    async fn flush(&self) -> Result<()>;
 }
 
 pub type SharedStore = Arc<dyn Store>;

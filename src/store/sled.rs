@@ -431,6 +431,10 @@ impl Store for SledStore {
         self.append_inner(stream, messages, Some(end), None).await
     }
 
+    async fn flush(&self) -> Result<()> {
+        self.db.flush_async().await.map(|_| ()).map_err(backend)
+    }
+
     async fn append_upstream(
         &self,
         stream: StreamId,

@@ -58,6 +58,24 @@ impl ProxyProcess {
         self.child.wait().expect("reaped");
     }
 
+    /// Sends SIGTERM and waits (bounded) for the process to exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = i32::try_from(self.child.id()).expect("pid fits");
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the proxy did not exit after SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn client(&self) -> McpClient {
         McpClient::new(format!("http://{}/mcp", self.addr))
     }

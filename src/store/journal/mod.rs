@@ -637,6 +637,14 @@ impl Store for Journal {
         self.append_inner(stream, messages, Some(end), None).await
     }
 
+    async fn flush(&self) -> Result<()> {
+        let file = lock(&self.active).clone();
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?
+            .map_err(io)
+    }
+
     async fn append_upstream(
         &self,
         stream: StreamId,
