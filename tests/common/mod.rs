@@ -3,6 +3,7 @@
 //! (raw HTTP + SSE) so tests can cut and resume streams wherever they like.
 #![allow(dead_code)]
 
+pub mod chaos;
 pub mod dialects;
 pub mod process;
 pub mod tls;
@@ -168,6 +169,28 @@ impl McpClient {
             .enable_all_versions()
             .build();
         let http = Client::builder(TokioExecutor::new()).build(connector);
+        Self { url, http }
+    }
+
+    /// A client for an `http://` URL that opens a new connection for every
+    /// request (no pool), so a relay can cut one request's connection.
+    pub fn unpooled(url: String) -> Self {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .expect("protocol versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(connector);
         Self { url, http }
     }
 
