@@ -89,6 +89,41 @@ async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
     assert_eq!(messages[0]["result"]["content"][0]["text"], "still here");
 }
 
+/// The upstream's priming event carries an id before any message: a kill
+/// between it and the first progress must not cost the call.
+#[tokio::test]
+async fn a_call_killed_before_its_first_message_is_resumed_from_the_upstream_priming_event() {
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let mut proxy =
+        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let client = proxy.client();
+    let sid = client.initialize(V_LATEST).await;
+    let mut live = SseReader::new(
+        client
+            .send(Call::post(&slow_call(2, 3, 1500)).session(&sid))
+            .await,
+    );
+    let priming = live.next().await.unwrap().id.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.kill9();
+    drop(live);
+
+    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+    let tail = tail_after(&proxy.client(), &sid, &priming).await;
+    let (result, progress) = tail.split_last().expect("at least the result");
+    let progress: Vec<_> = progress
+        .iter()
+        .map(|m| m["params"]["progress"].as_u64().unwrap())
+        .collect();
+    assert_eq!(progress, [1, 2, 3]);
+    assert_eq!(result["id"], 2);
+    assert!(result.get("result").is_some(), "{result}");
+}
+
 #[tokio::test]
 async fn a_call_whose_upstream_gave_no_event_ids_ends_with_an_error_after_kill9() {
     let opts = DemoOptions {

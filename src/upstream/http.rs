@@ -281,6 +281,10 @@ pub struct Messages {
     /// The body broke; reported once `ready` is drained.
     broken: Option<UpstreamError>,
     finished: bool,
+    /// An event id arrived with no message (a priming event) since the last
+    /// batch: worth a batch of its own, so that it is logged as the upstream
+    /// mark and a restart right after can resume the upstream from it.
+    id_alone: bool,
 }
 
 impl Messages {
@@ -298,6 +302,7 @@ impl Messages {
             ready: Vec::new(),
             broken: None,
             finished: false,
+            id_alone: false,
         }
     }
 
@@ -307,11 +312,12 @@ impl Messages {
 
     /// The messages that arrived since the last call, at least one (waiting
     /// for it if need be) and everything else already received — so that
-    /// while the log flushes one batch, the next one accumulates. `None` once
+    /// while the log flushes one batch, the next one accumulates. Empty when
+    /// only a new event id arrived (a priming event). `None` once
     /// the body ended cleanly; a broken body is reported after the messages
     /// that arrived before the break.
     pub async fn next_batch(&mut self) -> Option<Result<Vec<Bytes>, UpstreamError>> {
-        while self.ready.is_empty() {
+        while self.ready.is_empty() && !self.id_alone {
             if let Some(e) = self.broken.take() {
                 return Some(Err(e));
             }
@@ -327,6 +333,7 @@ impl Messages {
                 None => break,
             }
         }
+        self.id_alone = false;
         Some(Ok(std::mem::take(&mut self.ready)))
     }
 
@@ -367,6 +374,7 @@ impl Messages {
             Framing::Sse(decoder) => {
                 decoder.push(data);
                 while let Some(event) = decoder.next_event() {
+                    let has_id = event.id.is_some();
                     if let Some(id) = event.id {
                         self.last_event_id = Some(id);
                     }
@@ -376,6 +384,8 @@ impl Messages {
                     // Priming events and empty data carry no message.
                     if !event.data.iter().all(u8::is_ascii_whitespace) {
                         self.ready.push(event.data);
+                    } else if has_id {
+                        self.id_alone = true;
                     }
                 }
                 if decoder.buffered() > MAX_MESSAGE {
