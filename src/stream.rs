@@ -374,11 +374,6 @@ impl Reader {
         self.cursor
     }
 
-    /// Records that the client holds every entry this reader delivered.
-    pub async fn acknowledge(&self) -> Result<()> {
-        self.log.ack(self.stream, self.cursor).await
-    }
-
     fn replaced(&self) -> bool {
         self.exclusive
             .as_ref()

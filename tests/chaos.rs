@@ -394,11 +394,9 @@ async fn random_cuts_resumed_by_last_event_id_lose_and_duplicate_nothing() {
     assert_clean(&chaos.run().await);
 }
 
-/// Ignored: a `requests/resume` cut after the proxy wrote the stream's last
-/// entry counts as "ran to the end" and acknowledges entries the client never
-/// got; the next resume then skips them (seen: progress 8 lost, seed
-/// 1795438254685767282). See RELIABILITY.md.
-#[ignore = "known loss: a cut requests/resume acknowledges what it wrote"]
+/// Regression: a `requests/resume` cut after the proxy wrote the stream's
+/// last entry used to count as "ran to the end" and acknowledge entries the
+/// client never got (seen: progress 8 lost, seed 1795438254685767282).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_cuts_resumed_by_requests_resume_lose_and_duplicate_nothing() {
     let chaos = Chaos::start(

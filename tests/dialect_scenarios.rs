@@ -116,7 +116,7 @@ async fn requests_resume_delivers_the_rest_then_the_original_response(kind: Kind
     assert_eq!(progress, sorted, "no progress repeated");
 }
 
-async fn a_resumed_request_is_acknowledged_and_a_second_resume_still_ends_with_the_response(
+async fn a_resume_that_ran_to_its_end_acknowledges_nothing_so_a_second_one_repeats_it_with_the_same_ids(
     kind: Kind,
 ) {
     let front = Front::start(kind).await;
@@ -124,14 +124,13 @@ async fn a_resumed_request_is_acknowledged_and_a_second_resume_still_ends_with_t
     let first = whole_call(&front, &sid, 5, 2).await;
     let token = resume_token(&first);
     let again = read_to_end(resume_request(&front.client, &sid, 5, &token).await).await;
-    assert_eq!(
-        again.len(),
-        first.len(),
-        "no acknowledgement yet: everything again"
-    );
+    assert_eq!(again.len(), first.len(), "nothing acknowledged: everything");
+    // Writing an answer to its end is no proof the client read it (the
+    // connection may have been cut after the write): the next resume repeats
+    // it, under the same event ids, so a client drops what it already has.
     let once_more = read_to_end(resume_request(&front.client, &sid, 5, &token).await).await;
-    assert_eq!(once_more.len(), 1, "acknowledged: only the response");
-    assert!(is_response_to(&once_more[0].1, 5));
+    assert_eq!(once_more, again);
+    assert!(is_response_to(&once_more.last().unwrap().1, 5));
     let status = ask(
         &front.client,
         &sid,
@@ -142,7 +141,7 @@ async fn a_resumed_request_is_acknowledged_and_a_second_resume_still_ends_with_t
         ),
     )
     .await;
-    assert_eq!(status["result"]["hasPendingMessage"], false);
+    assert_eq!(status["result"]["hasPendingMessage"], true);
 }
 
 async fn stream_resume_delivers_the_rest_the_end_and_an_empty_result(kind: Kind) {
@@ -478,7 +477,7 @@ both_upstreams!(
     stream_end_follows_the_response,
     get_status_reports_processing_then_completed,
     requests_resume_delivers_the_rest_then_the_original_response,
-    a_resumed_request_is_acknowledged_and_a_second_resume_still_ends_with_the_response,
+    a_resume_that_ran_to_its_end_acknowledges_nothing_so_a_second_one_repeats_it_with_the_same_ids,
     stream_resume_delivers_the_rest_the_end_and_an_empty_result,
     stream_poll_says_live_then_completed,
     last_event_id_requests_resume_and_stream_resume_share_one_stream,

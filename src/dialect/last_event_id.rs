@@ -34,9 +34,6 @@ pub struct Presentation {
     pub retry_ms: Option<u64>,
     pub keepalive: Duration,
     pub presenter: Presenter,
-    /// A resume that runs to the stream's end is evidence the client got
-    /// it: the acknowledged cursor moves there.
-    pub ack_at_end: bool,
     /// The proxy is shutting down: end with a `retry:` hint.
     pub draining: tokio_util::sync::CancellationToken,
 }
@@ -143,12 +140,11 @@ impl Serving {
             // (At a deadline, the next chunk is the interim.)
             Ok(Next::Idle) => Some(Bytes::from_static(crate::sse::KEEP_ALIVE)),
             Ok(Next::End(_)) => {
+                // Not acknowledged: a write that reached the end of the
+                // stream is no evidence the client read it (a connection cut
+                // after the write loses what was in flight). Only the
+                // client's own `Last-Event-ID` is.
                 self.ended = true;
-                if self.how.ack_at_end {
-                    if let Err(e) = self.reader.acknowledge().await {
-                        tracing::warn!(stream = %stream, error = %e, "cannot record acknowledgement");
-                    }
-                }
                 let closing = self.how.presenter.closing();
                 if closing.is_empty() {
                     return None;

@@ -174,7 +174,6 @@ async fn answer_command(
                     .with_call(replay.call),
                 reader: replay.reader,
                 fresh: true,
-                resume: true,
             };
             route.show(session, headers, showing).await
         }
@@ -250,7 +249,6 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
             reader: route.shared.log.attach(stream.id, seq),
             presenter: route.presenter(&session, &stream),
             fresh: false,
-            resume: true,
         },
         None => {
             let target = Target::of(route, &session).ok_or_else(Rejection::session_not_found)?;
@@ -263,7 +261,6 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
                 reader,
                 presenter: dialect::Presenter::plain(),
                 fresh: true,
-                resume: false,
             }
         }
     };

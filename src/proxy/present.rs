@@ -34,8 +34,6 @@ pub struct Showing {
     /// A stream the client has not seen before: prime it (for clients
     /// that understand priming events).
     pub fresh: bool,
-    /// A resume: running to the end acknowledges the stream.
-    pub resume: bool,
 }
 
 impl Route {
@@ -74,7 +72,6 @@ impl Route {
                 retry_ms: Some(sse.retry_ms),
                 keepalive: Duration::from_secs(sse.keepalive_secs),
                 presenter: showing.presenter,
-                ack_at_end: showing.resume,
                 draining: self.shared.draining.clone(),
             };
             reply::sse(last_event_id::serve(showing.reader, how))
@@ -98,7 +95,6 @@ impl Route {
             reader: self.shared.log.attach(stream.id, 0),
             presenter: self.presenter(session, stream).with_call(call),
             fresh: true,
-            resume: false,
         };
         self.show(session, headers, showing).await
     }
@@ -110,7 +106,6 @@ async fn json_answer(showing: Showing) -> Result<Response<Body>, Rejection> {
     let Showing {
         mut reader,
         mut presenter,
-        resume,
         ..
     } = showing;
     let is_response = |m: &Bytes| {
@@ -139,9 +134,6 @@ async fn json_answer(showing: Showing) -> Result<Response<Body>, Rejection> {
                 }
             }
             Next::End(_) => {
-                if resume {
-                    reader.acknowledge().await?;
-                }
                 responses.extend(presenter.closing().into_iter().filter(is_response));
                 break;
             }
