@@ -114,6 +114,16 @@ pub struct LimitsConfig {
     /// How long a client has to send a whole request body; a stalled one is
     /// answered with 408.
     pub body_read_timeout_ms: u64,
+    /// Most request streams one session may have live at once; a request
+    /// past it gets 429 with a JSON-RPC error.
+    pub streams_per_session: usize,
+    /// Most request streams one principal may have live at once, across
+    /// its sessions (429 past it).
+    pub streams_per_principal: usize,
+    /// Largest the log may grow on disk, in bytes: past it, new requests
+    /// get 503 while the streams already open run to their end (and
+    /// retention frees space). Unlimited when unset.
+    pub max_log_bytes: Option<u64>,
 }
 
 impl LimitsConfig {
@@ -233,6 +243,9 @@ impl Default for LimitsConfig {
             max_header_bytes: 64 * 1024,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
+            streams_per_session: 100,
+            streams_per_principal: 1_000,
+            max_log_bytes: None,
         }
     }
 }
@@ -482,6 +495,14 @@ impl Config {
         }
         for (key, value) in [
             ("limits.stream_max_entries", self.limits.stream_max_entries),
+            (
+                "limits.streams_per_session",
+                self.limits.streams_per_session as u64,
+            ),
+            (
+                "limits.streams_per_principal",
+                self.limits.streams_per_principal as u64,
+            ),
             ("limits.stream_max_bytes", self.limits.stream_max_bytes),
         ] {
             if value == 0 {

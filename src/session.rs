@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 use http::HeaderMap;
 use ring::digest;
 use tokio_util::sync::CancellationToken;
@@ -100,10 +100,39 @@ pub struct Session {
     write: tokio::sync::Mutex<()>,
     /// Held while the upstream session is renewed (see `proxy::renew`).
     renewing: tokio::sync::Mutex<()>,
+    /// The request streams tracked now (the per-session cap counts them).
+    streams: DashSet<StreamId>,
+    /// The same, counted per principal across sessions.
+    by_principal: Arc<PrincipalStreams>,
+}
+
+/// Live request streams per principal, across every session of this
+/// process: what the per-principal cap counts.
+#[derive(Default)]
+pub struct PrincipalStreams(DashMap<String, usize>);
+
+impl PrincipalStreams {
+    pub fn of(&self, principal: &str) -> usize {
+        self.0.get(principal).map_or(0, |n| *n)
+    }
+
+    fn add(&self, principal: &str) {
+        *self.0.entry(principal.to_owned()).or_default() += 1;
+    }
+
+    fn remove(&self, principal: &str, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.0.remove_if_mut(principal, |_, count| {
+            *count = count.saturating_sub(n);
+            *count == 0
+        });
+    }
 }
 
 impl Session {
-    fn new(record: SessionRecord) -> Arc<Self> {
+    fn new(record: SessionRecord, by_principal: Arc<PrincipalStreams>) -> Arc<Self> {
         Arc::new(Self {
             id: record.id,
             record: Mutex::new(record),
@@ -115,6 +144,8 @@ impl Session {
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
             renewing: tokio::sync::Mutex::new(()),
+            streams: DashSet::new(),
+            by_principal,
         })
     }
 
@@ -141,6 +172,9 @@ impl Session {
 
     /// Tracks the requests (and their progress tokens) a stream answers.
     pub fn track(&self, stream: &StreamMeta) {
+        if self.streams.insert(stream.id) {
+            self.by_principal.add(&self.principal());
+        }
         for id in &stream.origin_ids {
             self.in_flight.insert(id.clone(), stream.id);
         }
@@ -154,6 +188,9 @@ impl Session {
 
     /// Forgets what was tracked for a stream that ended (or was refused).
     pub fn release(&self, stream: &StreamMeta) {
+        if self.streams.remove(&stream.id).is_some() {
+            self.by_principal.remove(&self.principal(), 1);
+        }
         for id in &stream.origin_ids {
             self.in_flight.remove_if(id, |_, s| *s == stream.id);
         }
@@ -162,6 +199,18 @@ impl Session {
                 self.progress.remove_if(&token, |_, s| *s == stream.id);
             }
         }
+    }
+
+    /// How many request streams are tracked now.
+    pub fn live_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Forgets every tracked stream's count: the session is over.
+    fn release_all(&self) {
+        let n = self.streams.len();
+        self.streams.clear();
+        self.by_principal.remove(&self.principal(), n);
     }
 
     /// The live request stream a progress token belongs to.
@@ -213,6 +262,8 @@ impl Session {
 pub struct Sessions {
     store: SharedStore,
     live: DashMap<SessionId, Arc<Session>>,
+    /// Live request streams per principal (the per-principal cap).
+    pub by_principal: Arc<PrincipalStreams>,
 }
 
 impl Sessions {
@@ -220,6 +271,7 @@ impl Sessions {
         Arc::new(Self {
             store,
             live: DashMap::new(),
+            by_principal: Arc::default(),
         })
     }
 
@@ -233,7 +285,8 @@ impl Sessions {
         dialects: Vec<String>,
     ) -> Arc<Session> {
         let now = now_ms();
-        let session = Session::new(SessionRecord {
+        let session = Session::new(
+            SessionRecord {
             id: SessionId::random(),
             route: route.to_owned(),
             upstream_session: None,
@@ -244,7 +297,9 @@ impl Sessions {
             last_seen_ms: now,
             closed_ms: None,
             dialects,
-        });
+            },
+            self.by_principal.clone(),
+        );
         self.live.insert(session.id, session.clone());
         session
     }
@@ -347,7 +402,7 @@ impl Sessions {
         Ok(self.store.get_session(id).await?.map(|record| {
             self.live
                 .entry(id)
-                .or_insert_with(|| Session::new(record))
+                .or_insert_with(|| Session::new(record, self.by_principal.clone()))
                 .clone()
         }))
     }
@@ -356,6 +411,7 @@ impl Sessions {
     pub async fn end(&self, id: SessionId) -> Result<()> {
         if let Some((_, session)) = self.live.remove(&id) {
             session.ended.cancel();
+            session.release_all();
         }
         self.store.delete_session(id).await
     }
@@ -364,6 +420,7 @@ impl Sessions {
     pub fn discard(&self, id: SessionId) {
         if let Some((_, session)) = self.live.remove(&id) {
             session.ended.cancel();
+            session.release_all();
         }
     }
 

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
-use super::{present, renew};
+use super::{present, quota, renew};
 use super::{Rejection, Route};
 use crate::dialect::resume_token::{self, Call};
 use crate::dialect::Negotiated;
@@ -111,6 +111,17 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     let started = Instant::now();
     let session = &post.session;
     let log = &route.shared.log;
+    let single_id = match &post.message {
+        Message::Single(_) => post.message.request_ids().into_iter().next(),
+        Message::Batch(_) => None,
+    };
+    quota::admit(
+        &route.shared.config.limits,
+        &route.shared.sessions,
+        log.store().as_ref(),
+        session,
+        single_id,
+    )?;
     let negotiated = Negotiated::of(session);
     let mut meta = StreamMeta::new(
         StreamId::random(),

@@ -8,6 +8,7 @@ mod exchange;
 pub mod legacy;
 pub mod modern;
 mod present;
+mod quota;
 mod rejection;
 mod renew;
 

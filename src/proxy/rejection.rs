@@ -117,6 +117,32 @@ impl Rejection {
         }
     }
 
+    /// Too many live requests for `whom` (429: retry once some finish).
+    pub fn too_many_streams(id: Option<RequestId>, whom: &str, cap: usize) -> Self {
+        Self {
+            id,
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                code::SERVER_ERROR,
+                format!(
+                    "Too Many Requests: {whom} has {cap} requests in progress, the most allowed; retry when one finishes"
+                ),
+            )
+        }
+    }
+
+    /// The log reached its disk quota: no new request until space is freed.
+    pub fn log_full(id: Option<RequestId>) -> Self {
+        Self {
+            id,
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::SERVER_ERROR,
+                "Service Unavailable: the proxy's log is full; requests already in progress continue",
+            )
+        }
+    }
+
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, code::SERVER_ERROR, "Not Found")
     }

@@ -388,6 +388,9 @@ pub trait Store: Send + Sync + 'static {
     /// that does not flush through a group commit has nothing to report.
     fn observe_flushes(&self, _observer: commit::FlushObserver) {}
 
+    /// Bytes the log occupies on disk (the disk quota is checked against it).
+    fn size_on_disk(&self) -> u64;
+
     /// Makes everything written so far durable, whatever the `sync` mode:
     /// the last thing a proxy that shuts down does with its log.
     async fn flush(&self) -> Result<()>;

@@ -131,11 +131,6 @@ impl SledStore {
         })
     }
 
-    /// Bytes the log occupies on disk.
-    pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
-    }
-
     async fn durable(&self) -> Result<()> {
         self.commit.durable().await.map_err(backend)
     }
@@ -429,6 +424,10 @@ impl Store for SledStore {
 
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
         self.append_inner(stream, messages, Some(end), None).await
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
     }
 
     async fn flush(&self) -> Result<()> {

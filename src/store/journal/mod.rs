@@ -154,17 +154,6 @@ impl Journal {
         lock(&self.inner)
     }
 
-    /// Bytes the journal occupies on disk.
-    pub fn size_on_disk(&self) -> u64 {
-        let inner = self.lock();
-        inner
-            .files
-            .values()
-            .filter_map(|f| f.metadata().ok())
-            .map(|m| m.len())
-            .sum()
-    }
-
     async fn durable(&self) -> Result<()> {
         self.commit.durable().await.map_err(io)
     }
@@ -635,6 +624,16 @@ impl Store for Journal {
 
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
         self.append_inner(stream, messages, Some(end), None).await
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        let inner = self.lock();
+        inner
+            .files
+            .values()
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| m.len())
+            .sum()
     }
 
     async fn flush(&self) -> Result<()> {
