@@ -99,10 +99,7 @@ fn open_db(dir: &Path) -> Result<sled::Db> {
             Ok(db) => return Ok(db),
             Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
                 if std::time::Instant::now() >= deadline {
-                    return Err(StoreError::Backend(format!(
-                        "{} is in use by another process",
-                        dir.display()
-                    )));
+                    return Err(StoreError::InUse(dir.display().to_string()));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
