@@ -215,3 +215,66 @@ async fn a_directory_without_a_log_is_a_clear_error() {
         "nothing created"
     );
 }
+
+/// A proxy on the sled backend (named by a config file) with one completed
+/// call; returns the config file too.
+async fn sled_proxy(dir: &Path) -> (DemoUpstream, ProxyProcess, std::path::PathBuf) {
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let file = dir.join("proxy.toml");
+    std::fs::write(&file, "[store]\nbackend = \"sled\"\n").unwrap();
+    let config = file.to_str().unwrap();
+    let proxy = ProxyProcess::start(
+        &["--config", config, "--upstream", &upstream.url()],
+        &dir.join("data"),
+        free_addr(),
+        &[],
+    )
+    .await;
+    let client = proxy.client();
+    let sid = client.initialize(V_LATEST).await;
+    messages(
+        client
+            .send(Call::post(&slow_call(2, 3, 1)).session(&sid))
+            .await,
+    )
+    .await;
+    (upstream, proxy, file)
+}
+
+async fn with_config(config: &Path, dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--config", config.to_str().unwrap()];
+    all.extend_from_slice(args);
+    streams(dir, &all).await
+}
+
+#[tokio::test]
+async fn the_sled_backend_is_refused_while_the_proxy_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_upstream, _proxy, config) = sled_proxy(dir.path()).await;
+    let out = with_config(&config, &dir.path().join("data"), &["list"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the sled backend cannot be inspected while the proxy runs"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_sled_backend_is_listed_once_the_proxy_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_upstream, mut proxy, config) = sled_proxy(dir.path()).await;
+    proxy.kill9();
+    let out = with_config(&config, &dir.path().join("data"), &["list", "--json"]).await;
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let call = call_stream(&lines);
+    assert_eq!(
+        (call["status"].as_str(), call["entries"].as_u64()),
+        (Some("completed"), Some(4))
+    );
+}
