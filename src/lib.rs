@@ -56,6 +56,8 @@
 //! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session and stream ids.
+//! - [`inspect`]: the `streams list|show` command — a read-only look at a
+//!   data directory's log, safe while the proxy runs.
 //! - [`demo`]: the demo MCP server (HTTP and stdio) that also serves the
 //!   tests, and the `demo` command.
 
@@ -66,6 +68,7 @@ pub mod front_door;
 pub mod headers;
 pub mod id;
 pub mod ingest;
+pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
 pub mod metrics;

@@ -40,10 +40,89 @@ enum Command {
     /// Runs a demo MCP server with a slow tool behind the proxy and prints
     /// curl commands that drop a call and resume it.
     Demo,
+    /// Shows the streams in the data directory's log (read-only; safe while
+    /// the proxy runs).
+    Streams {
+        #[command(subcommand)]
+        action: StreamsCommand,
+    },
     /// Runs the demo MCP server on stdin/stdout (a stdio upstream for tests
     /// and experiments).
     #[command(hide = true)]
     DemoStdioServer,
+}
+
+#[derive(Subcommand, Debug)]
+enum StreamsCommand {
+    /// One line per stream: ids, status, counts, times, cursors.
+    List {
+        /// Only streams still live.
+        #[arg(long)]
+        live: bool,
+        /// Only the streams of this session (a prefix of its id will do).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One stream's metadata and its last entries.
+    Show {
+        /// The stream id (a unique prefix will do).
+        id: String,
+        /// How many of the newest entries to show.
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        entries: usize,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `streams list|show`: exits 1 on any error (unknown stream, no log).
+fn streams(cli: &Cli, action: &StreamsCommand, runtime: &tokio::runtime::Runtime) -> ExitCode {
+    use mcp_resume_proxy::inspect;
+    let config = match config(cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mcp-resume-proxy: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Without a configuration file the directory says which backend wrote it.
+    let backend = cli.config.is_some().then_some(config.store.backend);
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    let done = runtime.block_on(async {
+        match action {
+            StreamsCommand::List {
+                live,
+                session,
+                json,
+            } => {
+                let options = inspect::ListOptions {
+                    live: *live,
+                    session: session.clone(),
+                    json: *json,
+                };
+                inspect::list(&config.data_dir, backend, &options, &mut out, &mut err).await
+            }
+            StreamsCommand::Show { id, entries, json } => {
+                let options = inspect::ShowOptions {
+                    id: id.clone(),
+                    entries: *entries,
+                    json: *json,
+                };
+                inspect::show(&config.data_dir, backend, &options, &mut out, &mut err).await
+            }
+        }
+    });
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mcp-resume-proxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn config(cli: &Cli) -> Result<Config, String> {
@@ -116,6 +195,9 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if let Some(Command::Streams { action }) = &cli.command {
+        return streams(&cli, action, &runtime);
     }
     if let Some(Command::Demo) = cli.command {
         let mut config = match config(&cli) {

@@ -33,6 +33,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error("stream {0} does not exist")]
     NoSuchStream(StreamId),
+    /// Another process holds the log (its directory is named).
+    #[error("{0} is in use by another process")]
+    InUse(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;

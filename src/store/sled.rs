@@ -97,18 +97,24 @@ fn open_db(dir: &Path) -> Result<sled::Db> {
             .open();
         match opened {
             Ok(db) => return Ok(db),
-            Err(sled::Error::Io(io)) if io.kind() == std::io::ErrorKind::WouldBlock => {
+            Err(sled::Error::Io(io)) if locked(&io) => {
                 if std::time::Instant::now() >= deadline {
-                    return Err(StoreError::Backend(format!(
-                        "{} is in use by another process",
-                        dir.display()
-                    )));
+                    return Err(StoreError::InUse(dir.display().to_string()));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             Err(other) => return Err(backend(other)),
         }
     }
+}
+
+/// Whether sled's open failed on its file lock. Another process's lock
+/// reaches us as `ErrorKind::Other` with sled's own message (sled 0.34
+/// formats the `WouldBlock` into the text), so the text is the only sign.
+fn locked(io: &std::io::Error) -> bool {
+    io.kind() == std::io::ErrorKind::WouldBlock
+        || (io.kind() == std::io::ErrorKind::Other
+            && io.to_string().starts_with("could not acquire lock"))
 }
 
 impl SledStore {

@@ -24,6 +24,7 @@
 
 mod compact;
 mod index;
+pub mod inspect;
 mod record;
 mod recover;
 mod segment;
@@ -88,10 +89,7 @@ fn lock_dir(dir: &Path) -> Result<File> {
     // SAFETY: flock on a descriptor we own; no memory is shared.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
-        return Err(StoreError::Backend(format!(
-            "{} is in use by another process",
-            dir.display()
-        )));
+        return Err(StoreError::InUse(dir.display().to_string()));
     }
     Ok(file)
 }

@@ -29,10 +29,11 @@ pub struct Recovered {
     pub last: SegmentNo,
 }
 
+/// Sessions and streams as a segment's metadata records leave them.
 #[derive(Default)]
-struct Metadata {
-    sessions: HashMap<SessionId, SessionRecord>,
-    streams: HashMap<StreamId, StreamMeta>,
+pub struct Metadata {
+    pub sessions: HashMap<SessionId, SessionRecord>,
+    pub streams: HashMap<StreamId, StreamMeta>,
 }
 
 impl Metadata {
@@ -83,7 +84,7 @@ fn io(e: std::io::Error) -> StoreError {
 
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
-    let mut entries: HashMap<StreamId, Vec<Option<Loc>>> = HashMap::new();
+    let mut entries = Slots::new();
     let mut metadata = Metadata::default();
     let mut files = HashMap::new();
     let mut last = 0;
@@ -97,69 +98,123 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             }
             return Err(corrupt(dir, no, 0, "segment shorter than its header"));
         };
-        let mut seg_meta = Metadata::default();
-        let mut complete = false;
-        let mut at = MAGIC.len();
-        loop {
-            match record::decode(&bytes[at..]) {
-                Scan::End => break,
-                Scan::Torn(why) if is_last && only_zeros_after(&bytes[at..]) => {
-                    tracing::warn!(
-                        segment = %segment::path(dir, no).display(),
-                        offset = at,
-                        why,
-                        "journal ends in a torn record (a write a crash interrupted); cutting it off"
-                    );
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(segment::path(dir, no))
-                        .and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
-                        .map_err(io)?;
-                    break;
-                }
-                Scan::Torn(why) => return Err(corrupt(dir, no, at, &why)),
-                Scan::Record(record, used) => {
-                    match &record {
-                        Record::SnapshotEnd => complete = true,
-                        Record::Entries {
-                            stream,
-                            first,
-                            messages,
-                        } => {
-                            let locs = entries.entry(*stream).or_default();
-                            place(locs, *first, messages, no, at as u64);
-                        }
-                        _ => seg_meta.apply(&record),
-                    }
-                    at += used;
-                }
+        let scanned = scan_segment(&bytes, no, &mut entries);
+        if let Some(why) = &scanned.torn {
+            let at = scanned.end;
+            if !(is_last && only_zeros_after(&bytes[at..])) {
+                return Err(corrupt(dir, no, at, why));
             }
+            tracing::warn!(
+                segment = %segment::path(dir, no).display(),
+                offset = at,
+                why,
+                "journal ends in a torn record (a write a crash interrupted); cutting it off"
+            );
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(segment::path(dir, no))
+                .and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
+                .map_err(io)?;
         }
-        if !complete {
+        if !scanned.complete {
             if is_last {
                 // The crash came while the snapshot that opens it was being
                 // written: nothing else can be in it.
                 std::fs::remove_file(segment::path(dir, no)).map_err(io)?;
                 continue;
             }
-            return Err(corrupt(dir, no, at, "segment has no complete snapshot"));
+            return Err(corrupt(
+                dir,
+                no,
+                scanned.end,
+                "segment has no complete snapshot",
+            ));
         }
-        metadata = seg_meta;
+        metadata = scanned.metadata;
         files.insert(no, segment::open_read(dir, no).map_err(io)?);
         last = no;
     }
 
     let mut index = Index::default();
     index.sessions = metadata.sessions;
-    for (id, meta) in metadata.streams {
+    for (meta, locs) in streams(metadata.streams, entries) {
+        index.add_stream(StreamState::new(meta, locs));
+    }
+    Ok(Recovered { index, files, last })
+}
+
+/// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments
+/// placed them so far.
+pub type Slots = HashMap<StreamId, Vec<Option<Loc>>>;
+
+/// What one segment's records say.
+pub struct SegmentScan {
+    /// The segment's own metadata: its snapshot and the changes after it.
+    pub metadata: Metadata,
+    /// Whether the snapshot that opens it was complete.
+    pub complete: bool,
+    /// Where reading stopped: the end of the records, or a bad record.
+    pub end: usize,
+    /// Why the record at `end` is not one (torn, or damage); what that
+    /// means — cut it off, fail, or merely stop — is the caller's call.
+    pub torn: Option<String>,
+}
+
+/// Reads the records of segment `no` (all of it, `MAGIC` included), placing
+/// its entries in `entries`. Shared by recovery and the read-only
+/// [`super::snapshot`], so both read the log the same way.
+pub fn scan_segment(bytes: &[u8], no: SegmentNo, entries: &mut Slots) -> SegmentScan {
+    let mut scanned = SegmentScan {
+        metadata: Metadata::default(),
+        complete: false,
+        end: MAGIC.len(),
+        torn: None,
+    };
+    let Some(mut rest) = bytes.get(MAGIC.len()..) else {
+        return scanned;
+    };
+    loop {
+        match record::decode(rest) {
+            Scan::End => break,
+            Scan::Torn(why) => {
+                scanned.torn = Some(why);
+                break;
+            }
+            Scan::Record(record, used) => {
+                match &record {
+                    Record::SnapshotEnd => scanned.complete = true,
+                    Record::Entries {
+                        stream,
+                        first,
+                        messages,
+                    } => {
+                        let locs = entries.entry(*stream).or_default();
+                        place(locs, *first, messages, no, scanned.end as u64);
+                    }
+                    _ => scanned.metadata.apply(&record),
+                }
+                scanned.end += used;
+                rest = &rest[used..];
+            }
+        }
+    }
+    scanned
+}
+
+/// Pairs each stream of the newest metadata with its entries' locations, up
+/// to the first missing seq (streams that no longer exist lose theirs).
+pub fn streams(
+    metadata: HashMap<StreamId, StreamMeta>,
+    mut entries: Slots,
+) -> impl Iterator<Item = (StreamMeta, Vec<Loc>)> {
+    metadata.into_iter().map(move |(id, meta)| {
         let slots = entries.remove(&id).unwrap_or_default();
         let locs: Vec<Loc> = slots.iter().map_while(|slot| *slot).collect();
         if locs.len() < slots.len() {
             tracing::warn!(stream = %id, kept = locs.len(), "journal entries after a gap ignored");
         }
-        index.add_stream(StreamState::new(meta, locs));
-    }
-    Ok(Recovered { index, files, last })
+        (meta, locs)
+    })
 }
 
 /// Whether a bad record at the start of `bytes` is the tail a crash tore:

@@ -7,7 +7,7 @@
 //! (`mod.rs` does, from the index's accounting).
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -132,7 +132,19 @@ impl Writer {
 /// with `MAGIC` (`Ok(None)` for a file too short to hold it: a segment whose
 /// creation a crash interrupted).
 pub fn read_all(dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
-    let bytes = std::fs::read(path(dir, no))?;
+    checked(std::fs::read(path(dir, no))?, dir, no)
+}
+
+/// Reads the whole of an open segment file, as [`read_all`] does. Reading
+/// through a descriptor held open keeps the bytes readable even if a
+/// running journal deletes the file meanwhile.
+pub fn read_open(file: &File, dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    (&*file).read_to_end(&mut bytes)?;
+    checked(bytes, dir, no)
+}
+
+fn checked(bytes: Vec<u8>, dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
     if bytes.len() < MAGIC.len() {
         return Ok(None);
     }
