@@ -287,16 +287,16 @@ impl Sessions {
         let now = now_ms();
         let session = Session::new(
             SessionRecord {
-            id: SessionId::random(),
-            route: route.to_owned(),
-            upstream_session: None,
-            protocol_version: crate::jsonrpc::protocol_version(initialize),
-            principal,
-            initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
-            created_ms: now,
-            last_seen_ms: now,
-            closed_ms: None,
-            dialects,
+                id: SessionId::random(),
+                route: route.to_owned(),
+                upstream_session: None,
+                protocol_version: crate::jsonrpc::protocol_version(initialize),
+                principal,
+                initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
+                created_ms: now,
+                last_seen_ms: now,
+                closed_ms: None,
+                dialects,
             },
             self.by_principal.clone(),
         );
