@@ -45,7 +45,15 @@ pub struct Log {
     metrics: Metrics,
     /// For the `streams_live` gauge.
     live: LiveStreams,
+    /// When an answer last ran to a finished stream's end: a write, not
+    /// proof the client read it (see [`Log::written_to_end`]).
+    written: DashMap<StreamId, u64>,
 }
+
+/// How many `written` marks are kept before old ones are dropped.
+const WRITTEN_MARKS: usize = 65_536;
+/// How old a `written` mark may be when marks are dropped.
+const WRITTEN_KEPT_MS: u64 = 3_600_000;
 
 /// Where a stream stands, in the terms every dialect maps its words from.
 /// Read from the stream's metadata alone: O(1), no entries touched.
@@ -107,6 +115,7 @@ impl Log {
             readers: DashMap::new(),
             metrics,
             live: LiveStreams::default(),
+            written: DashMap::new(),
         })
     }
 
@@ -290,7 +299,28 @@ impl Log {
         self.store.subscribe(stream).borrow().seq
     }
 
+    /// Notes that an answer just ran to the end of the finished `stream`.
+    /// Not an acknowledgement (a connection cut after the write loses what
+    /// was in flight): it only times how long a finished call's final answer
+    /// stays fetchable by token. Kept in memory and bounded; a mark that is
+    /// lost (restart, or dropped when old) makes the answer stay fetchable
+    /// longer, never shorter.
+    pub fn wrote_to_end(&self, stream: StreamId) {
+        let now = crate::store::now_ms();
+        if self.written.len() >= WRITTEN_MARKS {
+            self.written
+                .retain(|_, at| now.saturating_sub(*at) < WRITTEN_KEPT_MS);
+        }
+        self.written.insert(stream, now);
+    }
+
+    /// When an answer last ran to the end of `stream`, if one did.
+    pub fn written_to_end(&self, stream: StreamId) -> Option<u64> {
+        self.written.get(&stream).map(|at| *at)
+    }
+
     pub async fn delete(&self, stream: StreamId) -> Result<()> {
+        self.written.remove(&stream);
         self.retire(stream);
         self.live.ended(stream);
         self.store.delete_stream(stream).await
@@ -372,6 +402,12 @@ impl Reader {
 
     pub fn cursor(&self) -> Seq {
         self.cursor
+    }
+
+    /// Notes that this reader's answer ran to the stream's end (see
+    /// [`Log::wrote_to_end`]).
+    pub fn wrote_to_end(&self) {
+        self.log.wrote_to_end(self.stream);
     }
 
     fn replaced(&self) -> bool {

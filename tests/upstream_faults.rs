@@ -158,3 +158,42 @@ async fn an_upstream_that_never_answers_the_head_times_out_with_a_json_rpc_error
     );
     keep.abort();
 }
+
+/// A loopback server that answers every request with `answer` (raw HTTP/1.1)
+/// and closes: an upstream that speaks garbage.
+async fn garbage_upstream(answer: &'static [u8]) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(answer).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn an_upstream_answering_with_garbage_sse_ends_the_request_with_a_json_rpc_error() {
+    let (url, task) = garbage_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+          data: this is not json\n\nretry: x\nid\0: \n\n:::\n",
+    )
+    .await;
+    let rig = Rig::with(DemoOptions::default(), |c| {
+        c.upstream[0].url = Some(url);
+    })
+    .await;
+    let res = rig.client.send(Call::post(&initialize(V_LATEST))).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let events = read_all(res).await;
+    let last = events.iter().rev().find_map(message).expect("an answer");
+    assert_eq!(last["id"], 0);
+    assert_eq!(last["error"]["code"], -32603, "{last}");
+    task.abort();
+}

@@ -145,6 +145,7 @@ impl Serving {
                 // after the write loses what was in flight). Only the
                 // client's own `Last-Event-ID` is.
                 self.ended = true;
+                self.reader.wrote_to_end();
                 let closing = self.how.presenter.closing();
                 if closing.is_empty() {
                     return None;

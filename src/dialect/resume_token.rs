@@ -289,8 +289,12 @@ impl Continue {
             .ok_or_else(unknown)?;
         let stream = cx.named(Some(token.stream), &self.id, UNKNOWN).await?;
         let grace = cx.config.resume_tokens.final_grace_ms;
+        // The final answer stays fetchable for the grace after the client
+        // last asked, once an answer carried it to its end (a client cut
+        // while reading it comes back within the grace). Until one did, it
+        // is always fetchable: the client may never have seen it.
         let answered_long_ago = !stream.status.is_live()
-            && stream.acked >= stream.entries
+            && cx.log.written_to_end(stream.id).is_some()
             && now_ms().saturating_sub(stream.touched_ms) > grace;
         if answered_long_ago {
             return Err(unknown());

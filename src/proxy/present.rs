@@ -134,6 +134,7 @@ async fn json_answer(showing: Showing) -> Result<Response<Body>, Rejection> {
                 }
             }
             Next::End(_) => {
+                reader.wrote_to_end();
                 responses.extend(presenter.closing().into_iter().filter(is_response));
                 break;
             }
