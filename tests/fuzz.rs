@@ -713,7 +713,10 @@ proptest! {
             let other = Sealed { digest: other_digest, ..s.clone() };
             prop_assert_eq!(other.open_as(&keys, s.kind, &text), None);
         }
-        if other_secret != s.secret {
+        // HMAC pads keys of up to one block (64 bytes) with zeros, so secrets
+        // that differ only in trailing zeros are one key.
+        let trim = |k: &[u8]| k.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+        if other_secret[..trim(&other_secret)] != s.secret[..trim(&s.secret)] {
             let other_keys = Keyring::from_secret(&other_secret);
             prop_assert_eq!(s.open_as(&other_keys, s.kind, &text), None);
         }
