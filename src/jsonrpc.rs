@@ -103,8 +103,14 @@ struct Peek<'a> {
     #[serde(borrow)]
     id: Option<&'a RawValue>,
     method: Option<Cow<'a, str>>,
-    result: Option<IgnoredAny>,
+    /// Present, whatever its value: `"result": null` is a valid result.
+    #[serde(default, deserialize_with = "present")]
+    result: bool,
     error: Option<IgnoredAny>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    IgnoredAny::deserialize(d).map(|_| true)
 }
 
 /// Classifies one message (an object, not an array).
@@ -128,7 +134,7 @@ fn envelope(peek: Peek<'_>) -> Result<Envelope, ParseError> {
     let kind = match (&peek.method, &id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
-        (None, _) if peek.result.is_some() || peek.error.is_some() => Kind::Response,
+        (None, _) if peek.result || peek.error.is_some() => Kind::Response,
         (None, _) => return Err(ParseError::Shape("no \"method\", \"result\" or \"error\"")),
     };
     Ok(Envelope {

@@ -36,6 +36,9 @@ pub struct Decoder {
     /// Fields seen since the last dispatch (comments do not count).
     dirty: bool,
     data_lines: Vec<Bytes>,
+    /// Wire bytes of `data_lines` (each line with one byte for its line end),
+    /// so that [`Decoder::buffered`] counts an event that never ends.
+    held: usize,
 }
 
 impl Decoder {
@@ -47,9 +50,12 @@ impl Decoder {
         self.buf.extend_from_slice(chunk);
     }
 
-    /// Bytes held that do not yet form a complete line.
+    /// Bytes held for the event in progress: the incomplete line and the
+    /// `data` lines of an event whose blank line has not come yet. Never more
+    /// than was pushed since the last blank line, so a caller can bound the
+    /// decoder's memory by checking it after taking the events.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.held
     }
 
     /// The next complete event, if the buffered input holds one.
@@ -103,6 +109,7 @@ impl Decoder {
         };
         match &name[..] {
             b"data" => {
+                self.held += line.len() + 1;
                 self.data_lines.push(value);
                 self.pending.has_data = true;
             }
@@ -128,6 +135,7 @@ impl Decoder {
             return None;
         }
         self.dirty = false;
+        self.held = 0;
         let mut event = std::mem::take(&mut self.pending);
         event.data = match self.data_lines.len() {
             0 => Bytes::new(),
