@@ -24,12 +24,13 @@
 //! - [`proxy`]: per-route request handling; [`proxy::legacy`] (the request
 //!   pipeline: parse → session → dialect router → no double execution →
 //!   exchange → present), its
-//!   exchanges with HTTP and stdio upstreams, answers from the log, the one
-//!   error type [`proxy::Rejection`], and [`proxy::modern`] (stateless
-//!   pass-through).
+//!   exchanges with HTTP and stdio upstreams (renewing an upstream session
+//!   the upstream lost; admitting new streams under the session, principal
+//!   and disk caps), answers from the log, the one error type
+//!   [`proxy::Rejection`], and [`proxy::modern`] (stateless pass-through).
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
-//!   with the truth.
+//!   with the truth; resumed upstream after a cut or a restart of the proxy.
 //! - [`ingest`]: what every upstream message passes before the log (relay and
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
@@ -48,7 +49,8 @@
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
 //!   OpenMetrics text for `GET /metrics`.
-//! - [`lifetime`]: crash recovery, abandonment, retention, session expiry.
+//! - [`lifetime`]: crash recovery (resume upstream, or fail with an error
+//!   entry), abandonment, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
 //! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
