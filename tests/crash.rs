@@ -7,10 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::process::{free_addr, ProxyProcess};
+use common::process::Crashable;
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::demo::upstream::DemoOptions;
 use serde_json::json;
 
 /// Starts a slow call (`steps` progress notifications) and reads the first
@@ -49,20 +49,12 @@ async fn tail_after(client: &McpClient, sid: &str, last_id: &str) -> Vec<serde_j
 
 #[tokio::test]
 async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut proxy =
-        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
-    let sid = client.initialize(V_LATEST).await;
-    let (last_id, mut progress) = start_slow_call(&client, &sid, 40).await;
-    proxy.kill9();
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let sid = rig.client().initialize(V_LATEST).await;
+    let (last_id, mut progress) = start_slow_call(&rig.client(), &sid, 40).await;
+    rig.kill9_and_restart().await;
 
-    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
+    let client = rig.client();
     let tail = tail_after(&client, &sid, &last_id).await;
     let (result, replayed) = tail.split_last().expect("at least the result");
     for m in replayed {
@@ -75,7 +67,7 @@ async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
     );
     assert_eq!(result["id"], 2);
     assert!(result.get("result").is_some(), "{result}");
-    let metrics = McpClient::new(format!("http://{}/metrics", proxy.addr));
+    let metrics = McpClient::new(format!("http://{}/metrics", rig.proxy.addr));
     let text = body_bytes(metrics.send(Call::get()).await).await;
     let text = String::from_utf8_lossy(&text);
     assert!(
@@ -93,27 +85,19 @@ async fn a_call_survives_kill9_when_its_upstream_can_be_resumed() {
 /// between it and the first progress must not cost the call.
 #[tokio::test]
 async fn a_call_killed_before_its_first_message_is_resumed_from_the_upstream_priming_event() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut proxy =
-        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
-    let sid = client.initialize(V_LATEST).await;
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let sid = rig.client().initialize(V_LATEST).await;
     let mut live = SseReader::new(
-        client
+        rig.client()
             .send(Call::post(&slow_call(2, 3, 1500)).session(&sid))
             .await,
     );
     let priming = live.next().await.unwrap().id.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.kill9();
+    rig.kill9_and_restart().await;
     drop(live);
 
-    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let tail = tail_after(&proxy.client(), &sid, &priming).await;
+    let tail = tail_after(&rig.client(), &sid, &priming).await;
     let (result, progress) = tail.split_last().expect("at least the result");
     let progress: Vec<_> = progress
         .iter()
@@ -126,32 +110,24 @@ async fn a_call_killed_before_its_first_message_is_resumed_from_the_upstream_pri
 
 #[tokio::test]
 async fn a_call_whose_upstream_gave_no_event_ids_ends_with_an_error_after_kill9() {
-    let opts = DemoOptions {
+    let mut rig = Crashable::start(DemoOptions {
         no_event_ids: true,
         ..DemoOptions::default()
-    };
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), opts)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut proxy =
-        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
-    let sid = client.initialize(V_LATEST).await;
+    })
+    .await;
+    let sid = rig.client().initialize(V_LATEST).await;
     let mut live = SseReader::new(
-        client
+        rig.client()
             .send(Call::post(&slow_call(2, 40, 50)).session(&sid))
             .await,
     );
     let priming = live.next().await.unwrap().id.unwrap();
     live.next_message().await.expect("the first progress");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.kill9();
+    rig.kill9_and_restart().await;
     drop(live);
 
-    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let tail = tail_after(&proxy.client(), &sid, &priming).await;
+    let tail = tail_after(&rig.client(), &sid, &priming).await;
     let error = tail.last().expect("the error entry");
     assert_eq!(error["id"], 2);
     assert_eq!(error["error"]["code"], -32603);
@@ -159,27 +135,19 @@ async fn a_call_whose_upstream_gave_no_event_ids_ends_with_an_error_after_kill9(
 
 #[tokio::test]
 async fn a_completed_call_is_fully_replayable_after_kill9() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut proxy =
-        ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
-    let client = proxy.client();
-    let sid = client.initialize(V_LATEST).await;
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let sid = rig.client().initialize(V_LATEST).await;
     let events = read_all(
-        client
+        rig.client()
             .send(Call::post(&slow_call(2, 5, 1)).session(&sid))
             .await,
     )
     .await;
     let before: Vec<_> = events.iter().filter_map(message).collect();
-    proxy.kill9();
+    rig.kill9_and_restart().await;
 
-    let proxy = ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
     let priming = events[0].id.clone().unwrap();
-    let res = proxy
+    let res = rig
         .client()
         .send(Call::get().session(&sid).header("last-event-id", &priming))
         .await;

@@ -6,10 +6,10 @@
 mod common;
 
 use common::dialects::*;
-use common::process::{free_addr, ProxyProcess};
+use common::process::Crashable;
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::demo::upstream::DemoOptions;
 use serde_json::{json, Value};
 
 fn capabilities_seen_upstream(result: &Value) -> String {
@@ -312,24 +312,17 @@ async fn a_stream_past_its_caps_ends_with_an_error_entry_and_its_neighbours_are_
 
 #[tokio::test]
 async fn after_kill9_a_resumable_request_carries_on_to_its_result() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let args = ["--upstream", &upstream.url()];
-    let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let (sid, _) = initialize_declaring(&proxy.client(), both()).await;
-    let res = proxy
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let (sid, _) = initialize_declaring(&rig.client(), both()).await;
+    let res = rig
         .client()
         .send(Call::post(&slow_call(2, 20, 50)).session(&sid))
         .await;
     let seen = read_then_cut(res, 3).await;
     let token = resume_token(&seen);
-    proxy.kill9();
+    rig.kill9_and_restart().await;
 
-    let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let client = proxy.client();
+    let client = rig.client();
     let status = ask(
         &client,
         &sid,
@@ -350,28 +343,21 @@ async fn after_kill9_a_resumable_request_carries_on_to_its_result() {
 #[tokio::test]
 async fn after_kill9_get_status_says_failed_and_resume_delivers_the_restart_error() {
     // An upstream without event ids cannot be resumed by a restarted proxy.
-    let opts = DemoOptions {
+    let mut rig = Crashable::start(DemoOptions {
         no_event_ids: true,
         ..DemoOptions::default()
-    };
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), opts)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let args = ["--upstream", &upstream.url()];
-    let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let (sid, _) = initialize_declaring(&proxy.client(), both()).await;
-    let res = proxy
+    })
+    .await;
+    let (sid, _) = initialize_declaring(&rig.client(), both()).await;
+    let res = rig
         .client()
         .send(Call::post(&slow_call(2, 100, 50)).session(&sid))
         .await;
     let seen = read_then_cut(res, 3).await;
     let (token, handle) = (resume_token(&seen), stream_handle(&seen));
-    proxy.kill9();
+    rig.kill9_and_restart().await;
 
-    let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let client = proxy.client();
+    let client = rig.client();
     let status = ask(
         &client,
         &sid,

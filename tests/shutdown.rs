@@ -4,21 +4,15 @@
 
 mod common;
 
-use common::process::{free_addr, ProxyProcess};
+use common::process::Crashable;
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::demo::upstream::DemoOptions;
 
 #[tokio::test]
 async fn sigterm_ends_open_streams_with_a_retry_and_a_restart_carries_the_call_on() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let args = ["--upstream", &upstream.url()];
-    let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let client = proxy.client();
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let client = rig.client();
     let sid = client.initialize(V_LATEST).await;
     let mut live = SseReader::new(
         client
@@ -33,7 +27,7 @@ async fn sigterm_ends_open_streams_with_a_retry_and_a_restart_carries_the_call_o
         progress.push(m["params"]["progress"].as_u64().unwrap());
     }
 
-    let status = proxy.terminate().await;
+    let status = rig.proxy.terminate().await;
     assert!(status.success(), "clean exit: {status}");
     let mut told_to_retry = false;
     while let Some(event) = live.next().await {
@@ -47,8 +41,8 @@ async fn sigterm_ends_open_streams_with_a_retry_and_a_restart_carries_the_call_o
     }
     assert!(told_to_retry, "the answer ended with a retry: hint");
 
-    let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
-    let res = proxy
+    rig.restart().await;
+    let res = rig
         .client()
         .send(Call::get().session(&sid).header("last-event-id", &last_id))
         .await;

@@ -162,15 +162,7 @@ impl HttpUpstream {
         reason: &str,
     ) {
         let body = crate::jsonrpc::cancellation(id, reason);
-        let mut headers = client_headers.clone();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static("application/json, text/event-stream"),
-        );
+        let headers = proxy_post_headers(client_headers);
         match self
             .send(Method::POST, &headers, body.into(), upstream_session)
             .await
@@ -199,15 +191,7 @@ impl HttpUpstream {
         client_headers: &HeaderMap,
         initialize: Bytes,
     ) -> Result<Option<String>, UpstreamError> {
-        let mut headers = client_headers.clone();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static("application/json, text/event-stream"),
-        );
+        let headers = proxy_post_headers(client_headers);
         let res = self.send(Method::POST, &headers, initialize, None).await?;
         if !carries_messages(&res) {
             return Err(UpstreamError::Refused(res.status().as_u16()));
@@ -240,6 +224,22 @@ impl HttpUpstream {
         }
         Ok(session)
     }
+}
+
+/// The headers of a POST the proxy makes on its own (a cancellation, a
+/// renewed handshake): the client's end-to-end headers — the upstream may
+/// want its credentials — with the content negotiation a POST needs.
+fn proxy_post_headers(client_headers: &HeaderMap) -> HeaderMap {
+    let mut headers = client_headers.clone();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    headers
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

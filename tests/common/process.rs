@@ -93,3 +93,56 @@ pub fn free_addr() -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("local addr")
 }
+
+/// A demo upstream that stays up, and the proxy binary in front of it on a
+/// data dir and address that outlive the proxy process: the rig of every
+/// kill -9 and restart test.
+pub struct Crashable {
+    pub upstream: mcp_resume_proxy::demo::upstream::DemoUpstream,
+    pub proxy: ProxyProcess,
+    pub dir: tempfile::TempDir,
+    addr: std::net::SocketAddr,
+}
+
+impl Crashable {
+    pub async fn start(options: mcp_resume_proxy::demo::upstream::DemoOptions) -> Self {
+        let upstream = mcp_resume_proxy::demo::upstream::DemoUpstream::spawn(
+            ([127, 0, 0, 1], 0).into(),
+            options,
+        )
+        .await
+        .expect("demo upstream starts");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let addr = free_addr();
+        let proxy =
+            ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+        Self {
+            upstream,
+            proxy,
+            dir,
+            addr,
+        }
+    }
+
+    pub fn client(&self) -> McpClient {
+        self.proxy.client()
+    }
+
+    /// A new proxy process on the same data dir and address (after the old
+    /// one was killed or terminated).
+    pub async fn restart(&mut self) {
+        self.proxy = ProxyProcess::start(
+            &["--upstream", &self.upstream.url()],
+            self.dir.path(),
+            self.addr,
+            &[],
+        )
+        .await;
+    }
+
+    /// kill -9, then a new proxy process on the same data dir.
+    pub async fn kill9_and_restart(&mut self) {
+        self.proxy.kill9();
+        self.restart().await;
+    }
+}
