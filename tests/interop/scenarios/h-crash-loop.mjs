@@ -136,6 +136,7 @@ async function runCall(s, client, id, steps, intervalMs, stalls) {
       clearTimeout(silence);
       throw new Error(`call ${id} of client ${client}: ${res.status} ${await res.text().catch(() => '')}; ${JSON.stringify(rec)}`);
     }
+    let final;
     try {
       for await (const ev of sseEvents(res.body)) {
         quiet();
@@ -148,16 +149,20 @@ async function runCall(s, client, id, steps, intervalMs, stalls) {
         if (!m) continue;
         rec.seen.push({ id: ev.id, m });
         if (m.id === id && (m.result !== undefined || m.error !== undefined)) {
-          clearTimeout(silence);
-          ac.abort();
-          rec.outcome = m.result !== undefined ? 'result' : 'error';
-          return rec;
+          final = m;
+          break;
         }
       }
     } catch {
-      /* the connection dropped (or was aborted as stalled) */
+      /* the connection dropped (or was aborted as stalled); or, after the
+         final response, closing the body failed: not an interruption */
     }
     clearTimeout(silence);
+    ac.abort();
+    if (final) {
+      rec.outcome = final.result !== undefined ? 'result' : 'error';
+      return rec;
+    }
     rec.interrupted = true;
     await sleep(RETRY_EVERY_MS);
   }
