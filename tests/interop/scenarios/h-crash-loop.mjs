@@ -204,7 +204,7 @@ async function clientLoop(url, client, seed, stop, stalls) {
   return { s, calls };
 }
 
-await runScenario(`h-crash-loop: kill -9 the proxy ${KILLS} times under ${CLIENTS} clients (TS SDK server with an event store)`, async (checks) => {
+await runScenario(`h-crash-loop: kill -9 the proxy ${KILLS} times under ${CLIENTS} clients (${EVERYTHING ? "server-everything" : "TS SDK server with an event store"})`, async (checks) => {
   log(`seed ${SEED} (CRASH_SEED=${SEED} replays the kill plan)`);
   const r = rng(SEED);
   let upstreamPort;
