@@ -85,6 +85,7 @@ scenarios=(
   "f-conformance-sse-retry|120|node scenarios/f-conformance-sse-retry.mjs"
   "g-dialects-http|90|node scenarios/g-dialects.mjs http"
   "g-dialects-stdio|90|node scenarios/g-dialects.mjs stdio"
+  "h-crash-loop|180|node scenarios/h-crash-loop.mjs"
 )
 
 selected=("$@")
