@@ -93,7 +93,13 @@ async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<B
         route.shared.sessions.persist(&post.session).await?;
     }
     route
-        .answer(&post.session, &post.headers, &opened.stream, opened.call)
+        .answer(
+            &post.session,
+            &post.headers,
+            &opened.stream,
+            opened.call,
+            opened.reader,
+        )
         .await
 }
 
@@ -102,6 +108,10 @@ struct Opened {
     stream: StreamMeta,
     /// How a tool call that gets resume tokens is answered.
     call: Option<Call>,
+    /// The answer's reader, attached when the stream opened: a resume the
+    /// client sends while this request still waits on the upstream attaches
+    /// later and takes the stream over, never the other way round.
+    reader: Reader,
 }
 
 /// Opens the request stream of a POST: armed for abandonment and opened
@@ -149,7 +159,12 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     }
     session.track(&meta);
     session.remember_headers(&post.headers);
-    Ok(Opened { stream: meta, call })
+    let reader = log.attach(meta.id, 0);
+    Ok(Opened {
+        stream: meta,
+        call,
+        reader,
+    })
 }
 
 /// Sends a POST to a stdio child and answers from the log.

@@ -48,7 +48,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     }
     if let Some(existing) = reissued(route, &session, &message, &bytes).await? {
         return route
-            .answer(&session, &parts.headers, &existing, None)
+            .answer_again(&session, &parts.headers, &existing)
             .await;
     }
     let post = Post {

@@ -90,10 +90,32 @@ impl Route {
         headers: &HeaderMap,
         stream: &StreamMeta,
         call: Option<Call>,
+        reader: Reader,
     ) -> Result<Response<Body>, Rejection> {
         let showing = Showing {
-            reader: self.shared.log.attach(stream.id, 0),
+            reader,
             presenter: self.presenter(session, stream).with_call(call),
+            fresh: true,
+        };
+        self.show(session, headers, showing).await
+    }
+}
+
+impl Route {
+    /// Answers a re-sent request (same id, same call) from its stream, from
+    /// the start, without taking the stream from another reader: a re-sent
+    /// request can overtake the cut one it repeats, and that one's late
+    /// attach must not end this answer. Both may then deliver the same
+    /// entries, under the same event ids.
+    pub async fn answer_again(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+        stream: &StreamMeta,
+    ) -> Result<Response<Body>, Rejection> {
+        let showing = Showing {
+            reader: self.shared.log.watch(stream.id, 0),
+            presenter: self.presenter(session, stream),
             fresh: true,
         };
         self.show(session, headers, showing).await
