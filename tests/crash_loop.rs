@@ -436,8 +436,12 @@ async fn calls_survive_a_kill9_loop_exactly_once_and_end_with_their_results() {
         "only {} of {resumable} resumable interrupted calls ended with their result",
         f.interrupted_results,
     );
+    // The start window is one upstream round trip plus one fsync, so its
+    // share of the kills depends on the machine's disk (5–10 % here): only a
+    // loose sanity bound. The regression guard for it is deterministic, in
+    // tests/crash.rs (a kill right after the upstream's priming event).
     assert!(
-        f.killed_before_first_upstream_event * 10 <= f.interrupted,
+        f.killed_before_first_upstream_event * 4 <= f.interrupted,
         "{} of {} interrupted calls lost before the upstream's first event",
         f.killed_before_first_upstream_event,
         f.interrupted
