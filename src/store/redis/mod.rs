@@ -24,6 +24,9 @@
 //! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
 //!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms`.
 //!
+//! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
+//! the Lua scripts; `tests.rs` runs the contract suite against a real Redis.
+//!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
 //! the operator's choice. Redis runs a script atomically, so what another
@@ -47,12 +50,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
 use tokio::sync::watch;
 
+use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
+use self::scripts::Scripts;
 use super::{
-    Change, Entry, Finish, Outcome, Result, SessionRecord, Store, StoreError, StreamMeta,
-    StreamStatus, Subscription, UpstreamMark, Watermark,
+    Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
+    Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -86,220 +90,6 @@ pub struct RedisStore {
     sync_conn: std::sync::Mutex<Option<redis::Connection>>,
     tails: DashMap<StreamId, Arc<Tail>>,
     scripts: Scripts,
-}
-
-fn backend(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("redis: {e}"))
-}
-
-fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
-}
-
-fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(backend)
-}
-
-fn wire<T: serde::Serialize>(value: &T) -> Result<String> {
-    match serde_json::to_value(value).map_err(backend)? {
-        serde_json::Value::String(s) => Ok(s),
-        other => Ok(other.to_string()),
-    }
-}
-
-struct Scripts {
-    create: Script,
-    append: Script,
-    change: Script,
-    delete: Script,
-}
-
-/// Creates (or replaces) a stream's metadata and indexes it.
-/// KEYS: meta, session streams, all streams, abandon, finished, requests.
-/// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
-/// number of field/value pairs, the pairs, then the request ids.
-const CREATE: &str = r#"
-redis.call('DEL', KEYS[1])
-local n = tonumber(ARGV[5])
-local i = 6
-for _ = 1, n do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('SADD', KEYS[3], ARGV[1])
-if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1]) end
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1]) end
-local created = tonumber(ARGV[2])
-while i <= #ARGV do
-  local old = redis.call('HGET', KEYS[6], ARGV[i])
-  local newer = false
-  if old then
-    local space = string.find(old, ' ', 1, true)
-    newer = space and tonumber(string.sub(old, 1, space - 1)) > created
-  end
-  if not newer then redis.call('HSET', KEYS[6], ARGV[i], ARGV[2] .. ' ' .. ARGV[1]) end
-  i = i + 1
-end
-return 0
-"#;
-
-/// Appends messages, counts them, and records the upstream mark and a
-/// status change, all or nothing. Returns the last seq, -1 for no stream.
-/// KEYS: meta, log, finished.
-/// ARGV: stream id, has mark ('1'/'0'), mark event id, status ('' none),
-/// finished_ms ('' when live), outcome ('' none), then the messages.
-const APPEND: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
-local added = 0
-for i = 7, #ARGV do
-  seq = seq + 1
-  redis.call('XADD', KEYS[2], '0-' .. string.format('%d', seq), 'm', ARGV[i])
-  added = added + string.len(ARGV[i])
-end
-local fields = {'entries', string.format('%d', seq)}
-if added > 0 then redis.call('HINCRBY', KEYS[1], 'bytes', added) end
-if ARGV[2] == '1' then
-  table.insert(fields, 'up_event'); table.insert(fields, ARGV[3])
-  table.insert(fields, 'up_seq'); table.insert(fields, string.format('%d', seq))
-end
-if ARGV[4] ~= '' then
-  table.insert(fields, 'status'); table.insert(fields, ARGV[4])
-  if ARGV[5] ~= '' then
-    table.insert(fields, 'finished_ms'); table.insert(fields, ARGV[5])
-    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-  else
-    redis.call('HDEL', KEYS[1], 'finished_ms')
-    redis.call('ZREM', KEYS[3], ARGV[1])
-  end
-  if ARGV[6] ~= '' then table.insert(fields, 'outcome'); table.insert(fields, ARGV[6]) end
-end
-redis.call('HSET', KEYS[1], unpack(fields))
-return seq
-"#;
-
-/// Applies a `Change`. Returns 0, or -1 for no stream.
-/// KEYS: meta, abandon. ARGV: stream id, kind, value.
-const CHANGE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local kind = ARGV[2]
-local function raise(field)
-  local old = tonumber(redis.call('HGET', KEYS[1], field) or '0')
-  if tonumber(ARGV[3]) > old then
-    redis.call('HSET', KEYS[1], field, ARGV[3])
-    return tonumber(ARGV[3])
-  end
-  return old
-end
-if kind == 'ack' then
-  raise('acked')
-elseif kind == 'request' then
-  raise('last_request')
-elseif kind == 'touch' then
-  local touched = raise('touched_ms')
-  local after = redis.call('HGET', KEYS[1], 'abandon_after_ms')
-  if after then
-    local at = string.format('%.0f', touched + tonumber(after))
-    redis.call('HSET', KEYS[1], 'abandon_at_ms', at)
-    redis.call('ZADD', KEYS[2], at, ARGV[1])
-  end
-elseif kind == 'coalesced' then
-  redis.call('HSET', KEYS[1], 'coalesced', '1')
-end
-return 0
-"#;
-
-/// Deletes a stream and unindexes it.
-/// KEYS: meta, log, session streams, all streams, abandon, finished, requests.
-/// ARGV: stream id, then its request ids.
-const DELETE: &str = r#"
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('SREM', KEYS[3], ARGV[1])
-redis.call('SREM', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[1])
-for i = 2, #ARGV do
-  local v = redis.call('HGET', KEYS[7], ARGV[i])
-  if v and string.sub(v, -string.len(ARGV[1])) == ARGV[1] then
-    redis.call('HDEL', KEYS[7], ARGV[i])
-  end
-end
-return 0
-"#;
-
-/// The metadata fields that change after creation (overlaid on `record`).
-fn mutable_fields(meta: &StreamMeta) -> Result<Vec<(&'static str, String)>> {
-    let mut fields = vec![
-        ("entries", "0".to_owned()),
-        ("bytes", "0".to_owned()),
-        ("status", wire(&meta.status)?),
-        ("acked", meta.acked.to_string()),
-        ("touched_ms", meta.touched_ms.to_string()),
-        ("last_request", meta.last_request.to_string()),
-        ("coalesced", u8::from(meta.coalesced).to_string()),
-    ];
-    let optional = [
-        ("finished_ms", meta.finished_ms.map(|v| v.to_string())),
-        (
-            "abandon_after_ms",
-            meta.abandon_after_ms.map(|v| v.to_string()),
-        ),
-        ("abandon_at_ms", meta.abandon_at_ms.map(|v| v.to_string())),
-        ("outcome", meta.outcome.as_ref().map(wire).transpose()?),
-    ];
-    fields.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
-    if let Some(mark) = &meta.upstream {
-        fields.push(("up_event", mark.event_id.clone()));
-        fields.push(("up_seq", mark.seq.to_string()));
-    }
-    Ok(fields)
-}
-
-/// A stream's metadata from its hash (`None`: no such stream).
-fn meta_from_hash(hash: HashMap<String, Vec<u8>>) -> Result<Option<StreamMeta>> {
-    let Some(record) = hash.get("record") else {
-        return Ok(None);
-    };
-    let mut meta: StreamMeta = decode("stream", record)?;
-    let text = |k: &str| -> Result<Option<&str>> {
-        hash.get(k)
-            .map(|v| std::str::from_utf8(v).map_err(|e| StoreError::Corrupt(format!("{k}: {e}"))))
-            .transpose()
-    };
-    let num = |k: &str| -> Result<Option<u64>> {
-        text(k)?
-            .map(|v| {
-                v.parse::<u64>()
-                    .map_err(|e| StoreError::Corrupt(format!("{k} = {v:?}: {e}")))
-            })
-            .transpose()
-    };
-    let json = |v: &str| format!("\"{v}\"");
-    if let Some(status) = text("status")? {
-        meta.status = decode::<StreamStatus>("status", json(status).as_bytes())?;
-    }
-    meta.finished_ms = num("finished_ms")?;
-    meta.outcome = match text("outcome")? {
-        Some(o) => Some(decode::<Outcome>("outcome", json(o).as_bytes())?),
-        None => None,
-    };
-    meta.acked = num("acked")?.unwrap_or(0);
-    meta.touched_ms = num("touched_ms")?.unwrap_or(0);
-    meta.abandon_after_ms = num("abandon_after_ms")?;
-    meta.abandon_at_ms = num("abandon_at_ms")?;
-    meta.last_request = num("last_request")?.unwrap_or(0);
-    meta.coalesced = num("coalesced")?.unwrap_or(0) != 0;
-    meta.upstream = match (text("up_event")?, num("up_seq")?) {
-        (Some(event_id), Some(seq)) => Some(UpstreamMark {
-            event_id: event_id.to_owned(),
-            seq,
-        }),
-        _ => None,
-    };
-    meta.entries = num("entries")?.unwrap_or(0);
-    meta.bytes = num("bytes")?.unwrap_or(0);
-    Ok(Some(meta))
 }
 
 fn watermark_of(meta: &StreamMeta) -> Watermark {
@@ -340,12 +130,7 @@ impl RedisStore {
             client,
             sync_conn: std::sync::Mutex::new(None),
             tails: DashMap::new(),
-            scripts: Scripts {
-                create: Script::new(CREATE),
-                append: Script::new(APPEND),
-                change: Script::new(CHANGE),
-                delete: Script::new(DELETE),
-            },
+            scripts: Scripts::new(),
         })
     }
 
@@ -825,5 +610,7 @@ impl Store for RedisStore {
     }
 }
 
+mod record;
+mod scripts;
 #[cfg(test)]
 mod tests;
