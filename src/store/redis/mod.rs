@@ -73,10 +73,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 // instance's own writes. A stream written by another instance is not
 // followed live here; the plan is one shared `XREAD BLOCK` listener per
 // instance, on its own connection with no response timeout, that moves
-// these watermarks. Until then a tail made (from Redis) while this
-// instance's own write is between Redis and its reply can miss that write
-// (sled closes the gap with a per-stream lock; the listener will close it
-// here).
+// these watermarks.
 struct Tail {
     watermark: watch::Sender<Watermark>,
 }
@@ -220,19 +217,44 @@ impl RedisStore {
         if let Some(tail) = self.tails.get(&stream) {
             return Some(tail.clone());
         }
-        let hash = self.blocking_hash(stream).ok()?;
-        let meta = meta_from_hash(hash).ok()??;
-        let mark = watermark_of(&meta);
-        Some(
-            self.tails
-                .entry(stream)
-                .or_insert_with(|| {
-                    Arc::new(Tail {
-                        watermark: watch::Sender::new(mark),
-                    })
+        let read = || -> Option<Watermark> {
+            let hash = self.blocking_hash(stream).ok()?;
+            Some(watermark_of(&meta_from_hash(hash).ok()??))
+        };
+        let mark = read()?;
+        let mut made = false;
+        let tail = self
+            .tails
+            .entry(stream)
+            .or_insert_with(|| {
+                made = true;
+                Arc::new(Tail {
+                    watermark: watch::Sender::new(mark),
                 })
-                .clone(),
-        )
+            })
+            .clone();
+        if made {
+            // A write of this instance answered between the read and the
+            // insert found no tail to move: read once more, now that every
+            // later answer finds this one.
+            match read() {
+                Some(now) => tail.watermark.send_if_modified(|w| {
+                    let moved = (
+                        now.seq.max(w.seq),
+                        now.finished,
+                        w.coalesced || now.coalesced,
+                    );
+                    let changed = moved != (w.seq, w.finished, w.coalesced);
+                    (w.seq, w.finished, w.coalesced) = moved;
+                    changed
+                }),
+                None => {
+                    self.finish_tail(stream);
+                    return None;
+                }
+            };
+        }
+        Some(tail)
     }
 
     fn blocking_hash(&self, stream: StreamId) -> Result<HashMap<String, Vec<u8>>> {
