@@ -39,7 +39,9 @@
 //!   refused (`CROSSSLOT`) by Redis Cluster until those indexes are split.
 //! - Subscriptions are per process (see [`Tail`]): they wake on this
 //!   instance's own writes only.
-//! - No leases or stream ownership between instances yet.
+//! - No leases or stream ownership between instances yet: a starting
+//!   proxy's recovery takes every live stream for an orphan, so one proxy
+//!   per `key_prefix` until they land.
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
 //!   below 2^53 (Lua numbers are doubles).
 
