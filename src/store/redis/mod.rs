@@ -31,14 +31,19 @@
 //! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
 //! the operator's choice. Redis runs a script atomically, so what another
 //! connection reads is always whole; `read_after` and `stream_meta` show
-//! what Redis holds.
+//! what Redis holds. A reader can therefore read an entry the moment Redis
+//! ran its script, a moment before the writer's answer moves the watermark:
+//! that entry is already as durable as an answered one (only its answer is
+//! in flight), and a status shows only with the entries it ends.
 //!
 //! Limits of this step:
 //! - The scripts that also update the global indexes (create, finish,
 //!   touch, delete) name keys of several slots: fine on one Redis primary,
 //!   refused (`CROSSSLOT`) by Redis Cluster until those indexes are split.
-//! - Subscriptions are per process (see [`Tail`]): they wake on this
+//! - Subscriptions are per process (see `Tail`): they wake on this
 //!   instance's own writes only.
+//! - `size_on_disk` is 0 (the log is not on this machine), so the disk
+//!   quota does not apply; Redis' `maxmemory` is the bound.
 //! - No leases or stream ownership between instances yet: a starting
 //!   proxy's recovery takes every live stream for an orphan, so one proxy
 //!   per `key_prefix` until they land.
