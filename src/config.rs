@@ -289,6 +289,10 @@ pub enum Backend {
     /// sled trees under `data_dir/log`: the first backend, kept for
     /// comparison and for data directories written by it.
     Sled,
+    /// Redis at `redis_url`, keys under `key_prefix` (issue 13, first
+    /// step: several instances share the log, but follow only their own
+    /// writes live).
+    Redis,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -302,6 +306,11 @@ pub struct StoreConfig {
     pub session_idle_secs: u64,
     /// Seconds between sweeps for expired streams and sessions.
     pub sweep_secs: u64,
+    /// The Redis server of `backend = "redis"`.
+    pub redis_url: String,
+    /// The start of every key `backend = "redis"` writes, so that several
+    /// deployments can share one Redis.
+    pub key_prefix: String,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -418,6 +427,8 @@ impl Default for StoreConfig {
             retention_secs: 900,
             session_idle_secs: 86_400,
             sweep_secs: 30,
+            redis_url: "redis://127.0.0.1:6379/0".into(),
+            key_prefix: "mcp-resume-proxy".into(),
         }
     }
 }
@@ -481,6 +492,14 @@ impl Config {
             return fail(format!(
                 "max_body = {} is too small (minimum 1024)",
                 self.max_body
+            ));
+        }
+        let prefix = &self.store.key_prefix;
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            // Braces would break the hash tags that keep a stream's keys in
+            // one Redis Cluster slot.
+            return fail(format!(
+                "store.key_prefix = {prefix:?} must be non-empty and without braces"
             ));
         }
         for (key, value) in [
@@ -628,12 +647,26 @@ mod tests {
     }
 
     #[test]
-    fn the_journal_is_the_default_backend_and_sled_can_be_chosen() {
+    fn the_journal_is_the_default_backend_and_sled_or_redis_can_be_chosen() {
         let up = "[[upstream]]\nurl = \"http://a/\"\n";
         let c = Config::from_toml(up).unwrap();
         assert_eq!(c.store.backend, Backend::Journal);
         let c = Config::from_toml(&format!("[store]\nbackend = \"sled\"\n{up}")).unwrap();
         assert_eq!(c.store.backend, Backend::Sled);
+        let c = Config::from_toml(&format!(
+            "[store]\nbackend = \"redis\"\nredis_url = \"redis://r:6380/2\"\nkey_prefix = \"p\"\n{up}"
+        ))
+        .unwrap();
+        assert_eq!(c.store.backend, Backend::Redis);
+        assert_eq!(
+            (c.store.redis_url.as_str(), c.store.key_prefix.as_str()),
+            ("redis://r:6380/2", "p")
+        );
+        let c = Config::from_toml(&format!("[store]\nbackend = \"redis\"\n{up}")).unwrap();
+        assert_eq!(c.store.redis_url, "redis://127.0.0.1:6379/0");
+        assert_eq!(c.store.key_prefix, "mcp-resume-proxy");
+        let err = Config::from_toml(&format!("[store]\nkey_prefix = \"a{{b\"\n{up}")).unwrap_err();
+        assert!(err.0.contains("key_prefix"), "{err}");
         let err = Config::from_toml(&format!("[store]\nbackend = \"postgres\"\n{up}")).unwrap_err();
         assert!(err.0.contains("backend"), "{err}");
     }

@@ -66,6 +66,9 @@ impl Log {
             ),
         };
         match backend {
+            Backend::Redis => bail!(
+                "inspect does not read the Redis backend yet; look at its keys with redis-cli"
+            ),
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),
             Backend::Sled => {
                 // sled creates a database where there is none: refuse

@@ -38,8 +38,9 @@
 //!   (one exclusive reader per stream; watchers that never take over), the
 //!   acknowledged cursor, and the status every dialect maps its words from.
 //! - [`store`]: the durable log's contract; [`store::journal`] (default:
-//!   append-only segment files, in-memory index), [`store::sled`], and the
-//!   group commit in [`store::commit`].
+//!   append-only segment files, in-memory index), [`store::sled`],
+//!   [`store::redis`] (shared by instances; first step), and the group commit
+//!   in [`store::commit`].
 //! - [`dialect`]: how clients come back, and the seam they plug into
 //!   (negotiation, command router, presentation);
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),

@@ -22,6 +22,7 @@ use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
+use crate::store::redis::RedisStore;
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StreamMeta};
 use crate::stream::Log;
@@ -52,6 +53,9 @@ impl App {
         let store: SharedStore = match config.store.backend {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
             Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
+            Backend::Redis => {
+                Arc::new(RedisStore::open(&config.store.redis_url, &config.store.key_prefix).await?)
+            }
         };
         let log = Log::new(store);
         let sessions = Sessions::new(log.store().clone());

@@ -212,3 +212,96 @@ async fn the_standalone_stream_is_resumable_too() {
         (json!("one"), json!("two"))
     );
 }
+
+/// Deletes the keys of a test's Redis prefix when dropped (passed or failed).
+struct RedisKeys(String);
+
+impl RedisKeys {
+    /// A fresh prefix on the test Redis; panics, saying what is missing,
+    /// when no Redis answers.
+    fn fresh() -> Self {
+        let prefix = format!("mcp-resume-proxy-test:{}", std::process::id());
+        let prefix = format!("{prefix}:{}", rand_suffix());
+        drop(redis_connection());
+        RedisKeys(prefix)
+    }
+}
+
+fn rand_suffix() -> String {
+    mcp_resume_proxy::id::StreamId::random().to_string()
+}
+
+fn redis_url() -> String {
+    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+fn redis_connection() -> redis::Connection {
+    let url = redis_url();
+    redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
+        .unwrap_or_else(|e| {
+            panic!(
+                "this test needs a Redis server at {url} and none answered ({e}). Start one \
+                 (`redis-server --save '' --appendonly no`) or point \
+                 MCP_RESUME_PROXY_TEST_REDIS at one."
+            )
+        })
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let mut conn = redis_connection();
+        for pattern in [format!("{{{}:*", self.0), format!("{}:*", self.0)] {
+            let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap();
+            if !keys.is_empty() {
+                redis::cmd("DEL").arg(keys).query::<()>(&mut conn).unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_redis_backend_replays_the_missing_suffix_and_follows_its_own_writes_live() {
+    let keys = RedisKeys::fresh();
+    let rig = Rig::with(Default::default(), |c| {
+        c.store.backend = mcp_resume_proxy::config::Backend::Redis;
+        c.store.redis_url = redis_url();
+        c.store.key_prefix = keys.0.clone();
+    })
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let all = completed_call(&rig, &sid, 2, 4).await;
+    let res = resume(&rig, &sid, &all[1].0).await;
+    assert_eq!(replayed(res).await, all[2..].to_vec());
+    let stored: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{}:*}}:log", keys.0))
+        .query(&mut redis_connection())
+        .unwrap();
+    assert!(!stored.is_empty(), "the entries are in Redis");
+
+    // Cut mid-call, then resume: replay, then live to the result.
+    let mut first = SseReader::new(
+        rig.client
+            .send(Call::post(&slow_call(3, 6, 30)).session(&sid))
+            .await,
+    );
+    let mut last_id = first.next().await.unwrap().id.unwrap(); // priming
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let (id, m) = first.next_message().await.unwrap();
+        last_id = id.unwrap();
+        seen.push(m);
+    }
+    drop(first);
+    let mut rest = SseReader::new(resume(&rig, &sid, &last_id).await);
+    while let Some((_, m)) = rest.next_message().await {
+        seen.push(m);
+    }
+    let progress: Vec<u64> = seen
+        .iter()
+        .filter_map(|m| m["params"]["progress"].as_u64())
+        .collect();
+    assert_eq!(progress, (1..=6).collect::<Vec<_>>());
+    assert_eq!(seen.last().unwrap()["id"], 3);
+}

@@ -393,10 +393,23 @@ pub async fn deadline_queries_name_only_the_streams_that_are_due(open: Opener) {
     assert!(store.abandoned_by(u64::MAX).await.unwrap().is_empty());
 }
 
+/// What a backend without test fixtures to clean up guards its tests with.
+#[derive(Default)]
+pub struct NoCleanup;
+
 /// Instantiates every contract test for one backend; `$open` builds the
-/// backend's store in a directory with a sync mode.
+/// backend's store in a directory with a sync mode. With `guard = $make`,
+/// each test first calls `$make()` and holds what it returns until the test
+/// ends (passed or failed): a backend whose data outlives the test directory
+/// (Redis) cleans up in its `Drop`.
 macro_rules! contract_tests {
     ($open:expr) => {
+        $crate::store::contract::contract_tests!(
+            $open,
+            guard = $crate::store::contract::NoCleanup::default
+        );
+    };
+    ($open:expr, guard = $guard:expr) => {
         mod contract {
             use super::*;
             use crate::store::contract as c;
@@ -410,56 +423,67 @@ macro_rules! contract_tests {
 
             #[tokio::test]
             async fn appended_entries_read_back_in_order_after_any_cursor() {
+                let _guard = ($guard)();
                 c::appended_entries_read_back_in_order_after_any_cursor(open).await
             }
 
             #[tokio::test]
             async fn entries_statuses_and_sessions_survive_reopen() {
+                let _guard = ($guard)();
                 c::entries_statuses_and_sessions_survive_reopen(open).await
             }
 
             #[tokio::test]
             async fn deleting_a_session_removes_its_streams_only() {
+                let _guard = ($guard)();
                 c::deleting_a_session_removes_its_streams_only(open).await
             }
 
             #[tokio::test]
             async fn a_deleted_stream_is_gone_and_its_readers_are_told() {
+                let _guard = ($guard)();
                 c::a_deleted_stream_is_gone_and_its_readers_are_told(open).await
             }
 
             #[tokio::test]
             async fn subscribers_wake_on_append_and_on_status() {
+                let _guard = ($guard)();
                 c::subscribers_wake_on_append_and_on_status(open).await
             }
 
             #[tokio::test]
             async fn an_unknown_stream_reads_empty_and_refuses_appends() {
+                let _guard = ($guard)();
                 c::an_unknown_stream_reads_empty_and_refuses_appends(open).await
             }
 
             #[tokio::test]
             async fn the_acknowledged_cursor_only_moves_forward_and_survives_reopen() {
+                let _guard = ($guard)();
                 c::the_acknowledged_cursor_only_moves_forward_and_survives_reopen(open).await
             }
 
             #[tokio::test]
             async fn marks_and_outcomes_are_kept_with_the_stream() {
+                let _guard = ($guard)();
                 c::marks_and_outcomes_are_kept_with_the_stream(open).await
             }
 
             #[tokio::test]
             async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen() {
+                let _guard = ($guard)();
                 c::a_request_id_finds_its_newest_stream_in_its_session_after_reopen(open).await
             }
 
             #[tokio::test]
             async fn the_upstream_mark_names_its_last_entry_and_survives_reopen() {
+                let _guard = ($guard)();
                 c::the_upstream_mark_names_its_last_entry_and_survives_reopen(open).await
             }
 
             #[tokio::test]
             async fn deadline_queries_name_only_the_streams_that_are_due() {
+                let _guard = ($guard)();
                 c::deadline_queries_name_only_the_streams_that_are_due(open).await
             }
         }

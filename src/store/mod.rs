@@ -13,6 +13,7 @@ pub mod commit;
 #[cfg(test)]
 pub(crate) mod contract;
 pub mod journal;
+pub mod redis;
 pub mod sled;
 
 use std::sync::Arc;

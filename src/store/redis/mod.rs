@@ -1,0 +1,645 @@
+//! The shared backend (issue 13, first step): the log in Redis, so that
+//! several proxy instances can one day serve the same sessions.
+//!
+//! It owns the Redis key layout below and the Lua scripts that keep a
+//! stream's entries, counts, upstream mark and status in step. It must not
+//! let a reader see half a write (every append, with its counts, mark and
+//! final status, is one script: Redis runs it whole or not at all), must not
+//! move a subscription's watermark before Redis acknowledged the write, and
+//! must not touch keys outside its `key_prefix`.
+//!
+//! Layout, with `P` the configured `key_prefix`. A stream's keys and a
+//! session's keys each share a hash tag, so each lives in one Cluster slot:
+//! - `{P:<stream>}:meta`: hash — `record` (the `StreamMeta` JSON as created)
+//!   plus the fields that change after creation (`status`, `finished_ms`,
+//!   `outcome`, `acked`, `touched_ms`, `abandon_after_ms`, `abandon_at_ms`,
+//!   `last_request`, `coalesced`, `up_event`/`up_seq`) and the counts the
+//!   store keeps (`entries`, `bytes`), overlaid on the record when read;
+//! - `{P:<stream>}:log`: a Redis Stream, entry `<seq>` has the id `0-<seq>`
+//!   (so seq ↔ entry id is exact) and one field `m`, the message;
+//! - `{P:<session>}:session`: the `SessionRecord` JSON;
+//!   `{P:<session>}:streams`: set of its stream ids;
+//!   `{P:<session>}:requests`: hash request id → `"<created_ms> <stream>"`
+//!   (the newest stream by `created_ms` wins);
+//! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
+//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms`.
+//!
+//! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
+//! the Lua scripts; `tests.rs` runs the contract suite against a real Redis.
+//!
+//! Durability: a write counts once Redis answered it (the `sync` mode is
+//! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
+//! the operator's choice. Redis runs a script atomically, so what another
+//! connection reads is always whole; `read_after` and `stream_meta` show
+//! what Redis holds. A reader can therefore read an entry the moment Redis
+//! ran its script, a moment before the writer's answer moves the watermark:
+//! that entry is already as durable as an answered one (only its answer is
+//! in flight), and a status shows only with the entries it ends.
+//!
+//! Limits of this step:
+//! - The scripts that also update the global indexes (create, finish,
+//!   touch, delete) name keys of several slots: fine on one Redis primary,
+//!   refused (`CROSSSLOT`) by Redis Cluster until those indexes are split.
+//! - Subscriptions are per process (see `Tail`): they wake on this
+//!   instance's own writes only.
+//! - `size_on_disk` is 0 (the log is not on this machine), so the disk
+//!   quota does not apply; Redis' `maxmemory` is the bound.
+//! - No leases or stream ownership between instances yet: a starting
+//!   proxy's recovery takes every live stream for an orphan, so one proxy
+//!   per `key_prefix` until they land.
+//! - Numbers the scripts compare or add (seqs, millisecond times) are exact
+//!   below 2^53 (Lua numbers are doubles).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use dashmap::DashMap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::watch;
+
+use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
+use self::scripts::Scripts;
+use super::{
+    Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
+    Watermark,
+};
+use crate::id::{Seq, SessionId, StreamId};
+use crate::jsonrpc::RequestId;
+
+/// How long one command may take before it fails (the client's default,
+/// 500 ms, is short for a long `XRANGE` on a loaded server).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The local end of one stream: publishes its watermark to readers
+/// subscribed on this instance.
+//
+// Missing (next step of issue 13): the watermark moves only with this
+// instance's own writes. A stream written by another instance is not
+// followed live here; the plan is one shared `XREAD BLOCK` listener per
+// instance, on its own connection with no response timeout, that moves
+// these watermarks.
+struct Tail {
+    watermark: watch::Sender<Watermark>,
+}
+
+pub struct RedisStore {
+    prefix: String,
+    conn: ConnectionManager,
+    /// A blocking connection for `subscribe`, which the trait keeps
+    /// synchronous; used only when the stream has no tail here yet.
+    client: redis::Client,
+    sync_conn: std::sync::Mutex<Option<redis::Connection>>,
+    tails: DashMap<StreamId, Arc<Tail>>,
+    scripts: Scripts,
+}
+
+fn watermark_of(meta: &StreamMeta) -> Watermark {
+    Watermark {
+        seq: meta.entries,
+        finished: !meta.status.is_live(),
+        coalesced: meta.coalesced,
+    }
+}
+
+fn closed_watermark() -> Subscription {
+    watch::Sender::new(Watermark {
+        seq: 0,
+        finished: true,
+        coalesced: false,
+    })
+    .subscribe()
+}
+
+/// Parses the ids of a set or sorted set, skipping what is not an id.
+fn ids<T: std::str::FromStr>(raw: Vec<String>) -> Vec<T> {
+    raw.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+impl RedisStore {
+    /// A store on `url` whose keys all start with `prefix`. Connects lazily
+    /// (see [`RedisStore::open`] for a store that checks the server first).
+    pub fn new(url: &str, prefix: &str) -> Result<Self> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)?;
+        Ok(Self {
+            prefix: prefix.to_owned(),
+            conn,
+            client,
+            sync_conn: std::sync::Mutex::new(None),
+            tails: DashMap::new(),
+            scripts: Scripts::new(),
+        })
+    }
+
+    /// A store on `url`, after checking that Redis answers there.
+    pub async fn open(url: &str, prefix: &str) -> Result<Self> {
+        let store = Self::new(url, prefix)?;
+        // A connection of its own: the manager would retry for seconds.
+        let silent = |e: redis::RedisError| {
+            StoreError::Backend(format!("redis at {url} does not answer: {e}"))
+        };
+        let mut probe = store
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(silent)?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut probe)
+            .await
+            .map_err(silent)?;
+        Ok(store)
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn stream_key(&self, id: StreamId, what: &str) -> String {
+        format!("{{{}:{id}}}:{what}", self.prefix)
+    }
+
+    fn session_key(&self, id: SessionId, what: &str) -> String {
+        format!("{{{}:{id}}}:{what}", self.prefix)
+    }
+
+    fn global_key(&self, what: &str) -> String {
+        format!("{}:{what}", self.prefix)
+    }
+
+    async fn hash_of(&self, id: StreamId) -> Result<HashMap<String, Vec<u8>>> {
+        redis::cmd("HGETALL")
+            .arg(self.stream_key(id, "meta"))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    async fn metas(&self, ids: &[StreamId]) -> Result<Vec<StreamMeta>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("HGETALL").arg(self.stream_key(*id, "meta"));
+        }
+        let hashes: Vec<HashMap<String, Vec<u8>>> =
+            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+        let mut out = Vec::with_capacity(hashes.len());
+        for hash in hashes {
+            out.extend(meta_from_hash(hash)?);
+        }
+        Ok(out)
+    }
+
+    async fn members(&self, key: String) -> Result<Vec<String>> {
+        redis::cmd("SMEMBERS")
+            .arg(key)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    async fn due(&self, index: &str, at: u64) -> Result<Vec<StreamId>> {
+        let raw: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.global_key(index))
+            .arg("-inf")
+            .arg(at)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(ids(raw))
+    }
+
+    /// The stream's tail; `None` for a stream that does not exist. A tail
+    /// not yet made here is read with a blocking round trip (`subscribe` is
+    /// synchronous).
+    fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
+        if let Some(tail) = self.tails.get(&stream) {
+            return Some(tail.clone());
+        }
+        let read = || -> Option<Watermark> {
+            let hash = self.blocking_hash(stream).ok()?;
+            Some(watermark_of(&meta_from_hash(hash).ok()??))
+        };
+        let mark = read()?;
+        let mut made = false;
+        let tail = self
+            .tails
+            .entry(stream)
+            .or_insert_with(|| {
+                made = true;
+                Arc::new(Tail {
+                    watermark: watch::Sender::new(mark),
+                })
+            })
+            .clone();
+        if made {
+            // A write of this instance answered between the read and the
+            // insert found no tail to move: read once more, now that every
+            // later answer finds this one.
+            match read() {
+                Some(now) => tail.watermark.send_if_modified(|w| {
+                    let moved = (
+                        now.seq.max(w.seq),
+                        now.finished,
+                        w.coalesced || now.coalesced,
+                    );
+                    let changed = moved != (w.seq, w.finished, w.coalesced);
+                    (w.seq, w.finished, w.coalesced) = moved;
+                    changed
+                }),
+                None => {
+                    self.finish_tail(stream);
+                    return None;
+                }
+            };
+        }
+        Some(tail)
+    }
+
+    fn blocking_hash(&self, stream: StreamId) -> Result<HashMap<String, Vec<u8>>> {
+        let key = self.stream_key(stream, "meta");
+        let run = || -> Result<HashMap<String, Vec<u8>>> {
+            let mut slot = self.sync_conn.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                let conn = self
+                    .client
+                    .get_connection_with_timeout(CONNECT_TIMEOUT)
+                    .map_err(backend)?;
+                conn.set_read_timeout(Some(RESPONSE_TIMEOUT))
+                    .map_err(backend)?;
+                conn.set_write_timeout(Some(RESPONSE_TIMEOUT))
+                    .map_err(backend)?;
+                *slot = Some(conn);
+            }
+            let conn = slot.as_mut().expect("connected above");
+            let got = redis::cmd("HGETALL").arg(&key).query(conn);
+            if got.is_err() {
+                // Reconnect next time rather than reuse a broken connection.
+                *slot = None;
+            }
+            got.map_err(backend)
+        };
+        // Let the other tasks of a multi-threaded runtime move elsewhere
+        // while this thread waits on the network.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(run)
+            }
+            _ => run(),
+        }
+    }
+
+    /// Runs the append script (entries, counts, mark and status in one
+    /// atomic step), then moves the watermark of this instance's readers.
+    async fn append_inner(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        finish: Option<Finish>,
+        upstream: Option<&str>,
+    ) -> Result<Seq> {
+        let mut invocation = self.scripts.append.prepare_invoke();
+        invocation
+            .key(self.stream_key(stream, "meta"))
+            .key(self.stream_key(stream, "log"))
+            .key(self.global_key("finished"))
+            .arg(stream.to_string())
+            .arg(if upstream.is_some() { "1" } else { "0" })
+            .arg(upstream.unwrap_or(""));
+        match &finish {
+            Some(end) => {
+                invocation
+                    .arg(wire(&end.status)?)
+                    .arg(if end.status.is_live() {
+                        String::new()
+                    } else {
+                        end.at_ms.to_string()
+                    })
+                    .arg(
+                        end.outcome
+                            .as_ref()
+                            .map(wire)
+                            .transpose()?
+                            .unwrap_or_default(),
+                    );
+            }
+            None => {
+                invocation.arg("").arg("").arg("");
+            }
+        }
+        for message in messages {
+            invocation.arg(message.as_ref());
+        }
+        let seq: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let seq = Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?;
+        // Redis answered: the write is as durable as this backend makes it.
+        // A stream with no tail here has no reader here to wake; a tail made
+        // later reads this write from Redis.
+        if let Some(tail) = self.tails.get(&stream) {
+            tail.watermark.send_modify(|w| {
+                w.seq = w.seq.max(seq);
+                if let Some(end) = finish {
+                    w.finished = !end.status.is_live();
+                }
+            });
+        }
+        Ok(seq)
+    }
+
+    /// Tells readers of a deleted stream that it will say nothing more.
+    fn finish_tail(&self, stream: StreamId) {
+        if let Some((_, tail)) = self.tails.remove(&stream) {
+            tail.watermark.send_modify(|w| w.finished = true);
+        }
+    }
+
+    async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
+        let mut invocation = self.scripts.delete.prepare_invoke();
+        invocation
+            .key(self.stream_key(meta.id, "meta"))
+            .key(self.stream_key(meta.id, "log"))
+            .key(self.session_key(meta.session, "streams"))
+            .key(self.global_key("streams"))
+            .key(self.global_key("abandon"))
+            .key(self.global_key("finished"))
+            .key(self.session_key(meta.session, "requests"))
+            .arg(meta.id.to_string());
+        for id in &meta.origin_ids {
+            invocation.arg(id.as_json());
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        self.finish_tail(meta.id);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for RedisStore {
+    async fn put_session(&self, session: &SessionRecord) -> Result<()> {
+        redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(self.session_key(session.id, "session"))
+            .arg(encode(session)?)
+            .ignore()
+            .cmd("SADD")
+            .arg(self.global_key("sessions"))
+            .arg(session.id.to_string())
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    async fn get_session(&self, id: SessionId) -> Result<Option<SessionRecord>> {
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(self.session_key(id, "session"))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        raw.map(|r| decode("session", &r)).transpose()
+    }
+
+    async fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
+        let sessions: Vec<SessionId> = ids(self.members(self.global_key("sessions")).await?);
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &sessions {
+            pipe.cmd("GET").arg(self.session_key(*id, "session"));
+        }
+        let raws: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+        raws.into_iter()
+            .flatten()
+            .map(|r| decode("session", &r))
+            .collect()
+    }
+
+    async fn delete_session(&self, id: SessionId) -> Result<()> {
+        for meta in self.streams_of_session(id).await? {
+            self.delete_meta(&meta).await?;
+        }
+        redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(self.session_key(id, "session"))
+            .arg(self.session_key(id, "streams"))
+            .arg(self.session_key(id, "requests"))
+            .ignore()
+            .cmd("SREM")
+            .arg(self.global_key("sessions"))
+            .arg(id.to_string())
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
+        let fields = mutable_fields(meta)?;
+        let mut invocation = self.scripts.create.prepare_invoke();
+        invocation
+            .key(self.stream_key(meta.id, "meta"))
+            .key(self.session_key(meta.session, "streams"))
+            .key(self.global_key("streams"))
+            .key(self.global_key("abandon"))
+            .key(self.global_key("finished"))
+            .key(self.session_key(meta.session, "requests"))
+            .arg(meta.id.to_string())
+            .arg(meta.created_ms)
+            .arg(
+                meta.abandon_at_ms
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
+            .arg(fields.len() + 1)
+            .arg("record")
+            .arg(encode(meta)?);
+        for (field, value) in &fields {
+            invocation.arg(*field).arg(value);
+        }
+        for id in &meta.origin_ids {
+            invocation.arg(id.as_json());
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
+        meta_from_hash(self.hash_of(id).await?)
+    }
+
+    async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
+        let streams: Vec<StreamId> = ids(self.members(self.global_key("streams")).await?);
+        self.metas(&streams).await
+    }
+
+    async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
+        let streams: Vec<StreamId> =
+            ids(self.members(self.session_key(session, "streams")).await?);
+        self.metas(&streams).await
+    }
+
+    async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
+        self.append_inner(id, &[], Some(end), None)
+            .await
+            .map(|_| ())
+    }
+
+    async fn update_stream(&self, id: StreamId, change: Change) -> Result<()> {
+        let (kind, value) = match change {
+            Change::Ack(seq) => ("ack", seq),
+            Change::Touch { at_ms } => ("touch", at_ms),
+            Change::Request(seq) => ("request", seq),
+            Change::Coalesced => ("coalesced", 1),
+        };
+        let done: i64 = self
+            .scripts
+            .change
+            .key(self.stream_key(id, "meta"))
+            .key(self.global_key("abandon"))
+            .arg(id.to_string())
+            .arg(kind)
+            .arg(value)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        if done < 0 {
+            return Err(StoreError::NoSuchStream(id));
+        }
+        if change == Change::Coalesced {
+            if let Some(tail) = self.tails.get(&id) {
+                tail.watermark.send_modify(|w| w.coalesced = true);
+            }
+        }
+        Ok(())
+    }
+
+    async fn delete_stream(&self, id: StreamId) -> Result<()> {
+        match self.stream_meta(id).await? {
+            Some(meta) => self.delete_meta(&meta).await,
+            None => {
+                self.finish_tail(id);
+                Ok(())
+            }
+        }
+    }
+
+    async fn stream_of_request(
+        &self,
+        session: SessionId,
+        id: &RequestId,
+    ) -> Result<Option<StreamId>> {
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(self.session_key(session, "requests"))
+            .arg(id.as_json())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(raw.and_then(|v| v.rsplit(' ').next().and_then(|s| s.parse().ok())))
+    }
+
+    async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
+        self.due("abandon", now_ms).await
+    }
+
+    async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
+        self.due("finished", at_ms).await
+    }
+
+    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
+        self.append_inner(stream, messages, None, None).await
+    }
+
+    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
+        self.append_inner(stream, messages, Some(end), None).await
+    }
+
+    async fn append_upstream(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        event_id: &str,
+    ) -> Result<Seq> {
+        self.append_inner(stream, messages, None, Some(event_id))
+            .await
+    }
+
+    async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let raw: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.stream_key(stream, "log"))
+            .arg(format!("0-{}", after.saturating_add(1)))
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        raw.ids
+            .into_iter()
+            .map(|mut entry| {
+                let id = entry.id;
+                let seq = id
+                    .strip_prefix("0-")
+                    .and_then(|s| s.parse::<Seq>().ok())
+                    .ok_or_else(|| StoreError::Corrupt(format!("log entry id {id}")))?;
+                let message = entry
+                    .map
+                    .remove("m")
+                    .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
+                    .ok_or_else(|| StoreError::Corrupt(format!("log entry {id} has no message")))?;
+                Ok(Entry {
+                    seq,
+                    message: Bytes::from(message),
+                })
+            })
+            .collect()
+    }
+
+    fn subscribe(&self, stream: StreamId) -> Subscription {
+        match self.tail(stream) {
+            Some(tail) => tail.watermark.subscribe(),
+            // No such stream (or Redis did not answer): "finished"; the
+            // reader's next look at the store tells which.
+            None => closed_watermark(),
+        }
+    }
+
+    /// The log is not on this machine's disk.
+    fn size_on_disk(&self) -> u64 {
+        0
+    }
+
+    /// Every write already waited for Redis' answer.
+    async fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+mod record;
+mod scripts;
+#[cfg(test)]
+mod tests;

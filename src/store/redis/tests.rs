@@ -1,0 +1,173 @@
+//! The Redis backend against a real server: the whole contract suite, plus
+//! what is particular to Redis (the key layout, cleanup).
+//!
+//! Needs Redis at `redis://127.0.0.1:6379` (or `MCP_RESUME_PROXY_TEST_REDIS`);
+//! without one every test here fails with a message saying so. Each store
+//! gets its own random key prefix, kept in a file of the test's directory so
+//! that a "reopen" (a new store object on the same directory) finds the same
+//! keys; each test deletes its keys when it ends, passed or failed.
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use super::*;
+use crate::store::commit::SyncMode;
+use crate::store::SharedStore;
+
+fn url() -> String {
+    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+fn connection() -> redis::Connection {
+    let url = url();
+    let answered = redis::Client::open(url.as_str()).and_then(|c| {
+        let mut conn = c.get_connection_with_timeout(Duration::from_secs(2))?;
+        redis::cmd("PING").query::<String>(&mut conn)?;
+        Ok(conn)
+    });
+    answered.unwrap_or_else(|e| {
+        panic!(
+            "the Redis backend's tests need a Redis server at {url} and none answered ({e}). \
+             Start one (`redis-server --save '' --appendonly no`) or point \
+             MCP_RESUME_PROXY_TEST_REDIS at one."
+        )
+    })
+}
+
+thread_local! {
+    /// Prefixes opened by the test running on this thread.
+    static OPENED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Deletes the keys of every prefix the test opened, when dropped (also
+/// when the test panics).
+#[derive(Default)]
+pub struct Cleanup;
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let prefixes = OPENED.with(|o| std::mem::take(&mut *o.borrow_mut()));
+        if prefixes.is_empty() {
+            return;
+        }
+        let mut conn = connection();
+        for prefix in prefixes {
+            assert_eq!(delete_keys(&mut conn, &prefix), 0);
+        }
+    }
+}
+
+fn keys_of(conn: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    for pattern in [format!("{{{prefix}:*"), format!("{prefix}:*")] {
+        let found: Vec<String> = redis::cmd("KEYS").arg(pattern).query(conn).unwrap();
+        keys.extend(found);
+    }
+    keys
+}
+
+/// Deletes the prefix's keys; returns how many are left (0).
+fn delete_keys(conn: &mut redis::Connection, prefix: &str) -> usize {
+    let keys = keys_of(conn, prefix);
+    if !keys.is_empty() {
+        redis::cmd("DEL").arg(&keys).query::<()>(conn).unwrap();
+    }
+    keys_of(conn, prefix).len()
+}
+
+/// The test directory's prefix: made once, then read back by reopens.
+fn prefix_of(dir: &Path) -> String {
+    let file = dir.join("redis-key-prefix");
+    match std::fs::read_to_string(&file) {
+        Ok(prefix) => prefix,
+        Err(_) => {
+            let prefix = format!("mcp-resume-proxy-test:{}", StreamId::random());
+            std::fs::write(&file, &prefix).unwrap();
+            prefix
+        }
+    }
+}
+
+fn open_store(dir: &Path, _sync: SyncMode) -> SharedStore {
+    drop(connection());
+    let prefix = prefix_of(dir);
+    OPENED.with(|o| {
+        let mut o = o.borrow_mut();
+        if !o.contains(&prefix) {
+            o.push(prefix.clone());
+        }
+    });
+    Arc::new(RedisStore::new(&url(), &prefix).unwrap())
+}
+
+crate::store::contract::contract_tests!(open_store, guard = Cleanup::default);
+
+#[tokio::test]
+async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_share_a_hash_tag() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), SyncMode::Batch);
+    let prefix = prefix_of(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    store
+        .append(m.id, &[Bytes::from_static(b"a"), Bytes::from_static(b"bc")])
+        .await
+        .unwrap();
+    let mut conn = connection();
+    let log = format!("{{{prefix}:{}}}:log", m.id);
+    let ids: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&log)
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        ids.ids.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+        vec!["0-1", "0-2"]
+    );
+    let tag = |key: &str| key[..=key.find('}').unwrap()].to_owned();
+    let meta = format!("{{{prefix}:{}}}:meta", m.id);
+    assert_eq!(tag(&log), tag(&meta));
+    assert_eq!(tag(&log), format!("{{{prefix}:{}}}", m.id));
+    let fields: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&meta).query(&mut conn).unwrap();
+    assert_eq!(
+        (fields["entries"].as_str(), fields["bytes"].as_str()),
+        ("2", "3")
+    );
+    let counts = store.counts(m.id).await.unwrap().unwrap();
+    assert_eq!((counts.entries, counts.bytes), (2, 3));
+}
+
+#[tokio::test]
+async fn a_tests_keys_are_gone_after_its_cleanup() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = {
+        let _cleanup = Cleanup;
+        let store = open_store(dir.path(), SyncMode::Batch);
+        let s = crate::store::contract::session(SessionId::random());
+        store.put_session(&s).await.unwrap();
+        let m = crate::store::contract::meta(s.id);
+        store.create_stream(&m).await.unwrap();
+        store
+            .append(m.id, &[Bytes::from_static(b"x")])
+            .await
+            .unwrap();
+        let prefix = prefix_of(dir.path());
+        assert!(!keys_of(&mut connection(), &prefix).is_empty());
+        prefix
+    };
+    assert!(keys_of(&mut connection(), &prefix).is_empty());
+}
+
+#[tokio::test]
+async fn open_names_the_server_that_does_not_answer() {
+    // Port 9 (discard) has no Redis behind it.
+    let err = match RedisStore::open("redis://127.0.0.1:9/0", "p").await {
+        Ok(_) => panic!("opened a store on a port with no Redis"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("127.0.0.1:9"), "{err}");
+}
