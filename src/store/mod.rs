@@ -259,6 +259,17 @@ pub struct UpstreamMark {
     pub seq: Seq,
 }
 
+/// What a write carries along with its messages, in the same write and
+/// durability wait.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Along<'a> {
+    /// The upstream's SSE event id the messages ended at (the
+    /// [`UpstreamMark`] is recorded at the last message's seq).
+    pub upstream_event: Option<&'a str>,
+    /// The stream leaves (or re-enters) `Live`.
+    pub end: Option<Finish>,
+}
+
 /// How much a stream holds: what its caps are checked against, cheaper to
 /// ask than the whole metadata on every batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,23 +375,42 @@ pub trait Store: Send + Sync + 'static {
     /// Finished streams that finished at or before `at_ms` (retention).
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>>;
 
-    /// Appends messages in order; returns the seq of the last one. Returns
-    /// once they are durable per the `sync` mode, and only then wakes readers.
-    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq>;
+    /// Appends messages in order, with what goes along (the upstream's mark,
+    /// the stream's end) in the same write and durability wait; returns the
+    /// seq of the last one. Returns once it is all durable per the `sync`
+    /// mode, and only then wakes readers. `messages` may be empty when
+    /// something goes along. The one write every backend implements; the
+    /// `append*` methods below name its uses.
+    async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq>;
+
+    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
+        self.write(stream, messages, Along::default()).await
+    }
     /// Appends the last messages of a stream and finishes it, with one
     /// durability wait for both (a call's final response costs one flush,
     /// not two).
-    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq>;
-    /// Appends messages read from an upstream SSE stream and records, in
-    /// the same write and durability wait, the [`UpstreamMark`]: the
-    /// upstream's id of the event they ended with. `messages` may be empty
-    /// (an event that carried no message still moves the mark).
+    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
+        let along = Along {
+            end: Some(end),
+            ..Along::default()
+        };
+        self.write(stream, messages, along).await
+    }
+    /// Appends messages read from an upstream SSE stream with the
+    /// [`UpstreamMark`]: the upstream's id of the event they ended with (an
+    /// event that carried no message still moves the mark).
     async fn append_upstream(
         &self,
         stream: StreamId,
         messages: &[Bytes],
         event_id: &str,
-    ) -> Result<Seq>;
+    ) -> Result<Seq> {
+        let along = Along {
+            upstream_event: Some(event_id),
+            ..Along::default()
+        };
+        self.write(stream, messages, along).await
+    }
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>>;

@@ -26,8 +26,8 @@ use tokio::sync::{watch, Mutex};
 
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
-    UpstreamMark, Watermark,
+    Along, Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
+    Subscription, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -424,14 +424,6 @@ impl Store for SledStore {
         Ok(())
     }
 
-    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.append_inner(stream, messages, None, None).await
-    }
-
-    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        self.append_inner(stream, messages, Some(end), None).await
-    }
-
     fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
     }
@@ -440,13 +432,8 @@ impl Store for SledStore {
         self.db.flush_async().await.map(|_| ()).map_err(backend)
     }
 
-    async fn append_upstream(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        event_id: &str,
-    ) -> Result<Seq> {
-        self.append_inner(stream, messages, None, Some(event_id))
+    async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
+        self.append_inner(stream, messages, along.end, along.upstream_event)
             .await
     }
 

@@ -44,7 +44,7 @@ use self::index::{Index, Loc, SegmentNo, StreamState};
 use self::segment::Writer;
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
+    Along, Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
     Subscription, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
@@ -616,14 +616,6 @@ impl Store for Journal {
         Ok(())
     }
 
-    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.append_inner(stream, messages, None, None).await
-    }
-
-    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        self.append_inner(stream, messages, Some(end), None).await
-    }
-
     fn size_on_disk(&self) -> u64 {
         let inner = self.lock();
         inner
@@ -642,13 +634,8 @@ impl Store for Journal {
             .map_err(io)
     }
 
-    async fn append_upstream(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        event_id: &str,
-    ) -> Result<Seq> {
-        self.append_inner(stream, messages, None, Some(event_id))
+    async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
+        self.append_inner(stream, messages, along.end, along.upstream_event)
             .await
     }
 

@@ -62,8 +62,8 @@ use tokio::sync::watch;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
 use self::scripts::Scripts;
 use super::{
-    Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta, Subscription,
-    Watermark,
+    Along, Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
+    Subscription, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -567,21 +567,8 @@ impl Store for RedisStore {
         self.due("finished", at_ms).await
     }
 
-    async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.append_inner(stream, messages, None, None).await
-    }
-
-    async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        self.append_inner(stream, messages, Some(end), None).await
-    }
-
-    async fn append_upstream(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        event_id: &str,
-    ) -> Result<Seq> {
-        self.append_inner(stream, messages, None, Some(event_id))
+    async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
+        self.append_inner(stream, messages, along.end, along.upstream_event)
             .await
     }
 
