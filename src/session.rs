@@ -206,10 +206,14 @@ impl Session {
         self.streams.len()
     }
 
-    /// Forgets every tracked stream's count: the session is over.
+    /// Forgets every tracked stream's count: the session is over. Counts
+    /// what it removes, so a `track` racing with it is never lost.
     fn release_all(&self) {
-        let n = self.streams.len();
-        self.streams.clear();
+        let tracked: Vec<StreamId> = self.streams.iter().map(|s| *s).collect();
+        let n = tracked
+            .iter()
+            .filter(|s| self.streams.remove(*s).is_some())
+            .count();
         self.by_principal.remove(&self.principal(), n);
     }
 
@@ -409,14 +413,12 @@ impl Sessions {
 
     /// Ends a session: stops its tasks, forgets it, deletes its streams.
     pub async fn end(&self, id: SessionId) -> Result<()> {
-        if let Some((_, session)) = self.live.remove(&id) {
-            session.ended.cancel();
-            session.release_all();
-        }
+        self.discard(id);
         self.store.delete_session(id).await
     }
 
-    /// Forgets a minted session the upstream refused.
+    /// Forgets a session here (a minted one the upstream refused, or one
+    /// that ends): stops its tasks and releases its stream counts.
     pub fn discard(&self, id: SessionId) {
         if let Some((_, session)) = self.live.remove(&id) {
             session.ended.cancel();

@@ -113,12 +113,8 @@ impl Route {
         headers: &HeaderMap,
         stream: &StreamMeta,
     ) -> Result<Response<Body>, Rejection> {
-        let showing = Showing {
-            reader: self.shared.log.watch(stream.id, 0),
-            presenter: self.presenter(session, stream),
-            fresh: true,
-        };
-        self.show(session, headers, showing).await
+        let reader = self.shared.log.watch(stream.id, 0);
+        self.answer(session, headers, stream, None, reader).await
     }
 }
 
