@@ -228,6 +228,19 @@ pub struct Context<'a> {
 }
 
 impl Context<'_> {
+    /// A dialect's resume of `stream`: from the core's resume point (every
+    /// entry not acknowledged, the last one too when `keep_last`), followed
+    /// live to its end, then `closing`.
+    fn replay(&self, stream: StreamMeta, keep_last: bool, closing: Vec<Bytes>) -> Answer {
+        let after = self.log.resume_point(&stream, keep_last);
+        Answer::Replay(Box::new(Replay {
+            reader: self.log.attach(stream.id, after),
+            stream,
+            closing,
+            call: None,
+        }))
+    }
+
     /// The stream if it exists and belongs to the caller's session.
     async fn own(&self, stream: crate::id::StreamId) -> Result<Option<StreamMeta>, Refusal> {
         Ok(self

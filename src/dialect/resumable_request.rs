@@ -13,7 +13,7 @@
 
 use serde_json::{json, Value};
 
-use super::{notification, response, seconds, string_param, Answer, Context, Refusal, Replay};
+use super::{notification, response, seconds, string_param, Answer, Context, Refusal};
 use crate::config::DialectsConfig;
 use crate::jsonrpc::RequestId;
 use crate::store::StreamMeta;
@@ -158,12 +158,6 @@ impl Resume {
         // Always end with the response, even when the client acknowledged
         // it: a resume of a finished request is how a lost answer is
         // fetched again.
-        let after = cx.log.resume_point(&stream, true);
-        Ok(Answer::Replay(Box::new(Replay {
-            reader: cx.log.attach(stream.id, after),
-            stream,
-            closing: Vec::new(),
-            call: None,
-        })))
+        Ok(cx.replay(stream, true, Vec::new()))
     }
 }

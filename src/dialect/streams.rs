@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 
 use super::{
     notification, response, seconds, string_param, Answer, Context, Dialect, Negotiated, Refusal,
-    Replay,
 };
 use crate::config::DialectsConfig;
 use crate::id::StreamId;
@@ -116,13 +115,7 @@ impl Resume {
 
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
         let stream = self.0.stream(cx).await?;
-        let after = cx.log.resume_point(&stream, false);
-        Ok(Answer::Replay(Box::new(Replay {
-            reader: cx.log.attach(stream.id, after),
-            stream,
-            closing: vec![response(&self.0.id, &json!({}))],
-            call: None,
-        })))
+        Ok(cx.replay(stream, false, vec![response(&self.0.id, &json!({}))]))
     }
 }
 
@@ -199,11 +192,10 @@ impl PollAll {
         streams.sort_by_key(position);
         let more = streams.len() > PAGE;
         streams.truncate(PAGE);
-        let mut statuses = Vec::with_capacity(streams.len());
-        for stream in &streams {
-            cx.log.touch(stream.id).await?;
-            statuses.push(poll_result(cx, stream));
-        }
+        // Together, so one group commit covers the page's touches rather
+        // than one durability wait per stream.
+        futures_util::future::try_join_all(streams.iter().map(|s| cx.log.touch(s.id))).await?;
+        let statuses: Vec<Value> = streams.iter().map(|s| poll_result(cx, s)).collect();
         let mut result = json!({ "statuses": statuses });
         if let (true, Some(last)) = (more, streams.last()) {
             result["nextCursor"] = Value::String(cx.keyring.poll_cursor(
