@@ -424,7 +424,6 @@ fn top_level_value(bytes: &[u8], key: &[u8]) -> Option<std::ops::Range<usize>> {
 pub mod code {
     pub const PARSE_ERROR: i64 = -32700;
     pub const INVALID_REQUEST: i64 = -32600;
-    pub const METHOD_NOT_FOUND: i64 = -32601;
     pub const INVALID_PARAMS: i64 = -32602;
     pub const INTERNAL_ERROR: i64 = -32603;
     /// What SDK servers use for transport-level rejections ("Bad Request: …").

@@ -327,7 +327,7 @@ impl Log {
     }
 
     /// Ends whichever exclusive reader is attached to `stream`.
-    pub fn retire(&self, stream: StreamId) {
+    fn retire(&self, stream: StreamId) {
         if let Some((_, generation)) = self.readers.remove(&stream) {
             generation.send_modify(|g| *g += 1);
         }

@@ -117,8 +117,8 @@ impl HttpUpstream {
 }
 
 /// Why a request's wait on its upstream ran out.
-pub const IDLE: &str = "no message from the upstream within its idle timeout";
-pub const DEADLINE: &str = "the request passed its deadline";
+const IDLE: &str = "no message from the upstream within its idle timeout";
+const DEADLINE: &str = "the request passed its deadline";
 
 impl HttpUpstream {
     /// How long the next wait on the upstream may last for a request

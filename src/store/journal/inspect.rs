@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::index::{Loc, SegmentNo, StreamState};
@@ -33,7 +33,6 @@ fn io(e: std::io::Error) -> StoreError {
 
 /// What a journal held when it was read.
 pub struct JournalView {
-    dir: PathBuf,
     pub sessions: HashMap<SessionId, SessionRecord>,
     streams: HashMap<StreamId, (StreamMeta, Vec<Loc>)>,
     /// Every segment read, kept open so entries can be read after a running
@@ -65,7 +64,7 @@ impl JournalView {
         }
         // Last try: a segment that vanishes now is read as absent, and the
         // operator is told the view may be inconsistent.
-        let mut view = Self::read(&dir, &numbers)?.unwrap_or_else(|| Self::empty(&dir));
+        let mut view = Self::read(&dir, &numbers)?.unwrap_or_else(Self::empty);
         view.notes.push(format!(
             "the segments in {} kept changing while being read; this view may miss entries",
             dir.display()
@@ -73,9 +72,8 @@ impl JournalView {
         Ok(view)
     }
 
-    fn empty(dir: &Path) -> Self {
+    fn empty() -> Self {
         Self {
-            dir: dir.to_owned(),
             sessions: HashMap::new(),
             streams: HashMap::new(),
             files: HashMap::new(),
@@ -86,7 +84,7 @@ impl JournalView {
     /// One scan of segments `numbers`; `None` if one of them vanished (the
     /// proxy deleted it after the listing: the caller lists again).
     fn read(dir: &Path, numbers: &[SegmentNo]) -> Result<Option<Self>> {
-        let mut view = Self::empty(dir);
+        let mut view = Self::empty();
         let mut entries = Slots::new();
         let mut metadata = Metadata::default();
         for (i, &no) in numbers.iter().enumerate() {
@@ -133,10 +131,6 @@ impl JournalView {
         Ok(Some(view))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Every stream, in no particular order.
     pub fn streams(&self) -> impl Iterator<Item = &StreamMeta> {
         self.streams.values().map(|(meta, _)| meta)
@@ -177,6 +171,7 @@ mod tests {
     use crate::store::journal::Journal;
     use crate::store::{Finish, Outcome, Store, StreamStatus};
     use bytes::Bytes;
+    use std::path::PathBuf;
 
     fn segment_files(dir: &Path) -> Vec<(PathBuf, u64)> {
         let dir = dir.join("journal");
