@@ -289,9 +289,8 @@ pub enum Backend {
     /// sled trees under `data_dir/log`: the first backend, kept for
     /// comparison and for data directories written by it.
     Sled,
-    /// Redis at `redis_url`, keys under `key_prefix` (issue 13, first
-    /// step: several instances share the log, but follow only their own
-    /// writes live).
+    /// Redis at `redis_url`, keys under `key_prefix`: several instances
+    /// share the log and serve every session (HTTP upstreams only).
     Redis,
 }
 
@@ -306,11 +305,16 @@ pub struct StoreConfig {
     pub session_idle_secs: u64,
     /// Seconds between sweeps for expired streams and sessions.
     pub sweep_secs: u64,
-    /// The Redis server of `backend = "redis"`.
+    /// The Redis server of `backend = "redis"` (`url` is accepted too).
+    #[serde(alias = "url")]
     pub redis_url: String,
     /// The start of every key `backend = "redis"` writes, so that several
     /// deployments can share one Redis.
     pub key_prefix: String,
+    /// How long an instance sharing a Redis log stays the owner of its
+    /// calls without renewing its lease; after that, another instance takes
+    /// them over (so also the longest a call of a dead instance waits).
+    pub lease_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -429,6 +433,7 @@ impl Default for StoreConfig {
             sweep_secs: 30,
             redis_url: "redis://127.0.0.1:6379/0".into(),
             key_prefix: "mcp-resume-proxy".into(),
+            lease_ms: 10_000,
         }
     }
 }
@@ -501,6 +506,22 @@ impl Config {
             return fail(format!(
                 "store.key_prefix = {prefix:?} must be non-empty and without braces"
             ));
+        }
+        if self.store.lease_ms < 300 {
+            return fail(format!(
+                "store.lease_ms = {} is too short (minimum 300: it is renewed every third)",
+                self.store.lease_ms
+            ));
+        }
+        if self.store.backend == Backend::Redis {
+            if let Some(up) = self.upstream.iter().find(|u| u.command.is_some()) {
+                return fail(format!(
+                    "upstream {:?} is a stdio command, and a stdio child belongs to one proxy \
+                     process: it cannot be shared through backend = \"redis\" (use the journal, \
+                     or put the server behind Streamable HTTP)",
+                    up.path
+                ));
+            }
         }
         for (key, value) in [
             ("store.retention_secs", self.store.retention_secs),

@@ -32,6 +32,10 @@ pub enum Recorded {
     /// its caps, or the log refused the batch (the stream ended with an error
     /// entry if the log allowed).
     Ended(&'static str),
+    /// Another instance took the stream over (this one's lease had run
+    /// out): it carries on the request upstream, so this writer stops
+    /// without a word — no error entry, no cancellation.
+    Lost,
 }
 
 /// Why a stream's upstream request should be cancelled.
@@ -236,6 +240,10 @@ async fn fail(log: &Log, stream: &StreamMeta, why: &'static str) -> Recorded {
 }
 
 async fn failed_append(log: &Log, stream: &StreamMeta, e: StoreError) -> Recorded {
+    if matches!(e, StoreError::NotOwner(_)) {
+        tracing::warn!(stream = %stream.id, "another instance took the stream over; this relay stops");
+        return Recorded::Lost;
+    }
     if matches!(e, StoreError::NoSuchStream(_)) {
         // Deleted under us (abandoned, session ended): nobody will read it.
         tracing::debug!(stream = %stream.id, "stream gone; upstream messages dropped");

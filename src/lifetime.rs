@@ -6,10 +6,13 @@
 //! log lost its relay with the previous process. A [`Resumer`] takes it over
 //! when its upstream can be resumed from the last event logged; otherwise its
 //! unanswered requests get a JSON-RPC error entry (a client must never wait
-//! on silence) and the stream is finished. The sweeper then runs forever in
-//! the background and finds what is due through the store's deadline
-//! queries, never by reading
-//! every stream.
+//! on silence) and the stream is finished. Which streams are orphans is the
+//! store's call ([`crate::store::Store::orphans`]): with a log shared by
+//! several instances, only those of instances whose lease ran out, and
+//! recovery then runs again every so often while the proxy serves
+//! ([`spawn_takeover`]), so another instance's death is noticed. The sweeper
+//! runs forever in the background and finds what is due through the store's
+//! deadline queries, never by reading every stream.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,13 +53,11 @@ pub struct Recovered {
     pub finished: usize,
 }
 
-/// Resumes or finishes every stream a previous process left live.
+/// Resumes or finishes every stream whose writer is gone (a previous
+/// process, or a dead instance sharing the log).
 pub async fn recover(log: &Log, resumer: &dyn Resumer) -> Result<Recovered> {
     let mut recovered = Recovered::default();
-    for meta in log.store().list_streams().await? {
-        if !meta.status.is_live() {
-            continue;
-        }
+    for meta in log.store().orphans().await? {
         match meta.kind {
             StreamKind::Standalone => log.finish(meta.id, StreamStatus::Completed).await?,
             StreamKind::Request => {
@@ -112,10 +113,12 @@ pub async fn sweep(
     }
     let idle = config.session_idle_secs.saturating_mul(1000);
     for record in log.store().list_sessions().await? {
+        // The newer of what this process saw and what is stored: with a
+        // shared log, another instance may have served the session since.
         let last_seen = sessions
             .cached(record.id)
-            .map(|s| s.record().last_seen_ms)
-            .unwrap_or(record.last_seen_ms);
+            .map_or(0, |s| s.record().last_seen_ms)
+            .max(record.last_seen_ms);
         let closed_long_ago = record
             .closed_ms
             .is_some_and(|at| now.saturating_sub(at) >= retention);
@@ -152,7 +155,43 @@ async fn abandon(
     Ok(true)
 }
 
-/// Runs [`sweep`] every `sweep_secs` until `stop` is cancelled.
+/// Runs [`recover`] every `every` until `stop` is cancelled, for a log other
+/// instances write too: their dead's streams are taken over here.
+pub fn spawn_takeover(
+    log: Arc<Log>,
+    resumer: Arc<dyn Resumer>,
+    every: Duration,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            match recover(&log, resumer.as_ref()).await {
+                Ok(taken) if taken == Recovered::default() => {}
+                Ok(taken) => {
+                    tracing::warn!(
+                        resumed = taken.resumed,
+                        finished = taken.finished,
+                        "took over the streams of an instance whose lease ran out"
+                    );
+                    log.metrics().recovered(taken.resumed + taken.finished);
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot look for streams to take over"),
+            }
+        }
+    })
+}
+
+/// How often endings the store refused are tried again.
+const SETTLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs [`sweep`] every `sweep_secs`, and writes owed endings every second
+/// ([`Log::settle`]), until `stop` is cancelled.
 pub fn spawn_sweeper(
     log: Arc<Log>,
     sessions: Arc<Sessions>,
@@ -163,9 +202,15 @@ pub fn spawn_sweeper(
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(config.sweep_secs));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut settle = tokio::time::interval(SETTLE_EVERY);
+        settle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = settle.tick() => {
+                    log.settle().await;
+                    continue;
+                }
                 _ = stop.cancelled() => return,
             }
             match sweep(&log, &sessions, &config, canceller.as_ref()).await {

@@ -248,11 +248,15 @@ impl Relay {
             let complete = batch.complete;
             let recorded =
                 ingest::record(&self.log, &self.limits, &self.session, &self.stream, batch).await;
-            if let Recorded::Ended(why) = recorded {
-                // The stream ended with an error entry; the upstream must
-                // stop working for nobody.
-                self.cancel_upstream(why).await;
-                return self.release();
+            match recorded {
+                Recorded::Appended => {}
+                Recorded::Ended(why) => {
+                    // The stream ended with an error entry; the upstream
+                    // must stop working for nobody.
+                    self.cancel_upstream(why).await;
+                    return self.release();
+                }
+                Recorded::Lost => return self.release(),
             }
             if complete {
                 return self.release();

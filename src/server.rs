@@ -54,7 +54,9 @@ impl App {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
             Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
             Backend::Redis => {
-                Arc::new(RedisStore::open(&config.store.redis_url, &config.store.key_prefix).await?)
+                let lease = Duration::from_millis(config.store.lease_ms);
+                let (url, prefix) = (&config.store.redis_url, &config.store.key_prefix);
+                Arc::new(RedisStore::open(url, prefix, lease).await?)
             }
         };
         let log = Log::new(store);
@@ -286,6 +288,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let grace = Duration::from_secs(config.shutdown_grace_secs);
         let store_config = config.store.clone();
+        let store_lease_ms = config.store.lease_ms;
         let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let limits = config.limits.clone();
         let app = App::open(config).await?;
@@ -297,6 +300,16 @@ impl Server {
             app.clone(),
             stop.clone(),
         );
+        if app.shared.log.store().shared() {
+            // Other instances may die while this one serves: look for their
+            // streams twice per lease.
+            crate::lifetime::spawn_takeover(
+                app.shared.log.clone(),
+                app.clone(),
+                Duration::from_millis(store_lease_ms / 2),
+                stop.clone(),
+            );
+        }
         let front_door = Arc::new(FrontDoor::new(app.clone(), tls, &limits));
         let done = tokio::spawn(accept_loop(
             listener,
@@ -315,15 +328,20 @@ impl Server {
 
     /// Shuts down gracefully: open SSE answers end with a `retry:` so their
     /// clients reconnect, no new connection is accepted, connections get
-    /// the grace period to finish, stdio children are stopped, and the log
-    /// is flushed whatever its `sync` mode.
+    /// the grace period to finish, stdio children are stopped, the log
+    /// is flushed whatever its `sync` mode, and (for a shared log) the calls
+    /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
         self.app.shared.draining.cancel();
         self.stop.cancel();
         let _ = self.done.await;
         self.app.stop_upstreams().await;
-        if let Err(e) = self.app.shared.log.store().flush().await {
+        let store = self.app.shared.log.store();
+        if let Err(e) = store.flush().await {
             tracing::error!(error = %e, "cannot flush the log at shutdown");
+        }
+        if let Err(e) = store.retire().await {
+            tracing::error!(error = %e, "cannot hand this instance's calls over");
         }
     }
 

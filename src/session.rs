@@ -157,6 +157,17 @@ impl Session {
         self.lock().clone()
     }
 
+    /// Takes in what another instance stored for this session, keeping the
+    /// later of the two last-seen times.
+    fn adopt(&self, stored: SessionRecord) {
+        let mut r = self.lock();
+        let last_seen_ms = r.last_seen_ms.max(stored.last_seen_ms);
+        *r = SessionRecord {
+            last_seen_ms,
+            ..stored
+        };
+    }
+
     pub fn upstream_session(&self) -> Option<String> {
         self.lock().upstream_session.clone()
     }
@@ -272,11 +283,64 @@ pub struct Sessions {
 
 impl Sessions {
     pub fn new(store: SharedStore) -> Arc<Self> {
-        Arc::new(Self {
+        let sessions = Arc::new(Self {
             store,
             live: DashMap::new(),
             by_principal: Arc::default(),
-        })
+        });
+        sessions.follow_changes();
+        sessions
+    }
+
+    /// With a shared log, keeps the cached sessions in step with what other
+    /// instances store (a renewed upstream session, a close, a delete).
+    fn follow_changes(self: &Arc<Self>) {
+        let Some(mut changes) = self.store.session_changes() else {
+            return;
+        };
+        let sessions = Arc::downgrade(self);
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                let changed = changes.recv().await;
+                let Some(sessions) = sessions.upgrade() else {
+                    return;
+                };
+                let ids: Vec<SessionId> = match changed {
+                    Ok(id) => vec![id],
+                    // Fell behind: every cached session may be stale.
+                    Err(RecvError::Lagged(_)) => sessions.live.iter().map(|s| s.id).collect(),
+                    Err(RecvError::Closed) => return,
+                };
+                for id in ids {
+                    if let Err(e) = sessions.refresh(id).await {
+                        tracing::warn!(session = %id, error = %e, "cannot refresh a session another instance changed");
+                    }
+                }
+            }
+        });
+    }
+
+    /// Re-reads a cached session from the store: adopts what another
+    /// instance stored, or forgets a session it deleted.
+    pub async fn refresh(&self, id: SessionId) -> Result<()> {
+        if self.cached(id).is_none() {
+            return Ok(());
+        }
+        match self.store.get_session(id).await? {
+            Some(record) => {
+                if let Some(session) = self.cached(id) {
+                    session.adopt(record);
+                }
+            }
+            None => self.discard(id),
+        }
+        Ok(())
+    }
+
+    /// Whether other instances may change sessions behind this cache.
+    pub fn shared(&self) -> bool {
+        self.store.shared()
     }
 
     /// Mints a session for an `initialize` request. Not persisted until

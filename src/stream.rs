@@ -30,7 +30,8 @@ use crate::id::{Seq, StreamId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
-    now_ms, Change, Entry, Finish, Outcome, Result, SharedStore, StreamMeta, StreamStatus,
+    now_ms, Change, Entry, Finish, Outcome, ReaderLease, Result, SharedStore, StoreError,
+    StreamMeta, StreamStatus,
 };
 
 /// How many entries a reader takes from the store at once.
@@ -48,6 +49,18 @@ pub struct Log {
     /// When an answer last ran to a finished stream's end: a write, not
     /// proof the client read it (see [`Log::written_to_end`]).
     written: DashMap<StreamId, u64>,
+    /// Endings the store refused when they happened (it was away): written
+    /// again by [`Log::settle`] until they land, so that no stream stays
+    /// live, silent, for want of them.
+    owed: DashMap<StreamId, Owed>,
+}
+
+/// An ending still to be written.
+enum Owed {
+    /// Error entries for the requests the log holds no answer to.
+    Fail(Box<StreamMeta>, String),
+    /// A status change.
+    Finish(StreamStatus),
 }
 
 /// How many `written` marks are kept before old ones are dropped.
@@ -116,6 +129,7 @@ impl Log {
             metrics,
             live: LiveStreams::default(),
             written: DashMap::new(),
+            owed: DashMap::new(),
         })
     }
 
@@ -195,6 +209,7 @@ impl Log {
     /// Ends a stream as failed: one JSON-RPC error response per request in
     /// `pending` (in the client's order), so a client reading it learns its
     /// request failed instead of waiting on silence; durable with the status.
+    /// When the store refuses, the failure is owed (see [`Log::settle`]).
     pub async fn fail<'a>(
         &self,
         stream: &StreamMeta,
@@ -214,24 +229,76 @@ impl Log {
                 ))
             })
             .collect();
-        self.append_final(
-            stream.id,
-            &errors,
-            StreamStatus::Failed,
-            Some(Outcome::Error),
-        )
-        .await
-        .map(|_| ())
+        let failed = self
+            .append_final(
+                stream.id,
+                &errors,
+                StreamStatus::Failed,
+                Some(Outcome::Error),
+            )
+            .await;
+        if let Err(e) = &failed {
+            self.owe(e, stream.id, || Owed::Fail(Box::new(stream.clone()), why.to_owned()));
+        }
+        failed.map(|_| ())
     }
 
-    /// Fails a stream for every request the log holds no answer to.
+    /// Fails a stream for every request the log holds no answer to. When
+    /// the store refuses, the failure is owed (see [`Log::settle`]).
     pub async fn fail_unanswered(&self, stream: &StreamMeta, why: &str) -> Result<()> {
-        let answered = self.answered(stream.id).await?;
-        let pending = stream
-            .origin_ids
-            .iter()
-            .filter(|id| !answered.contains(*id));
-        self.fail(stream, pending, why).await
+        let failed = async {
+            let answered = self.answered(stream.id).await?;
+            let pending = stream
+                .origin_ids
+                .iter()
+                .filter(|id| !answered.contains(*id));
+            self.fail(stream, pending, why).await
+        };
+        let failed = failed.await;
+        if let Err(e) = &failed {
+            self.owe(e, stream.id, || Owed::Fail(Box::new(stream.clone()), why.to_owned()));
+        }
+        failed
+    }
+
+    /// Remembers an ending the store refused, unless the refusal means the
+    /// stream is not this process's to end any more.
+    fn owe(&self, e: &StoreError, stream: StreamId, owed: impl FnOnce() -> Owed) {
+        if matches!(e, StoreError::Backend(_)) {
+            self.owed.insert(stream, owed());
+        }
+    }
+
+    /// Writes the endings the store refused earlier; returns how many are
+    /// still owed. Run every second or so: when the store is back, every
+    /// stream it cut short ends with its error entry.
+    pub async fn settle(&self) -> usize {
+        let streams: Vec<StreamId> = self.owed.iter().map(|o| *o.key()).collect();
+        for stream in streams {
+            let Some((_, owed)) = self.owed.remove(&stream) else {
+                continue;
+            };
+            let live = match self.store.stream_meta(stream).await {
+                Ok(meta) => meta.is_some_and(|m| m.status.is_live()),
+                Err(_) => {
+                    self.owed.insert(stream, owed);
+                    continue;
+                }
+            };
+            if !live {
+                continue;
+            }
+            let settled = match &owed {
+                Owed::Fail(meta, why) => self.fail_unanswered(meta, why).await,
+                Owed::Finish(status) => self.finish(stream, *status).await,
+            };
+            match settled {
+                Ok(()) => tracing::info!(%stream, "wrote an ending the log had refused"),
+                // `fail_unanswered` and `finish` owe it again themselves.
+                Err(e) => tracing::debug!(%stream, error = %e, "ending still owed"),
+            }
+        }
+        self.owed.len()
     }
 
     /// The request ids the stream's logged responses answer.
@@ -250,10 +317,17 @@ impl Log {
         }
     }
 
+    /// Changes a stream's status; when the store refuses, the change is
+    /// owed (see [`Log::settle`]).
     pub async fn finish(&self, stream: StreamId, status: StreamStatus) -> Result<()> {
-        self.store
+        let set = self
+            .store
             .set_status(stream, Finish::new(status, None))
-            .await?;
+            .await;
+        if let Err(e) = &set {
+            self.owe(e, stream, || Owed::Finish(status));
+            return set;
+        }
         self.left_live(stream, status);
         Ok(())
     }
@@ -356,6 +430,7 @@ impl Log {
             stream,
             cursor: after,
             exclusive: Some((generation, mine)),
+            lease: None,
         }
     }
 
@@ -367,6 +442,7 @@ impl Log {
             stream,
             cursor: after,
             exclusive: None,
+            lease: None,
         }
     }
 }
@@ -393,6 +469,9 @@ pub struct Reader {
     /// For an exclusive reader: the generation channel and the generation
     /// it was attached as.
     exclusive: Option<(watch::Receiver<u64>, u64)>,
+    /// For an exclusive reader, once it first waited: its hold on the stream
+    /// against readers of other processes sharing the log.
+    lease: Option<ReaderLease>,
 }
 
 impl Reader {
@@ -411,13 +490,18 @@ impl Reader {
     }
 
     fn replaced(&self) -> bool {
-        self.exclusive
+        let here = self
+            .exclusive
             .as_ref()
-            .is_some_and(|(g, mine)| g.has_changed().is_err() || *g.borrow() != *mine)
+            .is_some_and(|(g, mine)| g.has_changed().is_err() || *g.borrow() != *mine);
+        here || self.lease.as_ref().is_some_and(ReaderLease::lost)
     }
 
     pub async fn next(&mut self, idle: Duration) -> Result<Next> {
         let deadline = tokio::time::Instant::now() + idle;
+        if self.exclusive.is_some() && self.lease.is_none() {
+            self.lease = Some(self.log.store.hold_reader(self.stream).await?);
+        }
         loop {
             if self.replaced() {
                 return Ok(Next::Replaced);
@@ -440,6 +524,7 @@ impl Reader {
                     None => Next::Gone,
                 });
             }
+            let store = self.log.store.clone();
             let replaced = async {
                 match self.exclusive.as_mut() {
                     Some((generation, _)) => {
@@ -448,13 +533,20 @@ impl Reader {
                     None => std::future::pending::<()>().await,
                 }
             };
+            let taken = async {
+                match self.lease.as_mut() {
+                    Some(lease) => lease.taken().await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
             tokio::select! {
                 changed = appended.changed() => {
-                    if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
+                    if changed.is_err() && store.stream_meta(self.stream).await?.is_none() {
                         return Ok(Next::Gone);
                     }
                 }
                 _ = replaced => return Ok(Next::Replaced),
+                _ = taken => return Ok(Next::Replaced),
                 _ = tokio::time::sleep_until(deadline) => return Ok(Next::Idle),
             }
         }

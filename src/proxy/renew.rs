@@ -48,6 +48,12 @@ async fn renew(
     headers: &HeaderMap,
 ) -> Result<Option<String>, UpstreamError> {
     let _one_at_a_time = session.renewal().await;
+    if sessions.shared() {
+        // Another instance may have renewed it already: use theirs.
+        if let Err(e) = sessions.refresh(session.id).await {
+            tracing::warn!(session = %session.id, error = %e, "cannot re-read the session");
+        }
+    }
     let current = session.upstream_session();
     if current.as_deref() != Some(stale) {
         return Ok(current);

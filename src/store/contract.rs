@@ -164,6 +164,12 @@ pub async fn entries_statuses_and_sessions_survive_reopen(open: Opener) {
     );
     assert!(store.subscribe(done.id).borrow().finished);
     assert_eq!(messages(&store, live.id, 0).await, bytes(&["a", "b"]));
+    // The new writer carries the stream on once it is handed over.
+    let orphans = orphans_of_a_dead_writer(&store).await;
+    assert_eq!(
+        orphans.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![live.id]
+    );
     assert_eq!(store.append(live.id, &bytes(&["c"])).await.unwrap(), 3);
     assert_eq!(store.streams_of_session(s.id).await.unwrap().len(), 2);
 }
@@ -393,6 +399,47 @@ pub async fn deadline_queries_name_only_the_streams_that_are_due(open: Opener) {
     assert!(store.abandoned_by(u64::MAX).await.unwrap().is_empty());
 }
 
+/// The orphans a store is handed once their writer is gone: at once for a
+/// log one process opens, after the dead writer's lease for a shared one.
+async fn orphans_of_a_dead_writer(store: &SharedStore) -> Vec<StreamMeta> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let found = store.orphans().await.unwrap();
+        if !found.is_empty() || tokio::time::Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A stream left live by a writer that went away (no goodbye: a crash) is
+/// handed to the next one once — for a shared log, once the writer's lease
+/// ran out; a finished stream never is.
+pub async fn a_live_stream_whose_writer_died_is_handed_out_once(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let (live, done) = {
+        let store = open(dir.path(), SyncMode::Batch);
+        let (live, done) = (meta(SessionId::random()), meta(SessionId::random()));
+        for m in [&live, &done] {
+            store.create_stream(m).await.unwrap();
+        }
+        store
+            .append_final(
+                done.id,
+                &bytes(&["r"]),
+                finish(StreamStatus::Completed, None, now_ms()),
+            )
+            .await
+            .unwrap();
+        (live.id, done.id)
+    };
+    let store = open(dir.path(), SyncMode::Batch);
+    let orphans = orphans_of_a_dead_writer(&store).await;
+    let ids: Vec<StreamId> = orphans.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![live], "finished {done} is no orphan");
+    assert!(store.orphans().await.unwrap().is_empty(), "handed out once");
+}
+
 /// What a backend without test fixtures to clean up guards its tests with.
 #[derive(Default)]
 pub struct NoCleanup;
@@ -479,6 +526,12 @@ macro_rules! contract_tests {
             async fn the_upstream_mark_names_its_last_entry_and_survives_reopen() {
                 let _guard = ($guard)();
                 c::the_upstream_mark_names_its_last_entry_and_survives_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn a_live_stream_whose_writer_died_is_handed_out_once() {
+                let _guard = ($guard)();
+                c::a_live_stream_whose_writer_died_is_handed_out_once(open).await
             }
 
             #[tokio::test]

@@ -37,6 +37,10 @@ pub enum StoreError {
     /// Another process holds the log (its directory is named).
     #[error("{0} is in use by another process")]
     InUse(String),
+    /// Another instance took the stream over (its owner's lease had run
+    /// out): only the owner logs upstream messages to it.
+    #[error("stream {0} is owned by another instance now")]
+    NotOwner(StreamId),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -428,6 +432,112 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything written so far durable, whatever the `sync` mode:
     /// the last thing a proxy that shuts down does with its log.
     async fn flush(&self) -> Result<()>;
+
+    /// Live streams whose writer is gone, handed to this process to resume
+    /// or finish; each is handed out once, and belongs to this process from
+    /// then on. A log only one process opens (journal, sled) has at most
+    /// one crop: every stream left live when it was opened. A shared log
+    /// (Redis) yields the streams of instances whose lease ran out, at any
+    /// time, never those of a living instance.
+    async fn orphans(&self) -> Result<Vec<StreamMeta>>;
+
+    /// Whether other processes write this log too: then orphans keep
+    /// turning up while the proxy runs, and the session records it caches
+    /// can be changed elsewhere.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Takes the stream's reader lease for an exclusive reader of this
+    /// process. The lease is lost when a reader of another process takes
+    /// the stream later; the reader must then stop delivering. (Readers of
+    /// one process replace each other through the [`crate::stream::Log`].)
+    async fn hold_reader(&self, _stream: StreamId) -> Result<ReaderLease> {
+        Ok(ReaderLease::sole())
+    }
+
+    /// Sessions another process changed or deleted, for a shared log (so
+    /// cached records can be refreshed); `None` for a log nobody else
+    /// writes.
+    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionId>> {
+        None
+    }
+
+    /// Says goodbye at a graceful shutdown: a shared log hands this
+    /// process's live streams to the other instances now, rather than when
+    /// its lease runs out.
+    async fn retire(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader's hold on a stream across processes: lost once a reader of
+/// another process took the stream over after it.
+#[derive(Clone, Debug)]
+pub struct ReaderLease {
+    /// The newest claim by another process, as an order in the log's
+    /// shared history; the lease is lost when it passes `mine`.
+    claims: Option<watch::Receiver<ClaimOrder>>,
+    mine: ClaimOrder,
+}
+
+/// Where a reader claim stands in the order a shared log gave it (Redis:
+/// the feed entry's id, milliseconds and sequence).
+pub type ClaimOrder = (u64, u64);
+
+impl ReaderLease {
+    /// A lease nobody else can take: the log has one process.
+    pub fn sole() -> Self {
+        Self {
+            claims: None,
+            mine: (0, 0),
+        }
+    }
+
+    /// A lease claimed at `mine`, lost when `claims` passes it.
+    pub fn new(claims: watch::Receiver<ClaimOrder>, mine: ClaimOrder) -> Self {
+        Self {
+            claims: Some(claims),
+            mine,
+        }
+    }
+
+    pub fn lost(&self) -> bool {
+        self.claims
+            .as_ref()
+            .is_some_and(|c| *c.borrow() > self.mine)
+    }
+
+    /// Resolves once the lease is lost (never for a sole lease).
+    pub async fn taken(&mut self) {
+        let Some(claims) = self.claims.as_mut() else {
+            return std::future::pending().await;
+        };
+        let mine = self.mine;
+        if claims.wait_for(|c| *c > mine).await.is_err() {
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+/// Hands out a single-process log's orphans once: the streams left live
+/// when it was opened.
+#[derive(Default)]
+pub struct OrphansOnce(std::sync::atomic::AtomicBool);
+
+impl OrphansOnce {
+    /// The live streams among `all`, the first time; nothing afterwards.
+    pub async fn take<F>(&self, all: F) -> Result<Vec<StreamMeta>>
+    where
+        F: std::future::Future<Output = Result<Vec<StreamMeta>>>,
+    {
+        if self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
+        let mut streams = all.await?;
+        streams.retain(|m| m.status.is_live());
+        Ok(streams)
+    }
 }
 
 pub type SharedStore = Arc<dyn Store>;

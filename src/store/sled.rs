@@ -26,8 +26,8 @@ use tokio::sync::{watch, Mutex};
 
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Along, Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
-    Subscription, UpstreamMark, Watermark,
+    Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
+    StreamMeta, Subscription, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -50,6 +50,7 @@ pub struct SledStore {
     entries: sled::Tree,
     commit: GroupCommit,
     tails: DashMap<StreamId, Arc<Tail>>,
+    orphans: OrphansOnce,
 }
 
 fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -134,6 +135,7 @@ impl SledStore {
             db,
             commit,
             tails: DashMap::new(),
+            orphans: OrphansOnce::default(),
         })
     }
 
@@ -426,6 +428,10 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
+    }
+
+    async fn orphans(&self) -> Result<Vec<StreamMeta>> {
+        self.orphans.take(self.list_streams()).await
     }
 
     async fn flush(&self) -> Result<()> {

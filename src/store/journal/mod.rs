@@ -44,8 +44,8 @@ use self::index::{Index, Loc, SegmentNo, StreamState};
 use self::segment::Writer;
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Along, Change, Counts, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
-    Subscription, UpstreamMark, Watermark,
+    Along, Change, Counts, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
+    StreamMeta, Subscription, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -82,6 +82,7 @@ pub struct Journal {
     segment_bytes: u64,
     /// Held for the journal's lifetime: one process per data directory.
     _lock: File,
+    orphans: OrphansOnce,
 }
 
 fn lock_dir(dir: &Path) -> Result<File> {
@@ -132,6 +133,7 @@ impl Journal {
             commit,
             segment_bytes,
             _lock: dir_lock,
+            orphans: OrphansOnce::default(),
         });
         {
             let mut inner = journal.lock();
@@ -624,6 +626,10 @@ impl Store for Journal {
             .filter_map(|f| f.metadata().ok())
             .map(|m| m.len())
             .sum()
+    }
+
+    async fn orphans(&self) -> Result<Vec<StreamMeta>> {
+        self.orphans.take(self.list_streams()).await
     }
 
     async fn flush(&self) -> Result<()> {

@@ -1,5 +1,6 @@
-//! The shared backend (issue 13, first step): the log in Redis, so that
-//! several proxy instances can one day serve the same sessions.
+//! The shared backend: the log in Redis, so that several proxy instances
+//! serve the same sessions — any instance replays, follows live, answers
+//! status for, and takes over when its owner dies, any stream.
 //!
 //! It owns the Redis key layout below and the Lua scripts that keep a
 //! stream's entries, counts, upstream mark and status in step. It must not
@@ -13,8 +14,9 @@
 //! - `{P:<stream>}:meta`: hash — `record` (the `StreamMeta` JSON as created)
 //!   plus the fields that change after creation (`status`, `finished_ms`,
 //!   `outcome`, `acked`, `touched_ms`, `abandon_after_ms`, `abandon_at_ms`,
-//!   `last_request`, `coalesced`, `up_event`/`up_seq`) and the counts the
-//!   store keeps (`entries`, `bytes`), overlaid on the record when read;
+//!   `last_request`, `coalesced`, `up_event`/`up_seq`, `owner`) and the
+//!   counts the store keeps (`entries`, `bytes`), overlaid on the record
+//!   when read;
 //! - `{P:<stream>}:log`: a Redis Stream, entry `<seq>` has the id `0-<seq>`
 //!   (so seq ↔ entry id is exact) and one field `m`, the message;
 //! - `{P:<session>}:session`: the `SessionRecord` JSON;
@@ -22,7 +24,11 @@
 //!   `{P:<session>}:requests`: hash request id → `"<created_ms> <stream>"`
 //!   (the newest stream by `created_ms` wins);
 //! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
-//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms`.
+//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms`;
+//! - `P:feed`: a capped Redis Stream of changes (appends, status, deletes,
+//!   reader claims, session updates) that instances follow (`follow.rs`);
+//! - `P:instances`: sorted set of instances by lease expiry;
+//!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
 //! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
 //! the Lua scripts; `tests.rs` runs the contract suite against a real Redis.
@@ -36,17 +42,12 @@
 //! that entry is already as durable as an answered one (only its answer is
 //! in flight), and a status shows only with the entries it ends.
 //!
-//! Limits of this step:
+//! Limits:
 //! - The scripts that also update the global indexes (create, finish,
-//!   touch, delete) name keys of several slots: fine on one Redis primary,
-//!   refused (`CROSSSLOT`) by Redis Cluster until those indexes are split.
-//! - Subscriptions are per process (see `Tail`): they wake on this
-//!   instance's own writes only.
+//!   touch, delete, claims) name keys of several slots: fine on one Redis
+//!   primary (with replicas), refused (`CROSSSLOT`) by Redis Cluster.
 //! - `size_on_disk` is 0 (the log is not on this machine), so the disk
 //!   quota does not apply; Redis' `maxmemory` is the bound.
-//! - No leases or stream ownership between instances yet: a starting
-//!   proxy's recovery takes every live stream for an orphan, so one proxy
-//!   per `key_prefix` until they land.
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
 //!   below 2^53 (Lua numbers are doubles).
 
@@ -55,15 +56,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
+use self::follow::{order_of, watermark_of, Follow, Listener, Tail};
+use self::lease::Tasks;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
-use self::scripts::Scripts;
+use self::scripts::{Scripts, FEED_LENGTH};
 use super::{
-    Along, Change, Entry, Finish, Result, SessionRecord, Store, StoreError, StreamMeta,
-    Subscription, Watermark,
+    Along, Change, Entry, Finish, ReaderLease, Result, SessionRecord, Store, StoreError,
+    StreamMeta, Subscription, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -73,18 +75,6 @@ use crate::jsonrpc::RequestId;
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The local end of one stream: publishes its watermark to readers
-/// subscribed on this instance.
-//
-// Missing (next step of issue 13): the watermark moves only with this
-// instance's own writes. A stream written by another instance is not
-// followed live here; the plan is one shared `XREAD BLOCK` listener per
-// instance, on its own connection with no response timeout, that moves
-// these watermarks.
-struct Tail {
-    watermark: watch::Sender<Watermark>,
-}
-
 pub struct RedisStore {
     prefix: String,
     conn: ConnectionManager,
@@ -92,16 +82,12 @@ pub struct RedisStore {
     /// synchronous; used only when the stream has no tail here yet.
     client: redis::Client,
     sync_conn: std::sync::Mutex<Option<redis::Connection>>,
-    tails: DashMap<StreamId, Arc<Tail>>,
+    follow: Arc<Follow>,
     scripts: Scripts,
-}
-
-fn watermark_of(meta: &StreamMeta) -> Watermark {
-    Watermark {
-        seq: meta.entries,
-        finished: !meta.status.is_live(),
-        coalesced: meta.coalesced,
-    }
+    /// This process's name among the instances (see `lease.rs`).
+    instance: String,
+    lease: Duration,
+    tasks: Arc<Tasks>,
 }
 
 fn closed_watermark() -> Subscription {
@@ -119,28 +105,59 @@ fn ids<T: std::str::FromStr>(raw: Vec<String>) -> Vec<T> {
 }
 
 impl RedisStore {
-    /// A store on `url` whose keys all start with `prefix`. Connects lazily
-    /// (see [`RedisStore::open`] for a store that checks the server first).
-    pub fn new(url: &str, prefix: &str) -> Result<Self> {
+    /// A store on `url` whose keys all start with `prefix`, holding an
+    /// instance lease of `lease`. Connects lazily (see [`RedisStore::open`]
+    /// for a store that checks the server first); inside a Tokio runtime it
+    /// starts following the feed and renewing its lease at once.
+    pub fn new(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECT_TIMEOUT));
         let conn =
             ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)?;
-        Ok(Self {
+        let store = Self {
             prefix: prefix.to_owned(),
             conn,
             client,
             sync_conn: std::sync::Mutex::new(None),
-            tails: DashMap::new(),
+            follow: Arc::new(Follow::new()),
             scripts: Scripts::new(),
-        })
+            instance: lease::new_instance(),
+            lease,
+            tasks: Tasks::new(),
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            store.start_tasks();
+        }
+        Ok(store)
+    }
+
+    /// Starts the feed listener and the lease renewal, both stopped when the
+    /// store drops.
+    fn start_tasks(&self) {
+        let prefix = self.prefix.clone();
+        let listener = Listener {
+            follow: self.follow.clone(),
+            client: self.client.clone(),
+            instance: self.instance.clone(),
+            feed_key: self.global_key("feed"),
+            meta_key: Box::new(move |id| format!("{{{prefix}:{id}}}:meta")),
+        };
+        tokio::spawn(listener.run(self.tasks.stop.clone()));
+        lease::spawn_renewal(
+            self.conn(),
+            self.scripts.renew.clone(),
+            self.global_key("instances"),
+            self.instance.clone(),
+            self.lease,
+            self.tasks.renewal.clone(),
+        );
     }
 
     /// A store on `url`, after checking that Redis answers there.
-    pub async fn open(url: &str, prefix: &str) -> Result<Self> {
-        let store = Self::new(url, prefix)?;
+    pub async fn open(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
+        let store = Self::new(url, prefix, lease)?;
         // A connection of its own: the manager would retry for seconds.
         let silent = |e: redis::RedisError| {
             StoreError::Backend(format!("redis at {url} does not answer: {e}"))
@@ -171,6 +188,25 @@ impl RedisStore {
 
     fn global_key(&self, what: &str) -> String {
         format!("{}:{what}", self.prefix)
+    }
+
+    fn owned_key(&self, instance: &str) -> String {
+        format!("{}:owned:{instance}", self.prefix)
+    }
+
+    /// The feed line telling other instances that a session changed.
+    fn session_changed(&self, id: SessionId) -> redis::Cmd {
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(self.global_key("feed"))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(FEED_LENGTH)
+            .arg("*")
+            .arg("i")
+            .arg(&self.instance)
+            .arg("e")
+            .arg(id.to_string());
+        cmd
     }
 
     async fn hash_of(&self, id: StreamId) -> Result<HashMap<String, Vec<u8>>> {
@@ -221,7 +257,7 @@ impl RedisStore {
     /// not yet made here is read with a blocking round trip (`subscribe` is
     /// synchronous).
     fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
-        if let Some(tail) = self.tails.get(&stream) {
+        if let Some(tail) = self.follow.tails.get(&stream) {
             return Some(tail.clone());
         }
         let read = || -> Option<Watermark> {
@@ -231,35 +267,25 @@ impl RedisStore {
         let mark = read()?;
         let mut made = false;
         let tail = self
+            .follow
             .tails
             .entry(stream)
             .or_insert_with(|| {
                 made = true;
-                Arc::new(Tail {
-                    watermark: watch::Sender::new(mark),
-                })
+                Arc::new(Tail::new(mark))
             })
             .clone();
         if made {
-            // A write of this instance answered between the read and the
-            // insert found no tail to move: read once more, now that every
-            // later answer finds this one.
+            // A write answered between the read and the insert found no
+            // tail to move: read once more, now that every later answer (and
+            // feed line) finds this one.
             match read() {
-                Some(now) => tail.watermark.send_if_modified(|w| {
-                    let moved = (
-                        now.seq.max(w.seq),
-                        now.finished,
-                        w.coalesced || now.coalesced,
-                    );
-                    let changed = moved != (w.seq, w.finished, w.coalesced);
-                    (w.seq, w.finished, w.coalesced) = moved;
-                    changed
-                }),
+                Some(now) => tail.sync(now),
                 None => {
-                    self.finish_tail(stream);
+                    self.follow.gone(stream);
                     return None;
                 }
-            };
+            }
         }
         Some(tail)
     }
@@ -311,6 +337,7 @@ impl RedisStore {
             .key(self.stream_key(stream, "meta"))
             .key(self.stream_key(stream, "log"))
             .key(self.global_key("finished"))
+            .key(self.global_key("feed"))
             .arg(stream.to_string())
             .arg(if upstream.is_some() { "1" } else { "0" })
             .arg(upstream.unwrap_or(""));
@@ -335,6 +362,7 @@ impl RedisStore {
                 invocation.arg("").arg("").arg("");
             }
         }
+        invocation.arg(&self.instance).arg(&self.prefix);
         for message in messages {
             invocation.arg(message.as_ref());
         }
@@ -342,11 +370,14 @@ impl RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
-        let seq = Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?;
+        let seq = match seq {
+            -2 => return Err(StoreError::NotOwner(stream)),
+            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
+        };
         // Redis answered: the write is as durable as this backend makes it.
         // A stream with no tail here has no reader here to wake; a tail made
         // later reads this write from Redis.
-        if let Some(tail) = self.tails.get(&stream) {
+        if let Some(tail) = self.follow.tails.get(&stream) {
             tail.watermark.send_modify(|w| {
                 w.seq = w.seq.max(seq);
                 if let Some(end) = finish {
@@ -355,13 +386,6 @@ impl RedisStore {
             });
         }
         Ok(seq)
-    }
-
-    /// Tells readers of a deleted stream that it will say nothing more.
-    fn finish_tail(&self, stream: StreamId) {
-        if let Some((_, tail)) = self.tails.remove(&stream) {
-            tail.watermark.send_modify(|w| w.finished = true);
-        }
     }
 
     async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
@@ -374,7 +398,10 @@ impl RedisStore {
             .key(self.global_key("abandon"))
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
-            .arg(meta.id.to_string());
+            .key(self.global_key("feed"))
+            .arg(meta.id.to_string())
+            .arg(&self.instance)
+            .arg(&self.prefix);
         for id in &meta.origin_ids {
             invocation.arg(id.as_json());
         }
@@ -382,7 +409,7 @@ impl RedisStore {
             .invoke_async::<i64>(&mut self.conn())
             .await
             .map_err(backend)?;
-        self.finish_tail(meta.id);
+        self.follow.gone(meta.id);
         Ok(())
     }
 }
@@ -399,6 +426,8 @@ impl Store for RedisStore {
             .cmd("SADD")
             .arg(self.global_key("sessions"))
             .arg(session.id.to_string())
+            .ignore()
+            .add_command(self.session_changed(session.id))
             .ignore()
             .query_async::<()>(&mut self.conn())
             .await
@@ -446,13 +475,18 @@ impl Store for RedisStore {
             .arg(self.global_key("sessions"))
             .arg(id.to_string())
             .ignore()
+            .add_command(self.session_changed(id))
+            .ignore()
             .query_async::<()>(&mut self.conn())
             .await
             .map_err(backend)
     }
 
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
-        let fields = mutable_fields(meta)?;
+        let mut fields = mutable_fields(meta)?;
+        if meta.status.is_live() {
+            fields.push(("owner", self.instance.clone()));
+        }
         let mut invocation = self.scripts.create.prepare_invoke();
         invocation
             .key(self.stream_key(meta.id, "meta"))
@@ -461,6 +495,8 @@ impl Store for RedisStore {
             .key(self.global_key("abandon"))
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
+            .key(self.owned_key(&self.instance))
+            .key(self.global_key("instances"))
             .arg(meta.id.to_string())
             .arg(meta.created_ms)
             .arg(
@@ -469,6 +505,8 @@ impl Store for RedisStore {
                     .unwrap_or_default(),
             )
             .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
+            .arg(&self.instance)
+            .arg(self.lease.as_millis() as u64)
             .arg(fields.len() + 1)
             .arg("record")
             .arg(encode(meta)?);
@@ -518,9 +556,11 @@ impl Store for RedisStore {
             .change
             .key(self.stream_key(id, "meta"))
             .key(self.global_key("abandon"))
+            .key(self.global_key("feed"))
             .arg(id.to_string())
             .arg(kind)
             .arg(value)
+            .arg(&self.instance)
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
@@ -528,7 +568,7 @@ impl Store for RedisStore {
             return Err(StoreError::NoSuchStream(id));
         }
         if change == Change::Coalesced {
-            if let Some(tail) = self.tails.get(&id) {
+            if let Some(tail) = self.follow.tails.get(&id) {
                 tail.watermark.send_modify(|w| w.coalesced = true);
             }
         }
@@ -539,7 +579,7 @@ impl Store for RedisStore {
         match self.stream_meta(id).await? {
             Some(meta) => self.delete_meta(&meta).await,
             None => {
-                self.finish_tail(id);
+                self.follow.gone(id);
                 Ok(())
             }
         }
@@ -624,8 +664,69 @@ impl Store for RedisStore {
     async fn flush(&self) -> Result<()> {
         Ok(())
     }
+
+    async fn orphans(&self) -> Result<Vec<StreamMeta>> {
+        let claimed: Vec<String> = self
+            .scripts
+            .claim
+            .key(self.global_key("instances"))
+            .arg(&self.instance)
+            .arg(&self.prefix)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let mut metas = self.metas(&ids(claimed)).await?;
+        metas.retain(|m| m.status.is_live());
+        Ok(metas)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {
+        let Some(tail) = self.tail(stream) else {
+            return Ok(ReaderLease::sole());
+        };
+        let claims = tail.claims.subscribe();
+        let id: String = redis::cmd("XADD")
+            .arg(self.global_key("feed"))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(FEED_LENGTH)
+            .arg("*")
+            .arg("i")
+            .arg(&self.instance)
+            .arg("r")
+            .arg(stream.to_string())
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let mine =
+            order_of(&id).ok_or_else(|| StoreError::Corrupt(format!("feed entry id {id}")))?;
+        Ok(ReaderLease::new(claims, mine))
+    }
+
+    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionId>> {
+        Some(self.follow.sessions.subscribe())
+    }
+
+    /// Stops renewing and lets the lease run out now: the other instances
+    /// take this one's live streams over at their next look.
+    async fn retire(&self) -> Result<()> {
+        self.tasks.renewal.cancel();
+        redis::cmd("ZADD")
+            .arg(self.global_key("instances"))
+            .arg(0)
+            .arg(&self.instance)
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
 }
 
+mod follow;
+mod lease;
 mod record;
 mod scripts;
 #[cfg(test)]

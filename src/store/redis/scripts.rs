@@ -3,6 +3,11 @@
 //! reader ever sees half a write. Scripts only move cursors and times
 //! forward, and write back the caller's own strings for numbers they compare
 //! (Lua numbers are doubles, exact below 2^53).
+//!
+//! Every write other instances must learn about also adds a line to the
+//! feed (`P:feed`, a capped Redis Stream) in the same script: what changed
+//! and which instance changed it. Leases are timed by Redis' own clock
+//! (`TIME`), so instances whose clocks disagree still agree on who is dead.
 
 use redis::Script;
 
@@ -11,16 +16,40 @@ pub(super) struct Scripts {
     pub append: Script,
     pub change: Script,
     pub delete: Script,
+    pub renew: Script,
+    pub claim: Script,
 }
 
-/// Creates (or replaces) a stream's metadata and indexes it.
-/// KEYS: meta, session streams, all streams, abandon, finished, requests.
+/// How many changes the feed keeps (approximately). A listener further
+/// behind than that re-reads its streams' metadata instead (see
+/// `follow.rs`).
+pub(super) const FEED_LENGTH: u32 = 100_000;
+
+/// Helpers every script may use. Keys computed here name no declared slot:
+/// these scripts need one Redis primary (see the module's limits).
+const PRELUDE: &str = r#"
+local function owned(prefix, instance) return prefix .. ':owned:' .. instance end
+local function feed(key, ...)
+  redis.call('XADD', key, 'MAXLEN', '~', FEED_LENGTH, '*', ...)
+end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"#;
+
+/// Creates (or replaces) a stream's metadata and indexes it; a live stream
+/// is owned by the instance that creates it, whose lease is registered if
+/// its renewal has not run yet (so no stream has an owner nobody knows).
+/// KEYS: meta, session streams, all streams, abandon, finished, requests,
+/// the creator's owned set, instances.
 /// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
-/// number of field/value pairs, the pairs, then the request ids.
+/// instance, lease ms, number of field/value pairs, the pairs, then the
+/// request ids.
 const CREATE: &str = r#"
 redis.call('DEL', KEYS[1])
-local n = tonumber(ARGV[5])
-local i = 6
+local n = tonumber(ARGV[7])
+local i = 8
 for _ = 1, n do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -28,7 +57,12 @@ end
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1]) end
-if ARGV[4] ~= '' then redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1]) end
+if ARGV[4] ~= '' then
+  redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
+else
+  redis.call('SADD', KEYS[7], ARGV[1])
+  redis.call('ZADD', KEYS[8], 'NX', now_ms() + tonumber(ARGV[6]), ARGV[5])
+end
 local created = tonumber(ARGV[2])
 while i <= #ARGV do
   local old = redis.call('HGET', KEYS[6], ARGV[i])
@@ -43,16 +77,23 @@ end
 return 0
 "#;
 
-/// Appends messages, counts them, and records the upstream mark and a
-/// status change, all or nothing. Returns the last seq, -1 for no stream.
-/// KEYS: meta, log, finished.
+/// Appends messages, counts them, records the upstream mark and a status
+/// change, all or nothing, and tells the feed. Only a stream's owner logs
+/// upstream messages or marks (a status alone may come from any instance:
+/// a cancellation, an abandonment). Returns the last seq; -1 for no stream;
+/// -2 when the writer does not own the stream (another instance took it
+/// over).
+/// KEYS: meta, log, finished, feed.
 /// ARGV: stream id, has mark ('1'/'0'), mark event id, status ('' none),
-/// finished_ms ('' when live), outcome ('' none), then the messages.
+/// finished_ms ('' when live), outcome ('' none), instance, prefix, then
+/// the messages.
 const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and owner ~= ARGV[7] and (#ARGV > 8 or ARGV[2] == '1') then return -2 end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
 local added = 0
-for i = 7, #ARGV do
+for i = 9, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], '0-' .. string.format('%d', seq), 'm', ARGV[i])
   added = added + string.len(ARGV[i])
@@ -63,23 +104,28 @@ if ARGV[2] == '1' then
   table.insert(fields, 'up_event'); table.insert(fields, ARGV[3])
   table.insert(fields, 'up_seq'); table.insert(fields, string.format('%d', seq))
 end
+local finished = ''
 if ARGV[4] ~= '' then
   table.insert(fields, 'status'); table.insert(fields, ARGV[4])
   if ARGV[5] ~= '' then
+    finished = '1'
     table.insert(fields, 'finished_ms'); table.insert(fields, ARGV[5])
     redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+    if owner then redis.call('SREM', owned(ARGV[8], owner), ARGV[1]) end
   else
+    finished = '0'
     redis.call('HDEL', KEYS[1], 'finished_ms')
     redis.call('ZREM', KEYS[3], ARGV[1])
   end
   if ARGV[6] ~= '' then table.insert(fields, 'outcome'); table.insert(fields, ARGV[6]) end
 end
 redis.call('HSET', KEYS[1], unpack(fields))
+feed(KEYS[4], 'i', ARGV[7], 's', ARGV[1], 'q', string.format('%d', seq), 'f', finished)
 return seq
 "#;
 
 /// Applies a `Change`. Returns 0, or -1 for no stream.
-/// KEYS: meta, abandon. ARGV: stream id, kind, value.
+/// KEYS: meta, abandon, feed. ARGV: stream id, kind, value, instance.
 const CHANGE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local kind = ARGV[2]
@@ -105,35 +151,84 @@ elseif kind == 'touch' then
   end
 elseif kind == 'coalesced' then
   redis.call('HSET', KEYS[1], 'coalesced', '1')
+  feed(KEYS[3], 'i', ARGV[4], 's', ARGV[1], 'c', '1')
 end
 return 0
 "#;
 
-/// Deletes a stream and unindexes it.
-/// KEYS: meta, log, session streams, all streams, abandon, finished, requests.
-/// ARGV: stream id, then its request ids.
+/// Deletes a stream and unindexes it, and tells the feed it is gone.
+/// KEYS: meta, log, session streams, all streams, abandon, finished,
+/// requests, feed.
+/// ARGV: stream id, instance, prefix, then its request ids.
 const DELETE: &str = r#"
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then redis.call('SREM', owned(ARGV[3], owner), ARGV[1]) end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[1])
 redis.call('SREM', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('ZREM', KEYS[6], ARGV[1])
-for i = 2, #ARGV do
+for i = 4, #ARGV do
   local v = redis.call('HGET', KEYS[7], ARGV[i])
   if v and string.sub(v, -string.len(ARGV[1])) == ARGV[1] then
     redis.call('HDEL', KEYS[7], ARGV[i])
   end
 end
+feed(KEYS[8], 'i', ARGV[2], 's', ARGV[1], 'g', '1')
 return 0
 "#;
+
+/// Renews an instance's lease: it is alive until Redis' clock passes the
+/// returned time. (An instance whose lease ran out while it could not reach
+/// Redis renews like any other: the streams others took over meanwhile are
+/// theirs, and its own writes to them are refused.)
+/// KEYS: instances. ARGV: instance, lease ms.
+const RENEW: &str = r#"
+local until_ms = now_ms() + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], until_ms, ARGV[1])
+return until_ms
+"#;
+
+/// Hands the live streams of dead instances (lease passed) to this one:
+/// their owner becomes this instance, so exactly one instance takes each
+/// over. Returns their ids.
+/// KEYS: instances. ARGV: instance, prefix.
+const CLAIM: &str = r#"
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms())
+local claimed = {}
+for _, instance in ipairs(dead) do
+  if instance ~= ARGV[1] then
+    local theirs = owned(ARGV[2], instance)
+    for _, stream in ipairs(redis.call('SMEMBERS', theirs)) do
+      local meta = '{' .. ARGV[2] .. ':' .. stream .. '}:meta'
+      if redis.call('HGET', meta, 'owner') == instance then
+        redis.call('HSET', meta, 'owner', ARGV[1])
+        redis.call('SADD', owned(ARGV[2], ARGV[1]), stream)
+        table.insert(claimed, stream)
+      end
+    end
+    redis.call('DEL', theirs)
+    redis.call('ZREM', KEYS[1], instance)
+  end
+end
+return claimed
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!(
+        "local FEED_LENGTH = {FEED_LENGTH}\n{PRELUDE}\n{body}"
+    ))
+}
 
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            create: Script::new(CREATE),
-            append: Script::new(APPEND),
-            change: Script::new(CHANGE),
-            delete: Script::new(DELETE),
+            create: script(CREATE),
+            append: script(APPEND),
+            change: script(CHANGE),
+            delete: script(DELETE),
+            renew: script(RENEW),
+            claim: script(CLAIM),
         }
     }
 }

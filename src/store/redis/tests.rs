@@ -14,6 +14,10 @@ use super::*;
 use crate::store::commit::SyncMode;
 use crate::store::SharedStore;
 
+/// Short, so that the contract's orphan test sees a dropped store's
+/// lease run out quickly.
+const TEST_LEASE: Duration = Duration::from_millis(600);
+
 fn url() -> String {
     std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
@@ -98,7 +102,7 @@ fn open_store(dir: &Path, _sync: SyncMode) -> SharedStore {
             o.push(prefix.clone());
         }
     });
-    Arc::new(RedisStore::new(&url(), &prefix).unwrap())
+    Arc::new(RedisStore::new(&url(), &prefix, TEST_LEASE).unwrap())
 }
 
 crate::store::contract::contract_tests!(open_store, guard = Cleanup::default);
@@ -165,9 +169,115 @@ async fn a_tests_keys_are_gone_after_its_cleanup() {
 #[tokio::test]
 async fn open_names_the_server_that_does_not_answer() {
     // Port 9 (discard) has no Redis behind it.
-    let err = match RedisStore::open("redis://127.0.0.1:9/0", "p").await {
+    let err = match RedisStore::open("redis://127.0.0.1:9/0", "p", TEST_LEASE).await {
         Ok(_) => panic!("opened a store on a port with no Redis"),
         Err(e) => e.to_string(),
     };
     assert!(err.contains("127.0.0.1:9"), "{err}");
+}
+
+/// Two instances on one Redis, as two proxy processes would be.
+fn two_instances(dir: &Path) -> (SharedStore, SharedStore) {
+    (
+        open_store(dir, SyncMode::Batch),
+        open_store(dir, SyncMode::Batch),
+    )
+}
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn an_append_by_another_instance_wakes_a_reader_here_through_the_feed() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut seen_by_b = b.subscribe(m.id);
+    assert_eq!(seen_by_b.borrow().seq, 0);
+    a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap();
+    tokio::time::timeout(PATIENCE, seen_by_b.wait_for(|w| w.seq == 1))
+        .await
+        .expect("B learns of A's append")
+        .unwrap();
+    a.append_final(
+        m.id,
+        &[Bytes::from_static(b"y")],
+        Finish::new(crate::store::StreamStatus::Completed, None),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(PATIENCE, seen_by_b.wait_for(|w| w.seq == 2 && w.finished))
+        .await
+        .expect("B learns that A finished the stream")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_living_instances_streams_are_never_orphans() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    // Well past A's lease: A renews it.
+    tokio::time::sleep(TEST_LEASE * 3).await;
+    assert!(b.orphans().await.unwrap().is_empty());
+    assert_eq!(
+        a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_retired_instances_live_streams_are_taken_over_at_once_and_it_may_not_log_to_them() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    a.retire().await.unwrap();
+    let taken: Vec<StreamId> = b.orphans().await.unwrap().iter().map(|m| m.id).collect();
+    assert_eq!(taken, vec![m.id]);
+    let refused = a.append(m.id, &[Bytes::from_static(b"late")]).await;
+    assert!(matches!(refused, Err(StoreError::NotOwner(id)) if id == m.id));
+    assert_eq!(
+        b.append(m.id, &[Bytes::from_static(b"b")]).await.unwrap(),
+        1
+    );
+    assert!(a.orphans().await.unwrap().is_empty(), "handed out once");
+}
+
+#[tokio::test]
+async fn a_reader_claim_by_another_instance_ends_the_lease_held_here() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut held_on_a = a.hold_reader(m.id).await.unwrap();
+    assert!(!held_on_a.lost());
+    let held_on_b = b.hold_reader(m.id).await.unwrap();
+    tokio::time::timeout(PATIENCE, held_on_a.taken())
+        .await
+        .expect("A's reader learns that B's took the stream");
+    assert!(held_on_a.lost());
+    assert!(!held_on_b.lost(), "the newest claim holds");
+}
+
+#[tokio::test]
+async fn a_session_stored_by_another_instance_is_announced_here() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let mut changes = b.session_changes().expect("a shared log announces changes");
+    // Let B's listener find the feed's end before A writes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = crate::store::contract::session(SessionId::random());
+    a.put_session(&s).await.unwrap();
+    let changed = tokio::time::timeout(PATIENCE, changes.recv())
+        .await
+        .expect("B hears of A's session")
+        .unwrap();
+    assert_eq!(changed, s.id);
 }

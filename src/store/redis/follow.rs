@@ -1,0 +1,277 @@
+//! Following what other instances write: the one `XREAD BLOCK` listener of
+//! an instance, on a connection of its own, reading the feed (`P:feed`) and
+//! fanning each change out to this instance's readers through their
+//! stream's [`Tail`].
+//!
+//! It owns the tails (one per stream read here) and the session-change
+//! broadcast; it must not read entries (readers do, from the log itself)
+//! nor write anything. A change it misses (a cut connection, a feed trimmed
+//! past it) is never lost for good: after every reconnect, and every
+//! [`RESYNC_EVERY`] anyway, each tail is re-read from its stream's
+//! metadata.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamId as FeedEntry, StreamReadReply};
+use redis::AsyncConnectionConfig;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::record::meta_from_hash;
+use crate::id::{SessionId, StreamId};
+use crate::store::{ClaimOrder, StreamMeta, Watermark};
+
+/// How long one `XREAD` blocks before it is asked again.
+const BLOCK: Duration = Duration::from_secs(2);
+/// Changes taken from the feed at once.
+const BATCH: usize = 1024;
+/// How often every tail is re-read from Redis whatever the feed said.
+pub(super) const RESYNC_EVERY: Duration = Duration::from_secs(30);
+/// Longest pause between attempts to reach Redis again.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The local end of one stream: what this instance's readers wait on.
+pub(super) struct Tail {
+    pub watermark: watch::Sender<Watermark>,
+    /// The newest reader claim another instance made on the stream.
+    pub claims: watch::Sender<ClaimOrder>,
+}
+
+impl Tail {
+    pub fn new(mark: Watermark) -> Self {
+        Self {
+            watermark: watch::Sender::new(mark),
+            claims: watch::Sender::new((0, 0)),
+        }
+    }
+
+    /// Moves the watermark to what Redis says now (never back in seq).
+    pub fn sync(&self, now: Watermark) {
+        self.watermark.send_if_modified(|w| {
+            let moved = Watermark {
+                seq: now.seq.max(w.seq),
+                finished: now.finished,
+                coalesced: w.coalesced || now.coalesced,
+            };
+            let changed = moved != *w;
+            *w = moved;
+            changed
+        });
+    }
+
+    fn moved(&self, seq: u64, finished: Option<bool>) {
+        self.watermark.send_if_modified(|w| {
+            let before = *w;
+            w.seq = w.seq.max(seq);
+            if let Some(finished) = finished {
+                w.finished = finished;
+            }
+            *w != before
+        });
+    }
+}
+
+pub(super) fn watermark_of(meta: &StreamMeta) -> Watermark {
+    Watermark {
+        seq: meta.entries,
+        finished: !meta.status.is_live(),
+        coalesced: meta.coalesced,
+    }
+}
+
+/// What the listener keeps up to date.
+pub(super) struct Follow {
+    pub tails: DashMap<StreamId, Arc<Tail>>,
+    /// Sessions another instance changed or deleted.
+    pub sessions: broadcast::Sender<SessionId>,
+}
+
+impl Follow {
+    pub fn new() -> Self {
+        Self {
+            tails: DashMap::new(),
+            sessions: broadcast::channel(1024).0,
+        }
+    }
+
+    /// Tells readers of a deleted stream that it will say nothing more.
+    pub fn gone(&self, stream: StreamId) {
+        if let Some((_, tail)) = self.tails.remove(&stream) {
+            tail.watermark.send_modify(|w| w.finished = true);
+        }
+    }
+
+    /// Applies one line of the feed.
+    fn apply(&self, entry: &FeedEntry, me: &str) {
+        let text = |k: &str| -> Option<String> {
+            entry
+                .map
+                .get(k)
+                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+        };
+        let mine = text("i").as_deref() == Some(me);
+        if let Some(stream) = text("s").and_then(|s| s.parse::<StreamId>().ok()) {
+            if text("g").is_some() {
+                return self.gone(stream);
+            }
+            let Some(tail) = self.tails.get(&stream).map(|t| t.clone()) else {
+                return;
+            };
+            if text("c").is_some() {
+                tail.watermark
+                    .send_if_modified(|w| !std::mem::replace(&mut w.coalesced, true));
+                return;
+            }
+            let seq = text("q").and_then(|q| q.parse().ok()).unwrap_or(0);
+            let finished = match text("f").as_deref() {
+                Some("1") => Some(true),
+                Some("0") => Some(false),
+                _ => None,
+            };
+            tail.moved(seq, finished);
+        } else if let Some(stream) = text("r").and_then(|s| s.parse::<StreamId>().ok()) {
+            // This instance's own readers replace each other in the log.
+            if mine {
+                return;
+            }
+            if let (Some(tail), Some(order)) = (self.tails.get(&stream), order_of(&entry.id)) {
+                tail.claims.send_if_modified(|c| {
+                    let newer = order > *c;
+                    if newer {
+                        *c = order;
+                    }
+                    newer
+                });
+            }
+        } else if let Some(session) = text("e").and_then(|s| s.parse::<SessionId>().ok()) {
+            if !mine {
+                let _ = self.sessions.send(session);
+            }
+        }
+    }
+}
+
+/// A feed entry id (`<ms>-<seq>`) as an order.
+pub(super) fn order_of(id: &str) -> Option<ClaimOrder> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
+
+/// Where the listener reads.
+pub(super) struct Listener {
+    pub follow: Arc<Follow>,
+    pub client: redis::Client,
+    pub instance: String,
+    pub feed_key: String,
+    /// The key of a stream's metadata hash, from its id.
+    pub meta_key: Box<dyn Fn(StreamId) -> String + Send + Sync>,
+}
+
+impl Listener {
+    /// Follows the feed until `stop`, reconnecting (with back-off) whenever
+    /// Redis is away.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let followed = tokio::select! {
+                r = self.follow_feed() => r,
+                () = stop.cancelled() => return,
+            };
+            if let Err(e) = followed {
+                tracing::warn!(error = %e, "lost the Redis feed; reconnecting");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => return,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn follow_feed(&self) -> redis::RedisResult<()> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let mut last = newest(&mut conn, &self.feed_key).await?;
+        self.resync(&mut conn).await?;
+        let mut resynced = tokio::time::Instant::now();
+        loop {
+            let reply: Option<StreamReadReply> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(BATCH)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&self.feed_key)
+                .arg(&last)
+                .query_async(&mut conn)
+                .await?;
+            for key in reply.map(|r| r.keys).unwrap_or_default() {
+                for entry in key.ids {
+                    self.follow.apply(&entry, &self.instance);
+                    last = entry.id;
+                }
+            }
+            if resynced.elapsed() >= RESYNC_EVERY {
+                self.resync(&mut conn).await?;
+                resynced = tokio::time::Instant::now();
+            }
+        }
+    }
+
+    /// Re-reads every tail's watermark from Redis, and forgets tails nobody
+    /// waits on any more.
+    async fn resync(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+        let follow = &self.follow;
+        follow
+            .tails
+            .retain(|_, t| t.watermark.receiver_count() > 0 || t.claims.receiver_count() > 0);
+        let streams: Vec<StreamId> = follow.tails.iter().map(|t| *t.key()).collect();
+        for chunk in streams.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HGETALL").arg((self.meta_key)(*id));
+            }
+            let hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(conn).await?;
+            for (id, hash) in chunk.iter().zip(hashes) {
+                match meta_from_hash(hash) {
+                    Ok(Some(meta)) => {
+                        if let Some(tail) = follow.tails.get(id) {
+                            tail.sync(watermark_of(&meta));
+                        }
+                    }
+                    Ok(None) => follow.gone(*id),
+                    Err(e) => tracing::warn!(stream = %id, error = %e, "unreadable stream"),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The id of the feed's newest entry (`0-0` for an empty feed): where a
+/// listener that just (re)connected starts.
+async fn newest(conn: &mut MultiplexedConnection, feed: &str) -> redis::RedisResult<String> {
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(feed)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .next()
+        .map(|e| e.id)
+        .unwrap_or_else(|| "0-0".to_owned()))
+}

@@ -1,0 +1,90 @@
+//! Who owns what among the instances sharing one Redis: each instance holds
+//! a lease (its score in `P:instances`, a time on Redis' clock) that it
+//! renews every third of its length; each live stream is owned by the
+//! instance that forwarded its request (`owner` in the stream's metadata,
+//! and `P:owned:<instance>`). When a lease runs out, the first instance to
+//! look claims the dead one's streams in one script, so exactly one takes
+//! each over; the old owner, should it still be running, can no longer log
+//! to them (the append script refuses it).
+//!
+//! It owns the instance's identity and the renewal task; it must not decide
+//! what happens to a claimed stream (the proxy resumes or fails it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::Script;
+use tokio_util::sync::CancellationToken;
+
+/// A process's name among the instances: random, new at every start, so a
+/// restarted process never mistakes its predecessor's streams for its own
+/// living ones.
+pub(super) fn new_instance() -> String {
+    format!("{}-{}", std::process::id(), crate::id::StreamId::random())
+}
+
+/// Renews the lease every third of its length until `stop`. A renewal that
+/// fails is tried again at the next tick; a lease that runs out meanwhile
+/// lets the other instances take this one's streams over.
+pub(super) fn spawn_renewal(
+    mut conn: ConnectionManager,
+    renew: Script,
+    instances_key: String,
+    instance: String,
+    lease: Duration,
+    stop: CancellationToken,
+) {
+    let every = lease / 3;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            let renewed = renew
+                .key(&instances_key)
+                .arg(&instance)
+                .arg(lease.as_millis() as u64)
+                .invoke_async::<i64>(&mut conn)
+                .await;
+            match (renewed, failing) {
+                (Ok(_), true) => {
+                    tracing::info!("the instance lease is renewed again");
+                    failing = false;
+                }
+                (Err(e), false) => {
+                    tracing::warn!(error = %e, "cannot renew the instance lease");
+                    failing = true;
+                }
+                _ => {}
+            }
+        }
+    });
+}
+
+/// Stops the background tasks of a store when the last handle on it drops.
+pub(super) struct Tasks {
+    pub stop: CancellationToken,
+    /// Stops the renewal alone (retirement keeps the feed followed).
+    pub renewal: CancellationToken,
+}
+
+impl Tasks {
+    pub fn new() -> Arc<Self> {
+        let stop = CancellationToken::new();
+        Arc::new(Self {
+            renewal: stop.child_token(),
+            stop,
+        })
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
