@@ -513,6 +513,14 @@ impl Config {
                 self.store.lease_ms
             ));
         }
+        if self.store.backend == Backend::Redis && self.tokens.key_file.is_none() {
+            return fail(
+                "backend = \"redis\" needs tokens.key_file: every instance must seal resume \
+                 tokens and event ids with the same key (a key generated into each data_dir \
+                 would make one instance's handles unknown to the others)"
+                    .into(),
+            );
+        }
         if self.store.backend == Backend::Redis {
             if let Some(up) = self.upstream.iter().find(|u| u.command.is_some()) {
                 return fail(format!(
@@ -668,14 +676,36 @@ mod tests {
     }
 
     #[test]
+    fn the_redis_url_may_be_given_as_url() {
+        let c = Config::from_toml(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://r:1/0\"\n\
+             [tokens]\nkey_file = \"k\"\n[[upstream]]\nurl = \"http://a/\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.store.redis_url, "redis://r:1/0");
+    }
+
+    #[test]
+    fn the_redis_backend_refuses_a_stdio_upstream_and_a_key_of_its_own() {
+        let stdio = "[store]\nbackend = \"redis\"\n[tokens]\nkey_file = \"k\"\n\
+                     [[upstream]]\ncommand = [\"server\"]\n";
+        let err = Config::from_toml(stdio).unwrap_err();
+        assert!(err.0.contains("stdio") && err.0.contains("redis"), "{err}");
+        let no_key = "[store]\nbackend = \"redis\"\n[[upstream]]\nurl = \"http://a/\"\n";
+        let err = Config::from_toml(no_key).unwrap_err();
+        assert!(err.0.contains("tokens.key_file"), "{err}");
+    }
+
+    #[test]
     fn the_journal_is_the_default_backend_and_sled_or_redis_can_be_chosen() {
         let up = "[[upstream]]\nurl = \"http://a/\"\n";
         let c = Config::from_toml(up).unwrap();
         assert_eq!(c.store.backend, Backend::Journal);
         let c = Config::from_toml(&format!("[store]\nbackend = \"sled\"\n{up}")).unwrap();
         assert_eq!(c.store.backend, Backend::Sled);
+        let key = "[tokens]\nkey_file = \"/etc/proxy/token.key\"\n";
         let c = Config::from_toml(&format!(
-            "[store]\nbackend = \"redis\"\nredis_url = \"redis://r:6380/2\"\nkey_prefix = \"p\"\n{up}"
+            "[store]\nbackend = \"redis\"\nredis_url = \"redis://r:6380/2\"\nkey_prefix = \"p\"\n{key}{up}"
         ))
         .unwrap();
         assert_eq!(c.store.backend, Backend::Redis);
@@ -683,7 +713,7 @@ mod tests {
             (c.store.redis_url.as_str(), c.store.key_prefix.as_str()),
             ("redis://r:6380/2", "p")
         );
-        let c = Config::from_toml(&format!("[store]\nbackend = \"redis\"\n{up}")).unwrap();
+        let c = Config::from_toml(&format!("[store]\nbackend = \"redis\"\n{key}{up}")).unwrap();
         assert_eq!(c.store.redis_url, "redis://127.0.0.1:6379/0");
         assert_eq!(c.store.key_prefix, "mcp-resume-proxy");
         let err = Config::from_toml(&format!("[store]\nkey_prefix = \"a{{b\"\n{up}")).unwrap_err();

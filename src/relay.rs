@@ -92,7 +92,10 @@ impl Relay {
         let answered = self.log.answered(self.stream.id).await;
         let (Ok(logged), Ok(answered)) = (logged, answered) else {
             tracing::error!(stream = %self.stream.id, "cannot read a stream to resume it");
-            return;
+            // Never silence: the stream fails now, or as soon as the log
+            // takes the ending (it is owed until then).
+            let _ = self.log.fail_unanswered(&self.stream, NOT_RESUMED).await;
+            return self.release();
         };
         let pending = self
             .stream

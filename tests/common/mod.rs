@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod cluster;
 pub mod dialects;
 pub mod process;
 pub mod tls;

@@ -58,6 +58,12 @@ impl ProxyProcess {
         self.child.wait().expect("reaped");
     }
 
+    /// SIGKILL if it still runs; never fails (for teardown).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM and waits (bounded) for the process to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = i32::try_from(self.child.id()).expect("pid fits");

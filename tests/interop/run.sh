@@ -2,6 +2,8 @@
 # Interop tests of mcp-resume-proxy against real MCP peers: the official TS and
 # Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio)
 # and the conformance tool. Everything listens on 127.0.0.1 only.
+# i-scale-out (two proxies sharing a Redis store) needs Redis at REDIS_URL
+# (default redis://127.0.0.1:6379/0) and fails without it.
 #
 #   tests/interop/run.sh                 # every scenario
 #   tests/interop/run.sh d-reattach ...  # only the named scenarios
@@ -86,6 +88,7 @@ scenarios=(
   "g-dialects-http|90|node scenarios/g-dialects.mjs http"
   "g-dialects-stdio|90|node scenarios/g-dialects.mjs stdio"
   "h-crash-loop|180|node scenarios/h-crash-loop.mjs"
+  "i-scale-out|90|node scenarios/i-scale-out.mjs"
 )
 
 selected=("$@")

@@ -616,12 +616,16 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let raw: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        let mut range = redis::cmd("XRANGE");
+        range
             .arg(self.stream_key(stream, "log"))
             .arg(format!("0-{}", after.saturating_add(1)))
-            .arg("+")
-            .arg("COUNT")
-            .arg(limit)
+            .arg("+");
+        // Redis takes a signed 64-bit count; a larger one means "all".
+        if let Ok(count) = i64::try_from(limit) {
+            range.arg("COUNT").arg(count);
+        }
+        let raw: redis::streams::StreamRangeReply = range
             .query_async(&mut self.conn())
             .await
             .map_err(backend)?;

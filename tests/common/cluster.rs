@@ -1,0 +1,145 @@
+//! Two proxy processes sharing one Redis log (`backend = "redis"`), in front
+//! of one demo upstream: the rig of every scale-out test. Each rig has its
+//! own key prefix, deleted when the rig drops; the token key file is shared
+//! by both instances, as the README tells operators to do.
+
+use std::path::{Path, PathBuf};
+
+use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+
+use super::process::{free_addr, ProxyProcess};
+use super::McpClient;
+
+/// The Redis the tests use: `MCP_RESUME_PROXY_TEST_REDIS`, else the local one.
+pub fn redis_url() -> String {
+    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// Fails loudly (never skips) when no Redis answers at `url`.
+pub fn require_redis(url: &str) -> redis::Connection {
+    let answered = redis::Client::open(url).and_then(|c| {
+        let mut conn = c.get_connection_with_timeout(std::time::Duration::from_secs(2))?;
+        redis::cmd("PING").query::<String>(&mut conn)?;
+        Ok(conn)
+    });
+    answered.unwrap_or_else(|e| {
+        panic!(
+            "the scale-out tests need a Redis server at {url} and none answered ({e}); \
+             start one (`redis-server --save '' --appendonly no`) or set MCP_RESUME_PROXY_TEST_REDIS"
+        )
+    })
+}
+
+/// Deletes every key under `prefix` (best effort).
+pub fn delete_prefix(url: &str, prefix: &str) {
+    let Ok(mut conn) = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
+    else {
+        return;
+    };
+    for pattern in [format!("{{{prefix}:*"), format!("{prefix}:*")] {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _ = redis::cmd("DEL").arg(&keys).query::<()>(&mut conn);
+        }
+    }
+}
+
+/// One of the two instances: its process, its data dir and address.
+pub struct Instance {
+    pub proxy: ProxyProcess,
+    pub dir: tempfile::TempDir,
+    addr: std::net::SocketAddr,
+}
+
+impl Instance {
+    pub fn client(&self) -> McpClient {
+        self.proxy.client()
+    }
+}
+
+pub struct Cluster {
+    pub upstream: DemoUpstream,
+    pub a: Instance,
+    pub b: Instance,
+    config: PathBuf,
+    url: String,
+    prefix: String,
+    _shared: tempfile::TempDir,
+}
+
+/// The instances' lease: short, so that takeover tests wait about a second.
+pub const LEASE_MS: u64 = 1_000;
+
+impl Cluster {
+    /// The demo upstream and two instances on the Redis at `url`.
+    pub async fn start_on(url: &str, options: DemoOptions) -> Cluster {
+        drop(require_redis(url));
+        let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options)
+            .await
+            .expect("demo upstream starts");
+        let shared = tempfile::tempdir().expect("temp dir");
+        let prefix = format!(
+            "mcp-resume-proxy-test:{}",
+            mcp_resume_proxy::id::StreamId::random()
+        );
+        let key = shared.path().join("token.key");
+        std::fs::write(&key, [7u8; 32]).expect("key file");
+        let config = shared.path().join("proxy.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"{prefix}\"\n\
+                 lease_ms = {LEASE_MS}\n[tokens]\nkey_file = \"{}\"\n\
+                 [[upstream]]\nurl = \"{}\"\n",
+                key.display(),
+                upstream.url()
+            ),
+        )
+        .expect("config file");
+        let a = Self::instance(&config).await;
+        let b = Self::instance(&config).await;
+        Cluster {
+            upstream,
+            a,
+            b,
+            config,
+            url: url.to_owned(),
+            prefix,
+            _shared: shared,
+        }
+    }
+
+    pub async fn start(options: DemoOptions) -> Cluster {
+        Self::start_on(&redis_url(), options).await
+    }
+
+    async fn instance(config: &Path) -> Instance {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let addr = free_addr();
+        let proxy = Self::process(config, dir.path(), addr).await;
+        Instance { proxy, dir, addr }
+    }
+
+    async fn process(config: &Path, dir: &Path, addr: std::net::SocketAddr) -> ProxyProcess {
+        let config = config.display().to_string();
+        ProxyProcess::start(&["--config", &config], dir, addr, &[]).await
+    }
+
+    /// Starts instance A again (after it was killed) on its dir and address.
+    pub async fn restart_a(&mut self) {
+        self.a.proxy = Self::process(&self.config, self.a.dir.path(), self.a.addr).await;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.a.proxy.stop();
+        self.b.proxy.stop();
+        delete_prefix(&self.url, &self.prefix);
+    }
+}

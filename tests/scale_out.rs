@@ -1,0 +1,259 @@
+//! Scale-out: two proxy processes (A and B) sharing one Redis log, in front
+//! of one upstream. A call started on A is resumed on B — with
+//! `Last-Event-ID`, `requests/resume` and `stream/resume` — and the rest
+//! arrives live, while A is still writing it; B answers status and poll for
+//! A's call; B takes a call over when A is killed; a new reader on B ends the
+//! one on A.
+//!
+//! Needs Redis at 127.0.0.1:6379 (or `MCP_RESUME_PROXY_TEST_REDIS`): fails,
+//! never skips, without one.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::Cluster;
+use common::dialects::{
+    initialize_declaring, method, read_then_cut, read_to_end, request, resume_request,
+    resume_stream, resume_token, stream_handle,
+};
+use common::*;
+use http::StatusCode;
+use mcp_resume_proxy::demo::upstream::DemoOptions;
+use serde_json::{json, Value};
+
+/// Progress values among `messages`, in order.
+fn progress(messages: &[(Option<String>, Value)]) -> Vec<u64> {
+    messages
+        .iter()
+        .filter(|(_, m)| method(m) == "notifications/progress")
+        .map(|(_, m)| m["params"]["progress"].as_u64().expect("progress"))
+        .collect()
+}
+
+/// The response to request `id` among `messages`.
+fn response(messages: &[(Option<String>, Value)], id: u64) -> Option<&Value> {
+    messages
+        .iter()
+        .map(|(_, m)| m)
+        .find(|m| m["id"] == id && method(m).is_empty())
+}
+
+/// A slow call (`steps` steps of 100 ms) posted on `client`, read until
+/// `seen` messages arrived, then cut.
+async fn start_call_then_cut(
+    client: &McpClient,
+    sid: &str,
+    id: u64,
+    steps: u64,
+    seen: usize,
+) -> Vec<(Option<String>, Value)> {
+    let res = client
+        .send(Call::post(&slow_call(id, steps, 100)).session(sid))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    read_then_cut(res, seen).await
+}
+
+/// Asserts that `before` + `after` carry every progress step once, in
+/// order, and end with the call's result.
+fn assert_whole_call(
+    before: &[(Option<String>, Value)],
+    after: &[(Option<String>, Value)],
+    id: u64,
+    steps: u64,
+) {
+    let mut all = progress(before);
+    all.extend(progress(after));
+    assert_eq!(all, (1..=steps).collect::<Vec<_>>(), "no gap, no repeat");
+    let result = response(after, id).expect("the call's response");
+    assert!(result.get("result").is_some(), "{result}");
+}
+
+/// Asserts that `after` carries the call from at most where `before` was
+/// cut (the resume dialects replay from the acknowledged cursor: at least
+/// once, never a gap) to its result, each step once.
+fn assert_rest_of_call(
+    before: &[(Option<String>, Value)],
+    after: &[(Option<String>, Value)],
+    id: u64,
+    steps: u64,
+) {
+    let rest = progress(after);
+    let first = *rest.first().expect("progress after the resume");
+    assert!(first as usize <= progress(before).len() + 1, "{rest:?}");
+    assert_eq!(rest, (first..=steps).collect::<Vec<_>>(), "no gap, no repeat");
+    let result = response(after, id).expect("the call's response");
+    assert!(result.get("result").is_some(), "{result}");
+}
+
+#[tokio::test]
+async fn a_call_started_on_a_is_followed_live_on_b_after_last_event_id() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 2, 30, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let after = read_to_end(res).await;
+    assert_whole_call(&before, &after, 2, 30);
+    assert!(
+        progress(&after).len() > 10,
+        "most of the call reached B while A was still writing it"
+    );
+}
+
+#[tokio::test]
+async fn requests_resume_on_b_delivers_the_rest_of_a_call_running_on_a() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let caps = json!({"resumableRequests": {}});
+    let (sid, _) = initialize_declaring(&cluster.a.client(), caps).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 3, 20, 3).await;
+    let token = resume_token(&before);
+
+    let status = request(
+        json!(50),
+        "requests/getStatus",
+        json!({"requestId": 3, "resumeToken": token}),
+    );
+    let on_b = dialects::ask(&cluster.b.client(), &sid, &status).await;
+    assert_eq!(on_b["result"]["status"], "processing", "{on_b}");
+
+    let after = read_to_end(resume_request(&cluster.b.client(), &sid, 3, &token).await).await;
+    assert_rest_of_call(&before, &after, 3, 20);
+}
+
+#[tokio::test]
+async fn stream_resume_and_poll_on_b_serve_a_call_running_on_a() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let caps = json!({"streams": {}});
+    let (sid, _) = initialize_declaring(&cluster.a.client(), caps).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 4, 20, 3).await;
+    let handle = stream_handle(&before);
+
+    let poll = request(json!(60), "stream/poll", json!({"streamId": handle}));
+    let on_b = dialects::ask(&cluster.b.client(), &sid, &poll).await;
+    assert_eq!(on_b["result"]["status"], "live", "{on_b}");
+    assert_eq!(on_b["result"]["pendingMessages"], true, "{on_b}");
+
+    let after = read_to_end(resume_stream(&cluster.b.client(), &sid, 61, &handle).await).await;
+    assert_rest_of_call(&before, &after, 4, 20);
+    assert!(
+        after
+            .iter()
+            .any(|(_, m)| method(m) == "notifications/stream/end"),
+        "the stream ends as seed 003 says"
+    );
+}
+
+#[tokio::test]
+async fn b_takes_over_a_call_whose_instance_was_killed() {
+    let mut cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 5, 40, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+    cluster.a.proxy.kill9();
+
+    // B follows the stream while A's lease runs out, then takes the call
+    // over: it resumes the upstream from the last event A logged.
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let after = read_to_end(res).await;
+    assert_whole_call(&before, &after, 5, 40);
+
+    // The session carries on, on B and on a restarted A.
+    cluster.restart_a().await;
+    for client in [cluster.a.client(), cluster.b.client()] {
+        let call = Call::post(&tool_call(6, "echo", json!({"text": "on"}))).session(&sid);
+        let answer = messages(client.send(call).await).await;
+        assert_eq!(answer.last().expect("an answer")["id"], 6);
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_cannot_be_resumed_ends_with_an_error_after_its_instance_died() {
+    let cluster = Cluster::start(DemoOptions {
+        no_event_ids: true,
+        ..DemoOptions::default()
+    })
+    .await;
+    let mut cluster = cluster;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 7, 40, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+    cluster.a.proxy.kill9();
+
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .await;
+    let after = read_to_end(res).await;
+    let error = response(&after, 7).expect("a response, never silence");
+    assert!(error.get("error").is_some(), "{error}");
+}
+
+#[tokio::test]
+async fn a_reader_on_b_ends_the_reader_of_the_same_stream_on_a() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let res = cluster
+        .a
+        .client()
+        .send(Call::post(&slow_call(8, 100, 100)).session(&sid))
+        .await;
+    let mut on_a = SseReader::new(res);
+    let (id, _) = on_a.next_message().await.expect("a first message");
+    let id = id.expect("an event id");
+
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &id))
+        .await;
+    let mut on_b = SseReader::new(res);
+    assert!(on_b.next_message().await.is_some(), "B reads the stream");
+    // A's answer ends: the stream has one reader, on B.
+    let ended = tokio::time::timeout(LIMIT, async {
+        while on_a.next_message().await.is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "A's reader was not ended");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(on_b.next_message().await.is_some(), "B still reads");
+}
+
+#[tokio::test]
+async fn a_cancellation_sent_to_b_stops_a_call_running_on_a() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 9, 200, 2).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+    let cancel = json!({"jsonrpc":"2.0","method":"notifications/cancelled",
+        "params":{"requestId": 9, "reason": "changed my mind"}});
+    let res = cluster
+        .b
+        .client()
+        .send(Call::post(&cancel).session(&sid))
+        .await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    // The stream ends (cancelled) long before the call's 20 s would have.
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .await;
+    let after = tokio::time::timeout(Duration::from_secs(10), read_to_end(res))
+        .await
+        .expect("the cancelled stream ends");
+    assert!(progress(&after).len() < 150, "the upstream stopped early");
+}
