@@ -5,7 +5,9 @@
 //! [`crate::store::journal::inspect`], which takes no lock and writes
 //! nothing. sled cannot be opened while another process holds it, so with
 //! that backend this works only on a stopped proxy's directory (and opening
-//! it lets sled do its own housekeeping, as any open does). This module owns
+//! it lets sled do its own housekeeping, as any open does). The Redis
+//! backend (named by the configuration file) is read while the instances
+//! run, as an observer that takes no lease. This module owns
 //! the choice of backend and the presentation: a table for people, JSON
 //! lines for tools.
 
@@ -16,10 +18,11 @@ use anyhow::{anyhow, bail};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::Backend;
+use crate::config::{Backend, StoreConfig};
 use crate::id::StreamId;
 use crate::store::commit::SyncMode;
 use crate::store::journal::inspect::JournalView;
+use crate::store::redis::RedisStore;
 use crate::store::sled::SledStore;
 use crate::store::{
     now_ms, Entry, Outcome, Store, StoreError, StreamKind, StreamMeta, StreamStatus, UpstreamMark,
@@ -44,16 +47,29 @@ pub struct ShowOptions {
     pub json: bool,
 }
 
+/// Where the log to inspect is.
+pub struct Source<'a> {
+    pub data_dir: &'a Path,
+    /// The backend a configuration file names; `None` (no file): whichever
+    /// one the data directory holds.
+    pub backend: Option<Backend>,
+    /// The Redis server and prefix, for `backend = "redis"`.
+    pub store: &'a StoreConfig,
+}
+
 /// The log, opened for reading.
 enum Log {
     Journal(JournalView),
     Sled(SledStore),
+    /// Read while the instances run: Redis answers every reader whole.
+    Redis(RedisStore),
 }
 
 impl Log {
     /// Opens the log of `backend` under `data_dir`; with no backend named (no
     /// configuration file), whichever one the directory holds.
-    fn open(data_dir: &Path, backend: Option<Backend>) -> anyhow::Result<Self> {
+    async fn open(source: &Source<'_>) -> anyhow::Result<Self> {
+        let (data_dir, backend) = (source.data_dir, source.backend);
         let journal = data_dir.join("journal");
         let sled = data_dir.join("log");
         let backend = match backend {
@@ -66,9 +82,12 @@ impl Log {
             ),
         };
         match backend {
-            Backend::Redis => bail!(
-                "inspect does not read the Redis backend yet; look at its keys with redis-cli"
-            ),
+            Backend::Redis => {
+                let store = &source.store;
+                Ok(Log::Redis(
+                    RedisStore::observer(&store.redis_url, &store.key_prefix).await?,
+                ))
+            }
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),
             Backend::Sled => {
                 // sled creates a database where there is none: refuse
@@ -93,7 +112,7 @@ impl Log {
     fn notes(&self) -> &[String] {
         match self {
             Log::Journal(view) => &view.notes,
-            Log::Sled(_) => &[],
+            Log::Sled(_) | Log::Redis(_) => &[],
         }
     }
 
@@ -102,6 +121,7 @@ impl Log {
         let mut all = match self {
             Log::Journal(view) => view.streams().cloned().collect(),
             Log::Sled(store) => store.list_streams().await?,
+            Log::Redis(store) => store.list_streams().await?,
         };
         all.sort_by_key(|m| (m.created_ms, m.id));
         Ok(all)
@@ -114,19 +134,22 @@ impl Log {
                 let after = meta.entries.saturating_sub(n as u64);
                 store.read_after(meta.id, after, n).await?
             }
+            Log::Redis(store) => {
+                let after = meta.entries.saturating_sub(n as u64);
+                store.read_after(meta.id, after, n).await?
+            }
         })
     }
 }
 
 /// `streams list`.
 pub async fn list(
-    data_dir: &Path,
-    backend: Option<Backend>,
+    source: &Source<'_>,
     options: &ListOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let log = Log::open(data_dir, backend)?;
+    let log = Log::open(source).await?;
     tell(err, log.notes());
     let streams: Vec<StreamMeta> = log
         .streams()
@@ -154,13 +177,12 @@ pub async fn list(
 
 /// `streams show ID`.
 pub async fn show(
-    data_dir: &Path,
-    backend: Option<Backend>,
+    source: &Source<'_>,
     options: &ShowOptions,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    let log = Log::open(data_dir, backend)?;
+    let log = Log::open(source).await?;
     tell(err, log.notes());
     let streams = log.streams().await?;
     let meta = find(&streams, &options.id)?;

@@ -90,7 +90,11 @@ fn streams(cli: &Cli, action: &StreamsCommand, runtime: &tokio::runtime::Runtime
         }
     };
     // Without a configuration file the directory says which backend wrote it.
-    let backend = cli.config.is_some().then_some(config.store.backend);
+    let source = inspect::Source {
+        data_dir: &config.data_dir,
+        backend: cli.config.is_some().then_some(config.store.backend),
+        store: &config.store,
+    };
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
     let done = runtime.block_on(async {
         match action {
@@ -104,7 +108,7 @@ fn streams(cli: &Cli, action: &StreamsCommand, runtime: &tokio::runtime::Runtime
                     session: session.clone(),
                     json: *json,
                 };
-                inspect::list(&config.data_dir, backend, &options, &mut out, &mut err).await
+                inspect::list(&source, &options, &mut out, &mut err).await
             }
             StreamsCommand::Show { id, entries, json } => {
                 let options = inspect::ShowOptions {
@@ -112,7 +116,7 @@ fn streams(cli: &Cli, action: &StreamsCommand, runtime: &tokio::runtime::Runtime
                     entries: *entries,
                     json: *json,
                 };
-                inspect::show(&config.data_dir, backend, &options, &mut out, &mut err).await
+                inspect::show(&source, &options, &mut out, &mut err).await
             }
         }
     });

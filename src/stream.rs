@@ -238,7 +238,9 @@ impl Log {
             )
             .await;
         if let Err(e) = &failed {
-            self.owe(e, stream.id, || Owed::Fail(Box::new(stream.clone()), why.to_owned()));
+            self.owe(e, stream.id, || {
+                Owed::Fail(Box::new(stream.clone()), why.to_owned())
+            });
         }
         failed.map(|_| ())
     }
@@ -256,7 +258,9 @@ impl Log {
         };
         let failed = failed.await;
         if let Err(e) = &failed {
-            self.owe(e, stream.id, || Owed::Fail(Box::new(stream.clone()), why.to_owned()));
+            self.owe(e, stream.id, || {
+                Owed::Fail(Box::new(stream.clone()), why.to_owned())
+            });
         }
         failed
     }

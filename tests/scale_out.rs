@@ -82,7 +82,11 @@ fn assert_rest_of_call(
     let rest = progress(after);
     let first = *rest.first().expect("progress after the resume");
     assert!(first as usize <= progress(before).len() + 1, "{rest:?}");
-    assert_eq!(rest, (first..=steps).collect::<Vec<_>>(), "no gap, no repeat");
+    assert_eq!(
+        rest,
+        (first..=steps).collect::<Vec<_>>(),
+        "no gap, no repeat"
+    );
     let result = response(after, id).expect("the call's response");
     assert!(result.get("result").is_some(), "{result}");
 }
@@ -256,4 +260,79 @@ async fn a_cancellation_sent_to_b_stops_a_call_running_on_a() {
         .await
         .expect("the cancelled stream ends");
     assert!(progress(&after).len() < 150, "the upstream stopped early");
+}
+
+#[tokio::test]
+async fn redis_going_away_mid_call_gives_clear_errors_then_everything_recovers() {
+    let mut redis = common::cluster::RedisServer::start().await;
+    let cluster = Cluster::start_on(&redis.url(), DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 10, 40, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+
+    redis.kill9();
+    let call = Call::post(&tool_call(11, "echo", json!({"text": "x"}))).session(&sid);
+    let refused = cluster.b.client().send(call).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = body_json(refused).await;
+    assert!(body["error"]["message"].is_string(), "{body}");
+    // Long enough for A's relay to meet the missing log.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    redis.restart().await;
+    // The interrupted call ends with a response (never silence), and
+    // nothing it logged is repeated.
+    let after = loop {
+        let res = cluster
+            .b
+            .client()
+            .send(Call::get().session(&sid).header("last-event-id", &last_id))
+            .await;
+        if res.status() == StatusCode::OK {
+            break tokio::time::timeout(LIMIT, read_to_end(res))
+                .await
+                .expect("the interrupted stream ends");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(response(&after, 10).is_some(), "{after:?}");
+    let mut all = progress(&before);
+    all.extend(progress(&after));
+    assert!(all.windows(2).all(|w| w[1] == w[0] + 1), "{all:?}");
+
+    let call = Call::post(&tool_call(12, "echo", json!({"text": "back"}))).session(&sid);
+    let answer = messages(cluster.b.client().send(call).await).await;
+    assert_eq!(answer.last().expect("an answer")["id"], 12);
+}
+
+#[tokio::test]
+async fn streams_list_reads_the_shared_log_while_the_instances_run() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    start_call_then_cut(&cluster.b.client(), &sid, 13, 20, 2).await;
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+        .args(["streams", "list", "--live", "--json", "--config"])
+        .arg(&cluster.config)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(LIMIT, run)
+        .await
+        .expect("streams list finishes")
+        .expect("streams list runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["method"] == "tools/call" && l["session"].as_str() == Some(sid.as_str())),
+        "{text}"
+    );
 }

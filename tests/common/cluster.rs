@@ -66,7 +66,7 @@ pub struct Cluster {
     pub upstream: DemoUpstream,
     pub a: Instance,
     pub b: Instance,
-    config: PathBuf,
+    pub config: PathBuf,
     url: String,
     prefix: String,
     _shared: tempfile::TempDir,
@@ -141,5 +141,78 @@ impl Drop for Cluster {
         self.a.proxy.stop();
         self.b.proxy.stop();
         delete_prefix(&self.url, &self.prefix);
+    }
+}
+
+/// A Redis server of the test's own (so it can be killed and restarted), on
+/// a free loopback port, its append-only file in a temp dir so that what it
+/// acknowledged survives a kill -9. Killed when dropped.
+pub struct RedisServer {
+    child: Option<std::process::Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts `redis-server`; fails loudly when it is not installed.
+    pub async fn start() -> RedisServer {
+        let port = free_addr().port();
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        server.run().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    async fn run(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("this test runs a Redis server of its own and `redis-server` did not start ({e}); install it (apt-get install redis-server)")
+            });
+        self.child = Some(child);
+        let deadline = tokio::time::Instant::now() + super::LIMIT;
+        while redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server never answered"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// kill -9: Redis is gone at once, mid-whatever.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and data.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.run().await;
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }

@@ -176,13 +176,18 @@ impl Listener {
     /// Redis is away.
     pub async fn run(self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
+        let mut away = false;
         loop {
             let followed = tokio::select! {
-                r = self.follow_feed() => r,
+                r = self.follow_feed(&mut away) => r,
                 () = stop.cancelled() => return,
             };
             if let Err(e) = followed {
-                tracing::warn!(error = %e, "lost the Redis feed; reconnecting");
+                // Said once per outage, not once per attempt.
+                if !std::mem::replace(&mut away, true) {
+                    tracing::warn!(error = %e, "lost the Redis feed; reconnecting");
+                    backoff = Duration::from_millis(50);
+                }
             }
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
@@ -192,7 +197,7 @@ impl Listener {
         }
     }
 
-    async fn follow_feed(&self) -> redis::RedisResult<()> {
+    async fn follow_feed(&self, away: &mut bool) -> redis::RedisResult<()> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
@@ -202,6 +207,9 @@ impl Listener {
             .await?;
         let mut last = newest(&mut conn, &self.feed_key).await?;
         self.resync(&mut conn).await?;
+        if std::mem::replace(away, false) {
+            tracing::info!("following the Redis feed again");
+        }
         let mut resynced = tokio::time::Instant::now();
         loop {
             let reply: Option<StreamReadReply> = redis::cmd("XREAD")

@@ -110,6 +110,14 @@ impl RedisStore {
     /// for a store that checks the server first); inside a Tokio runtime it
     /// starts following the feed and renewing its lease at once.
     pub fn new(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
+        let store = Self::build(url, prefix, lease)?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            store.start_tasks();
+        }
+        Ok(store)
+    }
+
+    fn build(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -127,9 +135,6 @@ impl RedisStore {
             lease,
             tasks: Tasks::new(),
         };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            store.start_tasks();
-        }
         Ok(store)
     }
 
@@ -155,9 +160,24 @@ impl RedisStore {
         );
     }
 
+    /// A store on `url` for looking only (`streams list|show`): no lease,
+    /// no feed listener, so it never counts as an instance.
+    pub async fn observer(url: &str, prefix: &str) -> Result<Self> {
+        let store = Self::build(url, prefix, Duration::ZERO)?;
+        store.probe(url).await?;
+        Ok(store)
+    }
+
     /// A store on `url`, after checking that Redis answers there.
     pub async fn open(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let store = Self::new(url, prefix, lease)?;
+        store.probe(url).await?;
+        Ok(store)
+    }
+
+    /// Checks that Redis answers at `url`.
+    async fn probe(&self, url: &str) -> Result<()> {
+        let store = self;
         // A connection of its own: the manager would retry for seconds.
         let silent = |e: redis::RedisError| {
             StoreError::Backend(format!("redis at {url} does not answer: {e}"))
@@ -171,7 +191,7 @@ impl RedisStore {
             .query_async::<String>(&mut probe)
             .await
             .map_err(silent)?;
-        Ok(store)
+        Ok(())
     }
 
     fn conn(&self) -> ConnectionManager {
@@ -625,10 +645,8 @@ impl Store for RedisStore {
         if let Ok(count) = i64::try_from(limit) {
             range.arg("COUNT").arg(count);
         }
-        let raw: redis::streams::StreamRangeReply = range
-            .query_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
+        let raw: redis::streams::StreamRangeReply =
+            range.query_async(&mut self.conn()).await.map_err(backend)?;
         raw.ids
             .into_iter()
             .map(|mut entry| {
