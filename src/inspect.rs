@@ -62,7 +62,7 @@ enum Log {
     Journal(JournalView),
     Sled(SledStore),
     /// Read while the instances run: Redis answers every reader whole.
-    Redis(RedisStore),
+    Redis(Box<RedisStore>),
 }
 
 impl Log {
@@ -84,9 +84,8 @@ impl Log {
         match backend {
             Backend::Redis => {
                 let store = &source.store;
-                Ok(Log::Redis(
-                    RedisStore::observer(&store.redis_url, &store.key_prefix).await?,
-                ))
+                let observer = RedisStore::observer(&store.redis_url, &store.key_prefix);
+                Ok(Log::Redis(Box::new(observer.await?)))
             }
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),
             Backend::Sled => {

@@ -39,8 +39,8 @@
 //!   acknowledged cursor, and the status every dialect maps its words from.
 //! - [`store`]: the durable log's contract; [`store::journal`] (default:
 //!   append-only segment files, in-memory index), [`store::sled`],
-//!   [`store::redis`] (shared by instances; first step), and the group commit
-//!   in [`store::commit`].
+//!   [`store::redis`] (shared by instances: the feed they follow, leases and
+//!   ownership), and the group commit in [`store::commit`].
 //! - [`dialect`]: how clients come back, and the seam they plug into
 //!   (negotiation, command router, presentation);
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
@@ -51,7 +51,8 @@
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
 //!   OpenMetrics text for `GET /metrics`.
 //! - [`lifetime`]: crash recovery (resume upstream, or fail with an error
-//!   entry), abandonment, retention, session expiry.
+//!   entry) at start-up and, with a shared log, takeover of dead instances'
+//!   calls; abandonment, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
 //! - [`token`]: sealed handles — event ids, resume tokens, stream handles,

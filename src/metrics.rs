@@ -232,7 +232,7 @@ impl Metrics {
         let recovered = Counter::default();
         registry.register(
             "recovered_streams",
-            "Streams a previous run left live, finished by recovery at start-up",
+            "Streams whose writer died (a previous run, or a dead instance sharing the log), resumed or finished by recovery",
             recovered.clone(),
         );
         let upstream_resumes =
@@ -304,7 +304,8 @@ impl Metrics {
         }
     }
 
-    /// Streams finished by recovery at start-up.
+    /// Streams recovery resumed or finished (at start-up, or taken over
+    /// from a dead instance).
     pub fn recovered(&self, streams: usize) {
         self.recovered.inc_by(streams as u64);
     }

@@ -83,7 +83,7 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--scenario small|streaming|replay|idle|peers]...
-       [--sync never,batch,always] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
+       [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
 
 /// The fast upstream's process: `load upstream --port P`.
@@ -141,7 +141,8 @@ struct Opts {
     replay_entries: u32,
     idle_streams: usize,
     idle_hold: Duration,
-    /// `[store] sync` modes under test in `small` and `streaming` (`None`:
+    /// `[store] sync` modes (or `redis`, the Redis backend) under test in
+    /// `small` and `streaming` (`None`:
     /// each scenario's own list).
     sync: Option<Vec<String>>,
 }
@@ -220,7 +221,7 @@ impl Opts {
                     let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
                     if let Some(bad) = modes
                         .iter()
-                        .find(|m| !["never", "batch", "always"].contains(&m.as_str()))
+                        .find(|m| !["never", "batch", "always", "redis"].contains(&m.as_str()))
                     {
                         bail!("unknown sync mode {bad:?}");
                     }
@@ -349,6 +350,7 @@ async fn run(opts: Opts) -> bool {
             }
         }
     }
+    procs::clean_redis();
     println!();
     println!(
         "total {:.1} s, {}; {}",

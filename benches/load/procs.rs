@@ -211,7 +211,61 @@ pub fn proxy_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// One proxy process in front of `upstream`, with its own data directory.
+/// The Redis the `redis` pseudo sync mode logs to.
+fn bench_redis() -> String {
+    std::env::var("MCP_RESUME_PROXY_BENCH_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// Key prefixes the benchmark's Redis proxies wrote under.
+static REDIS_PREFIXES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Deletes every key the benchmark's Redis proxies wrote (best effort).
+pub fn clean_redis() {
+    let prefixes = std::mem::take(&mut *REDIS_PREFIXES.lock().unwrap_or_else(|p| p.into_inner()));
+    if prefixes.is_empty() {
+        return;
+    }
+    let Ok(mut conn) = redis::Client::open(bench_redis()).and_then(|c| c.get_connection()) else {
+        return;
+    };
+    for prefix in prefixes {
+        for pattern in [format!("{{{prefix}:*"), format!("{prefix}:*")] {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(pattern)
+                .query(&mut conn)
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _ = redis::cmd("DEL").arg(&keys).query::<()>(&mut conn);
+            }
+        }
+    }
+}
+
+/// The `[store]` (and `[tokens]`) of a benchmark proxy: a `sync` mode of
+/// the journal, or `redis` — the shared backend, on its own key prefix.
+fn store_section(sync: &str, dir: &Path) -> Result<String> {
+    if sync != "redis" {
+        return Ok(format!("[store]\nsync = \"{sync}\"\n"));
+    }
+    let prefix = format!("mcp-resume-proxy-load:{}", std::process::id());
+    let prefix = format!("{prefix}:{}", REDIS_PREFIXES.lock().map_or(0, |p| p.len()));
+    REDIS_PREFIXES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(prefix.clone());
+    let key = dir.join("token.key");
+    std::fs::write(&key, [1u8; 32])?;
+    Ok(format!(
+        "[store]\nbackend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"{prefix}\"\n\n\
+         [tokens]\nkey_file = \"{}\"\n",
+        bench_redis(),
+        key.display()
+    ))
+}
+
+/// One proxy process in front of `upstream`, with its own data directory;
+/// `sync` is a journal sync mode, or `redis` for the Redis backend.
 pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result<(Proc, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("mcp-resume-proxy-load-")
@@ -221,9 +275,10 @@ pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[store]\nsync = \"{sync}\"\n\n\
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
              [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n",
-            dir.path().join("data").display()
+            dir.path().join("data").display(),
+            store_section(sync, dir.path())?,
         ),
     )?;
     let log = std::fs::File::create(dir.path().join("proxy.log"))?;
