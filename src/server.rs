@@ -22,7 +22,7 @@ use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
-use crate::store::redis::RedisStore;
+use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StreamMeta};
 use crate::stream::Log;
@@ -54,9 +54,14 @@ impl App {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
             Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
             Backend::Redis => {
-                let lease = Duration::from_millis(config.store.lease_ms);
-                let (url, prefix) = (&config.store.redis_url, &config.store.key_prefix);
-                Arc::new(RedisStore::open(url, prefix, lease).await?)
+                let store = &config.store;
+                let lease = Duration::from_millis(store.lease_ms);
+                let lifetimes = Lifetimes::mirror(
+                    Duration::from_secs(store.retention_secs),
+                    Duration::from_secs(store.session_idle_secs),
+                );
+                let opened = RedisStore::open(&store.redis_url, &store.key_prefix, lease).await?;
+                Arc::new(opened.with_lifetimes(lifetimes))
             }
         };
         let log = Log::new(store);

@@ -435,6 +435,8 @@ impl Log {
             cursor: after,
             exclusive: Some((generation, mine)),
             lease: None,
+            // Whoever attaches has just opened, resumed or polled the stream.
+            touched: Some(tokio::time::Instant::now()),
         }
     }
 
@@ -447,6 +449,7 @@ impl Log {
             cursor: after,
             exclusive: None,
             lease: None,
+            touched: None,
         }
     }
 }
@@ -476,7 +479,13 @@ pub struct Reader {
     /// For an exclusive reader, once it first waited: its hold on the stream
     /// against readers of other processes sharing the log.
     lease: Option<ReaderLease>,
+    /// When this reader last re-armed the stream's abandonment.
+    touched: Option<tokio::time::Instant>,
 }
+
+/// How often a reader on a shared log tells the other instances it still
+/// reads (see `Reader::still_reading`).
+const TOUCH_WHILE_READING: Duration = Duration::from_secs(10);
 
 impl Reader {
     pub fn stream(&self) -> StreamId {
@@ -516,6 +525,7 @@ impl Reader {
             let mark = *appended.borrow_and_update();
             if mark.seq > self.cursor {
                 if let Some(entries) = self.take(mark.coalesced).await? {
+                    self.still_reading().await;
                     return Ok(Next::Entries(entries));
                 }
             }
@@ -551,8 +561,32 @@ impl Reader {
                 }
                 _ = replaced => return Ok(Next::Replaced),
                 _ = taken => return Ok(Next::Replaced),
-                _ = tokio::time::sleep_until(deadline) => return Ok(Next::Idle),
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.still_reading().await;
+                    return Ok(Next::Idle);
+                }
             }
+        }
+    }
+
+    /// An exclusive reader on a log other instances share re-arms the
+    /// stream's abandonment every [`TOUCH_WHILE_READING`]: their sweepers
+    /// cannot see that it is read here (this process's own sweeper can,
+    /// [`Log::is_read`]).
+    async fn still_reading(&mut self) {
+        if self.exclusive.is_none() || !self.log.store.shared() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if self
+            .touched
+            .is_some_and(|at| now - at < TOUCH_WHILE_READING)
+        {
+            return;
+        }
+        self.touched = Some(now);
+        if let Err(e) = self.log.touch(self.stream).await {
+            tracing::debug!(stream = %self.stream, error = %e, "cannot touch a stream being read");
         }
     }
 

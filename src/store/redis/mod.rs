@@ -87,7 +87,41 @@ pub struct RedisStore {
     /// This process's name among the instances (see `lease.rs`).
     instance: String,
     lease: Duration,
+    /// How long finished streams and idle sessions outlive their deadline
+    /// before Redis expires their keys (see [`RedisStore::with_lifetimes`]).
+    expire_after: Lifetimes,
     tasks: Arc<Tasks>,
+}
+
+/// The TTLs that mirror the proxy's lifetimes: a backstop, so that a
+/// deployment whose instances are all gone does not leave its keys in Redis
+/// for ever. While an instance runs, its sweeper deletes first.
+#[derive(Clone, Copy, Debug)]
+pub struct Lifetimes {
+    /// A finished stream's keys: its retention, plus slack.
+    pub finished_stream: Duration,
+    /// A session's keys from its last write: idle expiry plus retention,
+    /// plus slack.
+    pub session: Duration,
+}
+
+/// What a TTL adds to the deadline it mirrors.
+const TTL_SLACK: Duration = Duration::from_secs(3600);
+
+impl Lifetimes {
+    pub fn mirror(retention: Duration, session_idle: Duration) -> Self {
+        Self {
+            finished_stream: retention + TTL_SLACK,
+            session: session_idle + retention + TTL_SLACK,
+        }
+    }
+}
+
+impl Default for Lifetimes {
+    /// The proxy's default retention (15 min) and session idle time (24 h).
+    fn default() -> Self {
+        Self::mirror(Duration::from_secs(900), Duration::from_secs(86_400))
+    }
 }
 
 fn closed_watermark() -> Subscription {
@@ -133,6 +167,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             instance: lease::new_instance(),
             lease,
+            expire_after: Lifetimes::default(),
             tasks: Tasks::new(),
         };
         Ok(store)
@@ -158,6 +193,12 @@ impl RedisStore {
             self.lease,
             self.tasks.renewal.clone(),
         );
+    }
+
+    /// The TTLs its keys get (see [`Lifetimes`]).
+    pub fn with_lifetimes(mut self, lifetimes: Lifetimes) -> Self {
+        self.expire_after = lifetimes;
+        self
     }
 
     /// A store on `url` for looking only (`streams list|show`): no lease,
@@ -382,7 +423,10 @@ impl RedisStore {
                 invocation.arg("").arg("").arg("");
             }
         }
-        invocation.arg(&self.instance).arg(&self.prefix);
+        invocation
+            .arg(&self.instance)
+            .arg(&self.prefix)
+            .arg(self.expire_after.finished_stream.as_millis() as u64);
         for message in messages {
             invocation.arg(message.as_ref());
         }
@@ -437,13 +481,22 @@ impl RedisStore {
 #[async_trait::async_trait]
 impl Store for RedisStore {
     async fn put_session(&self, session: &SessionRecord) -> Result<()> {
-        redis::pipe()
-            .atomic()
+        let ttl = self.expire_after.session.as_millis() as u64;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
             .cmd("SET")
             .arg(self.session_key(session.id, "session"))
             .arg(encode(session)?)
-            .ignore()
-            .cmd("SADD")
+            .arg("PX")
+            .arg(ttl)
+            .ignore();
+        for what in ["streams", "requests"] {
+            pipe.cmd("PEXPIRE")
+                .arg(self.session_key(session.id, what))
+                .arg(ttl)
+                .ignore();
+        }
+        pipe.cmd("SADD")
             .arg(self.global_key("sessions"))
             .arg(session.id.to_string())
             .ignore()
@@ -599,8 +652,25 @@ impl Store for RedisStore {
         match self.stream_meta(id).await? {
             Some(meta) => self.delete_meta(&meta).await,
             None => {
+                // Expired by its TTL (or deleted by another instance):
+                // what may still name it in the global indexes goes too.
                 self.follow.gone(id);
-                Ok(())
+                redis::pipe()
+                    .cmd("SREM")
+                    .arg(self.global_key("streams"))
+                    .arg(id.to_string())
+                    .ignore()
+                    .cmd("ZREM")
+                    .arg(self.global_key("abandon"))
+                    .arg(id.to_string())
+                    .ignore()
+                    .cmd("ZREM")
+                    .arg(self.global_key("finished"))
+                    .arg(id.to_string())
+                    .ignore()
+                    .query_async::<()>(&mut self.conn())
+                    .await
+                    .map_err(backend)
             }
         }
     }

@@ -83,17 +83,19 @@ return 0
 /// a cancellation, an abandonment). Returns the last seq; -1 for no stream;
 /// -2 when the writer does not own the stream (another instance took it
 /// over).
+/// A finished stream's keys expire a while after its retention (a backstop:
+/// the sweeper deletes it first, indexes and all, while any instance runs).
 /// KEYS: meta, log, finished, feed.
 /// ARGV: stream id, has mark ('1'/'0'), mark event id, status ('' none),
-/// finished_ms ('' when live), outcome ('' none), instance, prefix, then
-/// the messages.
+/// finished_ms ('' when live), outcome ('' none), instance, prefix, TTL ms
+/// of a finished stream, then the messages.
 const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner and owner ~= ARGV[7] and (#ARGV > 8 or ARGV[2] == '1') then return -2 end
+if owner and owner ~= ARGV[7] and (#ARGV > 9 or ARGV[2] == '1') then return -2 end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
 local added = 0
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], '0-' .. string.format('%d', seq), 'm', ARGV[i])
   added = added + string.len(ARGV[i])
@@ -112,10 +114,14 @@ if ARGV[4] ~= '' then
     table.insert(fields, 'finished_ms'); table.insert(fields, ARGV[5])
     redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
     if owner then redis.call('SREM', owned(ARGV[8], owner), ARGV[1]) end
+    redis.call('PEXPIRE', KEYS[1], ARGV[9])
+    redis.call('PEXPIRE', KEYS[2], ARGV[9])
   else
     finished = '0'
     redis.call('HDEL', KEYS[1], 'finished_ms')
     redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('PERSIST', KEYS[1])
+    redis.call('PERSIST', KEYS[2])
   end
   if ARGV[6] ~= '' then table.insert(fields, 'outcome'); table.insert(fields, ARGV[6]) end
 end

@@ -271,13 +271,66 @@ async fn a_session_stored_by_another_instance_is_announced_here() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = two_instances(dir.path());
     let mut changes = b.session_changes().expect("a shared log announces changes");
-    // Let B's listener find the feed's end before A writes.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let s = crate::store::contract::session(SessionId::random());
-    a.put_session(&s).await.unwrap();
-    let changed = tokio::time::timeout(PATIENCE, changes.recv())
-        .await
-        .expect("B hears of A's session")
-        .unwrap();
+    // B's listener starts at the feed's end as it finds it when connected:
+    // A writes until B has heard (a write before that is not B's business).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let changed = loop {
+        a.put_session(&s).await.unwrap();
+        let heard = tokio::time::timeout(Duration::from_millis(200), changes.recv()).await;
+        if let Ok(changed) = heard {
+            break changed.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B never heard of A's session"
+        );
+    };
     assert_eq!(changed, s.id);
+}
+
+#[tokio::test]
+async fn a_finished_streams_keys_expire_after_its_retention_and_a_sessions_after_its_idle_time() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = prefix_of(dir.path());
+    OPENED.with(|o| o.borrow_mut().push(prefix.clone()));
+    let lifetimes = Lifetimes {
+        finished_stream: Duration::from_secs(100),
+        session: Duration::from_secs(200),
+    };
+    let store = RedisStore::new(&url(), &prefix, TEST_LEASE)
+        .unwrap()
+        .with_lifetimes(lifetimes);
+    let s = crate::store::contract::session(SessionId::random());
+    store.put_session(&s).await.unwrap();
+    let m = crate::store::contract::meta(s.id);
+    store.create_stream(&m).await.unwrap();
+    store
+        .append(m.id, &[Bytes::from_static(b"a")])
+        .await
+        .unwrap();
+    let mut conn = connection();
+    let ttl = |conn: &mut redis::Connection, key: String| -> i64 {
+        redis::cmd("PTTL").arg(key).query(conn).unwrap()
+    };
+    let meta_key = format!("{{{prefix}:{}}}:meta", m.id);
+    assert_eq!(
+        ttl(&mut conn, meta_key.clone()),
+        -1,
+        "a live stream never expires"
+    );
+    let session_ttl = ttl(&mut conn, format!("{{{prefix}:{}}}:session", s.id));
+    assert!((190_000..=200_000).contains(&session_ttl), "{session_ttl}");
+    store
+        .set_status(
+            m.id,
+            Finish::new(crate::store::StreamStatus::Completed, None),
+        )
+        .await
+        .unwrap();
+    for key in [meta_key, format!("{{{prefix}:{}}}:log", m.id)] {
+        let left = ttl(&mut conn, key);
+        assert!((90_000..=100_000).contains(&left), "{left}");
+    }
 }
