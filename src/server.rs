@@ -307,11 +307,13 @@ impl Server {
         );
         if app.shared.log.store().shared() {
             // Other instances may die while this one serves: look for their
-            // streams twice per lease.
+            // streams twice per lease, and at least every second (an
+            // instance that stops gracefully gives its lease up at once).
+            let every = Duration::from_millis(store_lease_ms / 2).min(Duration::from_secs(1));
             crate::lifetime::spawn_takeover(
                 app.shared.log.clone(),
                 app.clone(),
-                Duration::from_millis(store_lease_ms / 2),
+                every,
                 stop.clone(),
             );
         }

@@ -336,3 +336,24 @@ async fn streams_list_reads_the_shared_log_while_the_instances_run() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn an_instance_stopped_with_sigterm_hands_its_calls_over_at_once() {
+    // A lease far longer than the test may wait: only the handover can
+    // finish the call in time.
+    let mut cluster = Cluster::with_lease(DemoOptions::default(), 120_000).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    let before = start_call_then_cut(&cluster.a.client(), &sid, 14, 30, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+    assert!(cluster.a.proxy.terminate().await.success());
+
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(&sid).header("last-event-id", &last_id))
+        .await;
+    let after = tokio::time::timeout(LIMIT, read_to_end(res))
+        .await
+        .expect("B carries the call on well before A's lease would have run out");
+    assert_whole_call(&before, &after, 14, 30);
+}
