@@ -155,23 +155,32 @@ async fn stream_resume_and_poll_on_b_serve_a_call_running_on_a() {
     );
 }
 
+/// A call of 40 steps started on A, A killed mid-call, and the stream read
+/// on B from the last event id A sent: what A sent, and what B serves.
+async fn call_outliving_a(
+    cluster: &mut Cluster,
+    sid: &str,
+    id: u64,
+) -> (Vec<(Option<String>, Value)>, Vec<(Option<String>, Value)>) {
+    let before = start_call_then_cut(&cluster.a.client(), sid, id, 40, 3).await;
+    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
+    cluster.a.proxy.kill9();
+    let res = cluster
+        .b
+        .client()
+        .send(Call::get().session(sid).header("last-event-id", &last_id))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    (before, read_to_end(res).await)
+}
+
 #[tokio::test]
 async fn b_takes_over_a_call_whose_instance_was_killed() {
     let mut cluster = Cluster::start(DemoOptions::default()).await;
     let sid = cluster.a.client().initialize(V_LATEST).await;
-    let before = start_call_then_cut(&cluster.a.client(), &sid, 5, 40, 3).await;
-    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
-    cluster.a.proxy.kill9();
-
     // B follows the stream while A's lease runs out, then takes the call
     // over: it resumes the upstream from the last event A logged.
-    let res = cluster
-        .b
-        .client()
-        .send(Call::get().session(&sid).header("last-event-id", &last_id))
-        .await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let after = read_to_end(res).await;
+    let (before, after) = call_outliving_a(&mut cluster, &sid, 5).await;
     assert_whole_call(&before, &after, 5, 40);
 
     // The session carries on, on B and on a restarted A.
@@ -185,23 +194,13 @@ async fn b_takes_over_a_call_whose_instance_was_killed() {
 
 #[tokio::test]
 async fn a_call_that_cannot_be_resumed_ends_with_an_error_after_its_instance_died() {
-    let cluster = Cluster::start(DemoOptions {
+    let mut cluster = Cluster::start(DemoOptions {
         no_event_ids: true,
         ..DemoOptions::default()
     })
     .await;
-    let mut cluster = cluster;
     let sid = cluster.a.client().initialize(V_LATEST).await;
-    let before = start_call_then_cut(&cluster.a.client(), &sid, 7, 40, 3).await;
-    let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
-    cluster.a.proxy.kill9();
-
-    let res = cluster
-        .b
-        .client()
-        .send(Call::get().session(&sid).header("last-event-id", &last_id))
-        .await;
-    let after = read_to_end(res).await;
+    let (_, after) = call_outliving_a(&mut cluster, &sid, 7).await;
     let error = response(&after, 7).expect("a response, never silence");
     assert!(error.get("error").is_some(), "{error}");
 }

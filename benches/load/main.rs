@@ -35,6 +35,9 @@ mod fast_upstream;
 #[path = "../support/floor_proxy.rs"]
 mod floor_proxy;
 
+#[path = "../support/redis_keys.rs"]
+mod redis_keys;
+
 mod client;
 mod histogram;
 mod idle;

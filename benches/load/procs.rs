@@ -226,19 +226,8 @@ pub fn clean_redis() {
     if prefixes.is_empty() {
         return;
     }
-    let Ok(mut conn) = redis::Client::open(bench_redis()).and_then(|c| c.get_connection()) else {
-        return;
-    };
     for prefix in prefixes {
-        for pattern in [format!("{{{prefix}:*"), format!("{prefix}:*")] {
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(pattern)
-                .query(&mut conn)
-                .unwrap_or_default();
-            if !keys.is_empty() {
-                let _ = redis::cmd("DEL").arg(&keys).query::<()>(&mut conn);
-            }
-        }
+        crate::redis_keys::delete_prefix(&bench_redis(), &prefix);
     }
 }
 

@@ -31,23 +31,9 @@ pub fn require_redis(url: &str) -> redis::Connection {
     })
 }
 
-/// Deletes every key under `prefix` (best effort).
-pub fn delete_prefix(url: &str, prefix: &str) {
-    let Ok(mut conn) = redis::Client::open(url)
-        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
-    else {
-        return;
-    };
-    for pattern in [format!("{{{prefix}:*"), format!("{prefix}:*")] {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(pattern)
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _ = redis::cmd("DEL").arg(&keys).query::<()>(&mut conn);
-        }
-    }
-}
+#[path = "../../benches/support/redis_keys.rs"]
+mod redis_keys;
+pub use redis_keys::delete_prefix;
 
 /// One of the two instances: its process, its data dir and address.
 pub struct Instance {

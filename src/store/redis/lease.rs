@@ -17,6 +17,10 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio_util::sync::CancellationToken;
 
+use super::record::backend;
+use super::{ids, RedisStore};
+use crate::store::{Result, StreamMeta};
+
 /// A process's name among the instances: random, new at every start, so a
 /// restarted process never mistakes its predecessor's streams for its own
 /// living ones.
@@ -86,5 +90,37 @@ impl Tasks {
 impl Drop for Tasks {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// The instance's side of ownership.
+impl RedisStore {
+    /// Claims the live streams of instances whose lease ran out (see
+    /// `scripts.rs`: one script, so exactly one instance gets each).
+    pub(super) async fn claim_orphans(&self) -> Result<Vec<StreamMeta>> {
+        let claimed: Vec<String> = self
+            .scripts
+            .claim
+            .key(self.global_key("instances"))
+            .arg(&self.instance)
+            .arg(&self.prefix)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let mut metas = self.metas(&ids(claimed)).await?;
+        metas.retain(|m| m.status.is_live());
+        Ok(metas)
+    }
+
+    /// Stops renewing and lets the lease run out now.
+    pub(super) async fn give_up_lease(&self) -> Result<()> {
+        self.tasks.renewal.cancel();
+        redis::cmd("ZADD")
+            .arg(self.global_key("instances"))
+            .arg(0)
+            .arg(&self.instance)
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)
     }
 }

@@ -59,10 +59,11 @@ use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
-use self::follow::{order_of, watermark_of, Follow, Listener, Tail};
+use self::follow::{Follow, Listener};
 use self::lease::Tasks;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
 use self::scripts::{Scripts, FEED_LENGTH};
+pub use self::ttl::Lifetimes;
 use super::{
     Along, Change, Entry, Finish, ReaderLease, Result, SessionRecord, Store, StoreError,
     StreamMeta, Subscription, Watermark,
@@ -91,37 +92,6 @@ pub struct RedisStore {
     /// before Redis expires their keys (see [`RedisStore::with_lifetimes`]).
     expire_after: Lifetimes,
     tasks: Arc<Tasks>,
-}
-
-/// The TTLs that mirror the proxy's lifetimes: a backstop, so that a
-/// deployment whose instances are all gone does not leave its keys in Redis
-/// for ever. While an instance runs, its sweeper deletes first.
-#[derive(Clone, Copy, Debug)]
-pub struct Lifetimes {
-    /// A finished stream's keys: its retention, plus slack.
-    pub finished_stream: Duration,
-    /// A session's keys from its last write: idle expiry plus retention,
-    /// plus slack.
-    pub session: Duration,
-}
-
-/// What a TTL adds to the deadline it mirrors.
-const TTL_SLACK: Duration = Duration::from_secs(3600);
-
-impl Lifetimes {
-    pub fn mirror(retention: Duration, session_idle: Duration) -> Self {
-        Self {
-            finished_stream: retention + TTL_SLACK,
-            session: session_idle + retention + TTL_SLACK,
-        }
-    }
-}
-
-impl Default for Lifetimes {
-    /// The proxy's default retention (15 min) and session idle time (24 h).
-    fn default() -> Self {
-        Self::mirror(Duration::from_secs(900), Duration::from_secs(86_400))
-    }
 }
 
 fn closed_watermark() -> Subscription {
@@ -255,8 +225,9 @@ impl RedisStore {
         format!("{}:owned:{instance}", self.prefix)
     }
 
-    /// The feed line telling other instances that a session changed.
-    fn session_changed(&self, id: SessionId) -> redis::Cmd {
+    /// A line of the feed, from this instance: `field` names what it is
+    /// about (`e`: a session changed, `r`: a reader claimed a stream).
+    fn feed_line(&self, field: &str, about: String) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
         cmd.arg(self.global_key("feed"))
             .arg("MAXLEN")
@@ -265,9 +236,14 @@ impl RedisStore {
             .arg("*")
             .arg("i")
             .arg(&self.instance)
-            .arg("e")
-            .arg(id.to_string());
+            .arg(field)
+            .arg(about);
         cmd
+    }
+
+    /// The feed line telling other instances that a session changed.
+    fn session_changed(&self, id: SessionId) -> redis::Cmd {
+        self.feed_line("e", id.to_string())
     }
 
     async fn hash_of(&self, id: StreamId) -> Result<HashMap<String, Vec<u8>>> {
@@ -312,76 +288,6 @@ impl RedisStore {
             .await
             .map_err(backend)?;
         Ok(ids(raw))
-    }
-
-    /// The stream's tail; `None` for a stream that does not exist. A tail
-    /// not yet made here is read with a blocking round trip (`subscribe` is
-    /// synchronous).
-    fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
-        if let Some(tail) = self.follow.tails.get(&stream) {
-            return Some(tail.clone());
-        }
-        let read = || -> Option<Watermark> {
-            let hash = self.blocking_hash(stream).ok()?;
-            Some(watermark_of(&meta_from_hash(hash).ok()??))
-        };
-        let mark = read()?;
-        let mut made = false;
-        let tail = self
-            .follow
-            .tails
-            .entry(stream)
-            .or_insert_with(|| {
-                made = true;
-                Arc::new(Tail::new(mark))
-            })
-            .clone();
-        if made {
-            // A write answered between the read and the insert found no
-            // tail to move: read once more, now that every later answer (and
-            // feed line) finds this one.
-            match read() {
-                Some(now) => tail.sync(now),
-                None => {
-                    self.follow.gone(stream);
-                    return None;
-                }
-            }
-        }
-        Some(tail)
-    }
-
-    fn blocking_hash(&self, stream: StreamId) -> Result<HashMap<String, Vec<u8>>> {
-        let key = self.stream_key(stream, "meta");
-        let run = || -> Result<HashMap<String, Vec<u8>>> {
-            let mut slot = self.sync_conn.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                let conn = self
-                    .client
-                    .get_connection_with_timeout(CONNECT_TIMEOUT)
-                    .map_err(backend)?;
-                conn.set_read_timeout(Some(RESPONSE_TIMEOUT))
-                    .map_err(backend)?;
-                conn.set_write_timeout(Some(RESPONSE_TIMEOUT))
-                    .map_err(backend)?;
-                *slot = Some(conn);
-            }
-            let conn = slot.as_mut().expect("connected above");
-            let got = redis::cmd("HGETALL").arg(&key).query(conn);
-            if got.is_err() {
-                // Reconnect next time rather than reuse a broken connection.
-                *slot = None;
-            }
-            got.map_err(backend)
-        };
-        // Let the other tasks of a multi-threaded runtime move elsewhere
-        // while this thread waits on the network.
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(run)
-            }
-            _ => run(),
-        }
     }
 
     /// Runs the append script (entries, counts, mark and status in one
@@ -758,18 +664,7 @@ impl Store for RedisStore {
     }
 
     async fn orphans(&self) -> Result<Vec<StreamMeta>> {
-        let claimed: Vec<String> = self
-            .scripts
-            .claim
-            .key(self.global_key("instances"))
-            .arg(&self.instance)
-            .arg(&self.prefix)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        let mut metas = self.metas(&ids(claimed)).await?;
-        metas.retain(|m| m.status.is_live());
-        Ok(metas)
+        self.claim_orphans().await
     }
 
     fn shared(&self) -> bool {
@@ -777,26 +672,7 @@ impl Store for RedisStore {
     }
 
     async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {
-        let Some(tail) = self.tail(stream) else {
-            return Ok(ReaderLease::sole());
-        };
-        let claims = tail.claims.subscribe();
-        let id: String = redis::cmd("XADD")
-            .arg(self.global_key("feed"))
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(FEED_LENGTH)
-            .arg("*")
-            .arg("i")
-            .arg(&self.instance)
-            .arg("r")
-            .arg(stream.to_string())
-            .query_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        let mine =
-            order_of(&id).ok_or_else(|| StoreError::Corrupt(format!("feed entry id {id}")))?;
-        Ok(ReaderLease::new(claims, mine))
+        self.claim_reader(stream).await
     }
 
     fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionId>> {
@@ -806,14 +682,7 @@ impl Store for RedisStore {
     /// Stops renewing and lets the lease run out now: the other instances
     /// take this one's live streams over at their next look.
     async fn retire(&self) -> Result<()> {
-        self.tasks.renewal.cancel();
-        redis::cmd("ZADD")
-            .arg(self.global_key("instances"))
-            .arg(0)
-            .arg(&self.instance)
-            .query_async::<()>(&mut self.conn())
-            .await
-            .map_err(backend)
+        self.give_up_lease().await
     }
 }
 
@@ -823,3 +692,4 @@ mod record;
 mod scripts;
 #[cfg(test)]
 mod tests;
+mod ttl;
