@@ -58,25 +58,40 @@ pub struct Recovered {
 pub async fn recover(log: &Log, resumer: &dyn Resumer) -> Result<Recovered> {
     let mut recovered = Recovered::default();
     for meta in log.store().orphans().await? {
-        match meta.kind {
-            StreamKind::Standalone => log.finish(meta.id, StreamStatus::Completed).await?,
-            StreamKind::Request => {
-                let answered = log.answered(meta.id).await?;
-                if meta.origin_ids.iter().all(|id| answered.contains(id)) {
-                    log.finish(meta.id, StreamStatus::Completed).await?;
-                } else if resumer.resume(&meta).await {
-                    tracing::info!(stream = %meta.id, "resuming upstream stream left live by a previous run");
-                    recovered.resumed += 1;
-                    continue;
-                } else {
-                    log.fail_unanswered(&meta, RESTARTED).await?;
-                }
+        // The stream is this process's now: whatever goes wrong with one,
+        // it must still end (an ending the log refuses is owed, see
+        // `Log::settle`), and the others must still be seen to.
+        match adopt(log, resumer, &meta).await {
+            Ok(true) => recovered.resumed += 1,
+            Ok(false) => recovered.finished += 1,
+            Err(e) => {
+                tracing::error!(stream = %meta.id, error = %e, "cannot recover a stream; failing it");
+                let _ = log.fail_unanswered(&meta, RESTARTED).await;
+                recovered.finished += 1;
             }
         }
-        recovered.finished += 1;
-        tracing::info!(stream = %meta.id, "finished stream left live by a previous run");
     }
     Ok(recovered)
+}
+
+/// Resumes one orphan (`true`) or finishes it from the log alone.
+async fn adopt(log: &Log, resumer: &dyn Resumer, meta: &StreamMeta) -> Result<bool> {
+    match meta.kind {
+        StreamKind::Standalone => log.finish(meta.id, StreamStatus::Completed).await?,
+        StreamKind::Request => {
+            let answered = log.answered(meta.id).await?;
+            if meta.origin_ids.iter().all(|id| answered.contains(id)) {
+                log.finish(meta.id, StreamStatus::Completed).await?;
+            } else if resumer.resume(meta).await {
+                tracing::info!(stream = %meta.id, "resuming upstream stream left live by a previous run");
+                return Ok(true);
+            } else {
+                log.fail_unanswered(meta, RESTARTED).await?;
+            }
+        }
+    }
+    tracing::info!(stream = %meta.id, "finished stream left live by a previous run");
+    Ok(false)
 }
 
 /// What one sweep did.
