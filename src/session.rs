@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
-use crate::store::{now_ms, Result, SessionRecord, SharedStore, StreamMeta};
+use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
 use crate::tls::CertificatePrincipal;
 
 /// Protocol revisions that use `initialize`, sessions and SSE resumability.
@@ -307,9 +307,12 @@ impl Sessions {
                     return;
                 };
                 let ids: Vec<SessionId> = match changed {
-                    Ok(id) => vec![id],
-                    // Fell behind: every cached session may be stale.
-                    Err(RecvError::Lagged(_)) => sessions.live.iter().map(|s| s.id).collect(),
+                    Ok(SessionNews::Changed(id)) => vec![id],
+                    // Fell behind, or changes were missed: every cached
+                    // session may be stale.
+                    Ok(SessionNews::Unknown) | Err(RecvError::Lagged(_)) => {
+                        sessions.live.iter().map(|s| s.id).collect()
+                    }
                     Err(RecvError::Closed) => return,
                 };
                 for id in ids {
@@ -324,16 +327,18 @@ impl Sessions {
     /// Re-reads a cached session from the store: adopts what another
     /// instance stored, or forgets a session it deleted.
     pub async fn refresh(&self, id: SessionId) -> Result<()> {
-        if self.cached(id).is_none() {
+        let Some(session) = self.cached(id) else {
             return Ok(());
-        }
+        };
+        // Ordered with this process's own writes of the record: a stored
+        // copy never replaces a newer local update.
+        let _ordered = session.write.lock().await;
         match self.store.get_session(id).await? {
-            Some(record) => {
-                if let Some(session) = self.cached(id) {
-                    session.adopt(record);
-                }
+            Some(record) => session.adopt(record),
+            None => {
+                drop(_ordered);
+                self.discard(id);
             }
-            None => self.discard(id),
         }
         Ok(())
     }
@@ -446,6 +451,14 @@ impl Sessions {
             stale
         };
         if stale {
+            if self.shared() {
+                // Another instance may have changed the record since this
+                // cache last heard: touch what is stored, not a stale copy.
+                self.refresh(id).await?;
+                if self.cached(id).is_none() {
+                    return Ok(None); // deleted elsewhere
+                }
+            }
             self.persist(&session).await?;
         }
         Ok(Some(session))

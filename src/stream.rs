@@ -284,8 +284,13 @@ impl Log {
             };
             let live = match self.store.stream_meta(stream).await {
                 Ok(meta) => meta.is_some_and(|m| m.status.is_live()),
-                Err(_) => {
+                Err(e @ StoreError::Backend(_)) => {
+                    tracing::debug!(%stream, error = %e, "the log is still away");
                     self.owed.insert(stream, owed);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(%stream, error = %e, "an owed ending cannot be written");
                     continue;
                 }
             };
@@ -513,6 +518,11 @@ impl Reader {
     pub async fn next(&mut self, idle: Duration) -> Result<Next> {
         let deadline = tokio::time::Instant::now() + idle;
         if self.exclusive.is_some() && self.lease.is_none() {
+            // A reader replaced before it ever read must not claim the
+            // stream from a newer one elsewhere.
+            if self.replaced() {
+                return Ok(Next::Replaced);
+            }
             self.lease = Some(self.log.store.hold_reader(self.stream).await?);
         }
         loop {

@@ -459,7 +459,7 @@ pub trait Store: Send + Sync + 'static {
     /// Sessions another process changed or deleted, for a shared log (so
     /// cached records can be refreshed); `None` for a log nobody else
     /// writes.
-    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionId>> {
+    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionNews>> {
         None
     }
 
@@ -469,6 +469,16 @@ pub trait Store: Send + Sync + 'static {
     async fn retire(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// What a shared log says about sessions other processes wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionNews {
+    /// This session changed (or was deleted).
+    Changed(SessionId),
+    /// Changes may have been missed (the log was away): any cached session
+    /// may be stale.
+    Unknown,
 }
 
 /// A reader's hold on a stream across processes: lost once a reader of

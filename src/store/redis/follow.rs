@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use super::record::{backend, meta_from_hash};
 use super::{RedisStore, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::id::{SessionId, StreamId};
-use crate::store::{ClaimOrder, ReaderLease, Result, StoreError, StreamMeta, Watermark};
+use crate::store::{
+    ClaimOrder, ReaderLease, Result, SessionNews, StoreError, StreamMeta, Watermark,
+};
 
 /// How long one `XREAD` blocks before it is asked again.
 const BLOCK: Duration = Duration::from_secs(2);
@@ -50,12 +52,14 @@ impl Tail {
         }
     }
 
-    /// Moves the watermark to what Redis says now (never back in seq).
+    /// Moves the watermark to what Redis says now: never back in seq, and
+    /// never out of `finished` (a read answered before a finishing line was
+    /// applied must not undo it; nothing re-opens a stream once finished).
     pub fn sync(&self, now: Watermark) {
         self.watermark.send_if_modified(|w| {
             let moved = Watermark {
                 seq: now.seq.max(w.seq),
-                finished: now.finished,
+                finished: w.finished || now.finished,
                 coalesced: w.coalesced || now.coalesced,
             };
             let changed = moved != *w;
@@ -88,7 +92,7 @@ pub(super) fn watermark_of(meta: &StreamMeta) -> Watermark {
 pub(super) struct Follow {
     pub tails: DashMap<StreamId, Arc<Tail>>,
     /// Sessions another instance changed or deleted.
-    pub sessions: broadcast::Sender<SessionId>,
+    pub sessions: broadcast::Sender<SessionNews>,
 }
 
 impl Follow {
@@ -150,7 +154,7 @@ impl Follow {
             }
         } else if let Some(session) = text("e").and_then(|s| s.parse::<SessionId>().ok()) {
             if !mine {
-                let _ = self.sessions.send(session);
+                let _ = self.sessions.send(SessionNews::Changed(session));
             }
         }
     }
@@ -178,9 +182,12 @@ impl Listener {
     pub async fn run(self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
         let mut away = false;
+        // Where the feed was read up to, kept across reconnects so that a
+        // line written meanwhile is still read (the feed keeps ~100k).
+        let mut read_up_to: Option<String> = None;
         loop {
             let followed = tokio::select! {
-                r = self.follow_feed(&mut away) => r,
+                r = self.follow_feed(&mut away, &mut read_up_to) => r,
                 () = stop.cancelled() => return,
             };
             if let Err(e) = followed {
@@ -198,7 +205,11 @@ impl Listener {
         }
     }
 
-    async fn follow_feed(&self, away: &mut bool) -> redis::RedisResult<()> {
+    async fn follow_feed(
+        &self,
+        away: &mut bool,
+        read_up_to: &mut Option<String>,
+    ) -> redis::RedisResult<()> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
@@ -206,10 +217,17 @@ impl Listener {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let mut last = newest(&mut conn, &self.feed_key).await?;
+        let mut last = match read_up_to.take() {
+            Some(before) => before,
+            None => newest(&mut conn, &self.feed_key).await?,
+        };
+        *read_up_to = Some(last.clone());
         self.resync(&mut conn).await?;
         if std::mem::replace(away, false) {
             tracing::info!("following the Redis feed again");
+            // Session lines the feed no longer holds (or a Redis that lost
+            // them) would go unseen: every cached session is re-read.
+            let _ = self.follow.sessions.send(SessionNews::Unknown);
         }
         let mut resynced = tokio::time::Instant::now();
         loop {
@@ -229,6 +247,7 @@ impl Listener {
                     last = entry.id;
                 }
             }
+            *read_up_to = Some(last.clone());
             if resynced.elapsed() >= RESYNC_EVERY {
                 self.resync(&mut conn).await?;
                 resynced = tokio::time::Instant::now();
@@ -240,9 +259,13 @@ impl Listener {
     /// waits on any more.
     async fn resync(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
         let follow = &self.follow;
-        follow
-            .tails
-            .retain(|_, t| t.watermark.receiver_count() > 0 || t.claims.receiver_count() > 0);
+        // A tail `tail()` is still making has no receiver yet, but a second
+        // holder of its `Arc`.
+        follow.tails.retain(|_, t| {
+            t.watermark.receiver_count() > 0
+                || t.claims.receiver_count() > 0
+                || Arc::strong_count(t) > 1
+        });
         let streams: Vec<StreamId> = follow.tails.iter().map(|t| *t.key()).collect();
         for chunk in streams.chunks(BATCH) {
             let mut pipe = redis::pipe();

@@ -17,8 +17,11 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio_util::sync::CancellationToken;
 
-use super::record::backend;
+use std::collections::HashMap;
+
+use super::record::{backend, meta_from_hash};
 use super::{ids, RedisStore};
+use crate::id::StreamId;
 use crate::store::{Result, StreamMeta};
 
 /// A process's name among the instances: random, new at every start, so a
@@ -96,20 +99,56 @@ impl Drop for Tasks {
 /// The instance's side of ownership.
 impl RedisStore {
     /// Claims the live streams of instances whose lease ran out (see
-    /// `scripts.rs`: one script, so exactly one instance gets each).
+    /// `scripts.rs`: one script, so exactly one instance gets each), and
+    /// hands out what this instance's pending set holds: those, and any an
+    /// earlier look claimed but could not read.
     pub(super) async fn claim_orphans(&self) -> Result<Vec<StreamMeta>> {
-        let claimed: Vec<String> = self
-            .scripts
+        let pending = self.global_key(&format!("claimed:{}", self.instance));
+        self.scripts
             .claim
             .key(self.global_key("instances"))
+            .key(&pending)
             .arg(&self.instance)
             .arg(&self.prefix)
-            .invoke_async(&mut self.conn())
+            .arg(self.lease.as_millis() as u64)
+            .invoke_async::<i64>(&mut self.conn())
             .await
             .map_err(backend)?;
-        let mut metas = self.metas(&ids(claimed)).await?;
-        metas.retain(|m| m.status.is_live());
-        Ok(metas)
+        let raw: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(&pending)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let claimed: Vec<StreamId> = ids(raw);
+        if claimed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in &claimed {
+            pipe.cmd("HGETALL").arg(self.stream_key(*id, "meta"));
+        }
+        let hashes: Vec<HashMap<String, Vec<u8>>> =
+            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+        let mut orphans = Vec::new();
+        for (id, hash) in claimed.iter().zip(hashes) {
+            match meta_from_hash(hash) {
+                Ok(Some(meta)) if meta.status.is_live() => orphans.push(meta),
+                Ok(_) => {}
+                // One unreadable record must not hold the others back.
+                Err(e) => {
+                    tracing::error!(stream = %id, error = %e, "a claimed stream is unreadable")
+                }
+            }
+        }
+        // Read: from here on the caller sees each to its end (or, should
+        // this process die first, the next owner does).
+        redis::cmd("SREM")
+            .arg(&pending)
+            .arg(claimed.iter().map(|id| id.to_string()).collect::<Vec<_>>())
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(orphans)
     }
 
     /// Stops renewing and lets the lease run out now.

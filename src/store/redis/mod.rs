@@ -65,8 +65,8 @@ use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire
 use self::scripts::{Scripts, FEED_LENGTH};
 pub use self::ttl::Lifetimes;
 use super::{
-    Along, Change, Entry, Finish, ReaderLease, Result, SessionRecord, Store, StoreError,
-    StreamMeta, Subscription, Watermark,
+    Along, Change, Entry, Finish, ReaderLease, Result, SessionNews, SessionRecord, Store,
+    StoreError, StreamMeta, Subscription, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
@@ -675,7 +675,7 @@ impl Store for RedisStore {
         self.claim_reader(stream).await
     }
 
-    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionId>> {
+    fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionNews>> {
         Some(self.follow.sessions.subscribe())
     }
 

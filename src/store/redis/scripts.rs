@@ -36,11 +36,23 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- Extends an instance's lease to now + lease_ms (never shortens it); a
+-- retired instance (score 0) stays retired. Returns the new expiry, or -1.
+local function renew_lease(instances, instance, lease_ms)
+  local held = redis.call('ZSCORE', instances, instance)
+  if held == '0' then return -1 end
+  local until_ms = now_ms() + tonumber(lease_ms)
+  if not held or until_ms > tonumber(held) then
+    redis.call('ZADD', instances, until_ms, instance)
+  end
+  return until_ms
+end
 "#;
 
 /// Creates (or replaces) a stream's metadata and indexes it; a live stream
-/// is owned by the instance that creates it, whose lease is registered if
-/// its renewal has not run yet (so no stream has an owner nobody knows).
+/// is owned by the instance that creates it, whose lease is extended with
+/// it (so no new stream has an owner nobody knows, nor one whose lease ran
+/// out a moment ago).
 /// KEYS: meta, session streams, all streams, abandon, finished, requests,
 /// the creator's owned set, instances.
 /// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
@@ -61,7 +73,7 @@ if ARGV[4] ~= '' then
   redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
 else
   redis.call('SADD', KEYS[7], ARGV[1])
-  redis.call('ZADD', KEYS[8], 'NX', now_ms() + tonumber(ARGV[6]), ARGV[5])
+  renew_lease(KEYS[8], ARGV[5], ARGV[6])
 end
 local created = tonumber(ARGV[2])
 while i <= #ARGV do
@@ -185,23 +197,25 @@ return 0
 "#;
 
 /// Renews an instance's lease: it is alive until Redis' clock passes the
-/// returned time. (An instance whose lease ran out while it could not reach
-/// Redis renews like any other: the streams others took over meanwhile are
-/// theirs, and its own writes to them are refused.)
+/// returned time; -1 for a retired instance, which never renews. (An
+/// instance whose lease ran out while it could not reach Redis renews like
+/// any other: the streams others took over meanwhile are theirs, and its
+/// own writes to them are refused.)
 /// KEYS: instances. ARGV: instance, lease ms.
 const RENEW: &str = r#"
-local until_ms = now_ms() + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], until_ms, ARGV[1])
-return until_ms
+return renew_lease(KEYS[1], ARGV[1], ARGV[2])
 "#;
 
 /// Hands the live streams of dead instances (lease passed) to this one:
 /// their owner becomes this instance, so exactly one instance takes each
-/// over. Returns their ids.
-/// KEYS: instances. ARGV: instance, prefix.
+/// over. They also go into this instance's pending set, which it empties
+/// only once it has read them: a claim whose answer is lost is found again
+/// at the next look.
+/// KEYS: instances, this instance's pending set.
+/// ARGV: instance, prefix, lease ms.
 const CLAIM: &str = r#"
+renew_lease(KEYS[1], ARGV[1], ARGV[3])
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms())
-local claimed = {}
 for _, instance in ipairs(dead) do
   if instance ~= ARGV[1] then
     local theirs = owned(ARGV[2], instance)
@@ -210,14 +224,14 @@ for _, instance in ipairs(dead) do
       if redis.call('HGET', meta, 'owner') == instance then
         redis.call('HSET', meta, 'owner', ARGV[1])
         redis.call('SADD', owned(ARGV[2], ARGV[1]), stream)
-        table.insert(claimed, stream)
+        redis.call('SADD', KEYS[2], stream)
       end
     end
-    redis.call('DEL', theirs)
+    redis.call('DEL', theirs, ARGV[2] .. ':claimed:' .. instance)
     redis.call('ZREM', KEYS[1], instance)
   end
 end
-return claimed
+return 0
 "#;
 
 fn script(body: &str) -> Script {

@@ -286,7 +286,7 @@ async fn a_session_stored_by_another_instance_is_announced_here() {
             "B never heard of A's session"
         );
     };
-    assert_eq!(changed, s.id);
+    assert_eq!(changed, crate::store::SessionNews::Changed(s.id));
 }
 
 #[tokio::test]
