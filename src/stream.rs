@@ -146,9 +146,12 @@ impl Log {
         self.live.count(|id| self.finished(id))
     }
 
-    /// Whether the store says `stream` left `Live` (or is gone).
+    /// Whether the store says `stream` left `Live` (or is gone), as far as
+    /// this process knows without asking (the gauge's bookkeeping runs
+    /// under a lock: a stream a shared log knows nothing of here counts as
+    /// live until this process ends or deletes it).
     fn finished(&self, stream: StreamId) -> bool {
-        self.store.subscribe(stream).borrow().finished
+        self.store.peek(stream).is_some_and(|w| w.finished)
     }
 
     /// Creates a stream from its (new, live) metadata.

@@ -422,6 +422,13 @@ pub trait Store: Send + Sync + 'static {
     /// wait is missed.
     fn subscribe(&self, stream: StreamId) -> Subscription;
 
+    /// The stream's watermark as far as this process knows it, without
+    /// asking anyone (`None`: it does not know). For bookkeeping on hot or
+    /// locked paths, where a round trip to a shared log must not happen.
+    fn peek(&self, stream: StreamId) -> Option<Watermark> {
+        Some(*self.subscribe(stream).borrow())
+    }
+
     /// Tells the backend whom to report each flush's duration to. A backend
     /// that does not flush through a group commit has nothing to report.
     fn observe_flushes(&self, _observer: commit::FlushObserver) {}

@@ -653,6 +653,14 @@ impl Store for RedisStore {
         }
     }
 
+    /// Only a tail this instance holds: no round trip.
+    fn peek(&self, stream: StreamId) -> Option<Watermark> {
+        self.follow
+            .tails
+            .get(&stream)
+            .map(|t| *t.watermark.borrow())
+    }
+
     /// The log is not on this machine's disk.
     fn size_on_disk(&self) -> u64 {
         0
