@@ -11,6 +11,7 @@
 //! metadata.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +43,10 @@ pub(super) struct Tail {
     pub watermark: watch::Sender<Watermark>,
     /// The newest reader claim another instance made on the stream.
     pub claims: watch::Sender<ClaimOrder>,
+    /// Made by this instance as it created the stream, and no reader has
+    /// claimed it yet: the first reader here needs no claim on the feed
+    /// (any claim elsewhere is newer than none).
+    fresh: AtomicBool,
 }
 
 impl Tail {
@@ -49,6 +54,15 @@ impl Tail {
         Self {
             watermark: watch::Sender::new(mark),
             claims: watch::Sender::new((0, 0)),
+            fresh: AtomicBool::new(false),
+        }
+    }
+
+    /// The tail of a stream this instance just created.
+    pub fn created(mark: Watermark) -> Self {
+        Self {
+            fresh: AtomicBool::new(true),
+            ..Self::new(mark)
         }
     }
 
@@ -387,6 +401,9 @@ impl RedisStore {
             return Ok(ReaderLease::sole());
         };
         let claims = tail.claims.subscribe();
+        if tail.fresh.swap(false, Ordering::SeqCst) {
+            return Ok(ReaderLease::new(claims, (0, 0)));
+        }
         let id: String = self
             .feed_line("r", stream.to_string())
             .query_async(&mut self.conn())

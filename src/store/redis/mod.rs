@@ -59,7 +59,7 @@ use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::watch;
 
-use self::follow::{Follow, Listener};
+use self::follow::{watermark_of, Follow, Listener, Tail};
 use self::lease::Tasks;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
 use self::scripts::{Scripts, FEED_LENGTH};
@@ -499,6 +499,12 @@ impl Store for RedisStore {
             .invoke_async::<i64>(&mut self.conn())
             .await
             .map_err(backend)?;
+        // Its creator knows the new stream's watermark exactly: the reader
+        // that attaches next needs no round trip to learn it.
+        self.follow
+            .tails
+            .entry(meta.id)
+            .or_insert_with(|| Arc::new(Tail::created(watermark_of(meta))));
         Ok(())
     }
 
