@@ -396,6 +396,12 @@ impl Log {
         if self.written.len() >= WRITTEN_MARKS {
             self.written
                 .retain(|_, at| now.saturating_sub(*at) < WRITTEN_KEPT_MS);
+            // All young (a busy hour): forget them all rather than scan the
+            // full map again on every call from now on — losing marks is
+            // safe, and the next scan is WRITTEN_MARKS calls away.
+            if self.written.len() > WRITTEN_MARKS / 2 {
+                self.written.clear();
+            }
         }
         self.written.insert(stream, now);
     }
@@ -810,6 +816,25 @@ mod tests {
         log.ack(meta.id, 2).await.unwrap();
         let acked = log.status(meta.id).await.unwrap().unwrap();
         assert!(acked.failed() && !acked.has_error() && !acked.pending());
+    }
+
+    #[tokio::test]
+    async fn written_marks_stay_bounded_when_every_one_is_young() {
+        let (_dir, log) = log().await;
+        let marked: Vec<StreamId> = (0..WRITTEN_MARKS + 10)
+            .map(|_| StreamId::random())
+            .collect();
+        for stream in &marked {
+            log.wrote_to_end(*stream);
+        }
+        // The map was cleared once at the bound (instead of being scanned
+        // on every later call); the newest marks are kept.
+        assert_eq!(log.written.len(), 10);
+        assert!(log.written_to_end(marked[WRITTEN_MARKS + 9]).is_some());
+        assert!(
+            log.written_to_end(marked[0]).is_none(),
+            "a lost mark only lengthens the grace"
+        );
     }
 
     #[tokio::test]
