@@ -9,6 +9,7 @@
 // It records every request (which backend served it, its JSON-RPC method,
 // Last-Event-ID, status) and can cut a response in flight — a dropped
 // connection between the client and the balancer, mid-stream.
+import { LoopbackServer } from './loopback.mjs';
 import http from 'node:http';
 
 const HOP_BY_HOP = new Set([
@@ -36,32 +37,20 @@ function rpcOf(text) {
 
 const short = (id) => (id && id.length > 16 ? `${id.slice(0, 8)}…${id.slice(-6)}` : id);
 
-export class Balancer {
+export class Balancer extends LoopbackServer {
   /**
    * @param {{name: string, port: number}[]} backends on 127.0.0.1, served in this order
    * @param {{log?: (...a: any[]) => void}} [opts]
    */
   constructor(backends, opts = {}) {
+    super(http.createServer((req, res) => this.#forward(req, res)));
     this.backends = backends.map((b) => ({ ...b, agent: new http.Agent({ keepAlive: true }) }));
     this.log = opts.log ?? (() => {});
     this.next = 0;
     /** Every request: {n, at, method, path, rpc, lastEventId, sessionId, backend, status, contentType, error, cut, done}. */
     this.requests = [];
     this.active = new Set(); // {rec, req, res, upstreamReq}
-    this.server = http.createServer((req, res) => this.#forward(req, res));
-  }
 
-  async listen(port = 0) {
-    await new Promise((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(port, '127.0.0.1', resolve);
-    });
-    this.port = this.server.address().port;
-    return this.port;
-  }
-
-  get url() {
-    return `http://127.0.0.1:${this.port}/mcp`;
   }
 
   #forward(req, res) {

@@ -2,14 +2,16 @@
 // and the proxy and can cut every connection it carries on command — a
 // "pulled cable" in the middle of a call. After a cut it keeps accepting new
 // connections (the client's reconnect goes through it again).
+import { LoopbackServer } from './loopback.mjs';
 import net from 'node:net';
 
-export class Relay {
+export class Relay extends LoopbackServer {
   /**
    * @param {number} targetPort port of the proxy on 127.0.0.1
    * @param {{log?: (msg: string) => void}} [opts]
    */
   constructor(targetPort, opts = {}) {
+    super(net.createServer((client) => this.#onConnection(client)));
     this.targetPort = targetPort;
     this.log = opts.log ?? (() => {});
     this.pairs = new Set();
@@ -18,21 +20,7 @@ export class Relay {
     this.paused = false;
     /** Every HTTP request seen (method, path, selected headers, status). */
     this.requests = [];
-    this.server = net.createServer((client) => this.#onConnection(client));
-  }
 
-  /** Listens on 127.0.0.1 (random port unless given); resolves to the port. */
-  async listen(port = 0) {
-    await new Promise((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(port, '127.0.0.1', resolve);
-    });
-    this.port = this.server.address().port;
-    return this.port;
-  }
-
-  get url() {
-    return `http://127.0.0.1:${this.port}/mcp`;
   }
 
   #onConnection(client) {
