@@ -242,6 +242,16 @@ impl StreamMeta {
         self
     }
 
+    /// How far the stream is, as its metadata says (`entries` as counted by
+    /// the store).
+    pub fn watermark(&self) -> Watermark {
+        Watermark {
+            seq: self.entries,
+            finished: !self.status.is_live(),
+            coalesced: self.coalesced,
+        }
+    }
+
     /// Records a status change (and the outcome it carries).
     pub fn finish(&mut self, end: &Finish) {
         self.status = end.status;
@@ -337,6 +347,18 @@ pub struct Watermark {
 /// Wakes a reader when a stream got entries or changed status; readers need
 /// no store access to learn that nothing is new.
 pub type Subscription = watch::Receiver<Watermark>;
+
+/// The subscription to a stream a backend does not have: a closed channel
+/// that says "finished", so the reader's next look at the store tells it
+/// the stream is gone.
+pub fn no_such_stream() -> Subscription {
+    watch::Sender::new(Watermark {
+        seq: 0,
+        finished: true,
+        coalesced: false,
+    })
+    .subscribe()
+}
 
 /// The log. Object-safe so the backend is chosen at start-up.
 #[async_trait::async_trait]

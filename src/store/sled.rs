@@ -166,10 +166,10 @@ impl SledStore {
             return Ok(None);
         };
         let meta: StreamMeta = decode("stream", &meta)?;
+        // sled counts entries from the tree, not in the record.
         let mark = Watermark {
             seq: self.last_seq(stream)?,
-            finished: !meta.status.is_live(),
-            coalesced: meta.coalesced,
+            ..meta.watermark()
         };
         let mut bytes = 0u64;
         for value in self.entries.scan_prefix(stream.as_bytes()).values() {
@@ -475,14 +475,9 @@ impl Store for SledStore {
     fn subscribe(&self, stream: StreamId) -> Subscription {
         match self.tail(stream) {
             Ok(Some(tail)) => tail.watermark.subscribe(),
-            // No such stream (or a broken tree): a closed channel that says
-            // "finished"; the reader's next look at the store tells which.
-            _ => watch::Sender::new(Watermark {
-                seq: 0,
-                finished: true,
-                coalesced: false,
-            })
-            .subscribe(),
+            // No such stream (or a broken tree): the reader's next look at
+            // the store tells which.
+            _ => super::no_such_stream(),
         }
     }
 

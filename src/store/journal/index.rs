@@ -47,11 +47,7 @@ impl StreamState {
         // Counts are the locations' (a snapshot's copy may be older).
         meta.entries = locs.len() as Seq;
         meta.bytes = locs.iter().map(|l| l.len as u64).sum();
-        let watermark = Arc::new(watch::Sender::new(Watermark {
-            seq: locs.len() as Seq,
-            finished: !meta.status.is_live(),
-            coalesced: meta.coalesced,
-        }));
+        let watermark = Arc::new(watch::Sender::new(meta.watermark()));
         Self {
             meta,
             locs,

@@ -683,14 +683,7 @@ impl Store for Journal {
     fn subscribe(&self, stream: StreamId) -> Subscription {
         match self.lock().index.streams.get(&stream) {
             Some(state) => state.watermark.subscribe(),
-            // No such stream: a closed channel that says "finished"; the
-            // reader's next look at the store tells it the stream is gone.
-            None => watch::Sender::new(Watermark {
-                seq: 0,
-                finished: true,
-                coalesced: false,
-            })
-            .subscribe(),
+            None => super::no_such_stream(),
         }
     }
 

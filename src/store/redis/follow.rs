@@ -25,9 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::record::{backend, meta_from_hash};
 use super::{RedisStore, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::id::{SessionId, StreamId};
-use crate::store::{
-    ClaimOrder, ReaderLease, Result, SessionNews, StoreError, StreamMeta, Watermark,
-};
+use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
 
 /// How long one `XREAD` blocks before it is asked again.
 const BLOCK: Duration = Duration::from_secs(2);
@@ -91,14 +89,6 @@ impl Tail {
             }
             *w != before
         });
-    }
-}
-
-pub(super) fn watermark_of(meta: &StreamMeta) -> Watermark {
-    Watermark {
-        seq: meta.entries,
-        finished: !meta.status.is_live(),
-        coalesced: meta.coalesced,
     }
 }
 
@@ -291,7 +281,7 @@ impl Listener {
                 match meta_from_hash(hash) {
                     Ok(Some(meta)) => {
                         if let Some(tail) = follow.tails.get(id) {
-                            tail.sync(watermark_of(&meta));
+                            tail.sync(meta.watermark());
                         }
                     }
                     Ok(None) => follow.gone(*id),
@@ -333,7 +323,7 @@ impl RedisStore {
         }
         let read = || -> Option<Watermark> {
             let hash = self.blocking_hash(stream).ok()?;
-            Some(watermark_of(&meta_from_hash(hash).ok()??))
+            Some(meta_from_hash(hash).ok()??.watermark())
         };
         let mark = read()?;
         let mut made = false;

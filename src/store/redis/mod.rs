@@ -57,9 +57,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::watch;
 
-use self::follow::{watermark_of, Follow, Listener, Tail};
+use self::follow::{Follow, Listener, Tail};
 use self::lease::Tasks;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
 use self::scripts::{Scripts, FEED_LENGTH};
@@ -92,15 +91,6 @@ pub struct RedisStore {
     /// before Redis expires their keys (see [`RedisStore::with_lifetimes`]).
     expire_after: Lifetimes,
     tasks: Arc<Tasks>,
-}
-
-fn closed_watermark() -> Subscription {
-    watch::Sender::new(Watermark {
-        seq: 0,
-        finished: true,
-        coalesced: false,
-    })
-    .subscribe()
 }
 
 /// Parses the ids of a set or sorted set, skipping what is not an id.
@@ -504,7 +494,7 @@ impl Store for RedisStore {
         self.follow
             .tails
             .entry(meta.id)
-            .or_insert_with(|| Arc::new(Tail::created(watermark_of(meta))));
+            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
         Ok(())
     }
 
@@ -655,7 +645,7 @@ impl Store for RedisStore {
             Some(tail) => tail.watermark.subscribe(),
             // No such stream (or Redis did not answer): "finished"; the
             // reader's next look at the store tells which.
-            None => closed_watermark(),
+            None => super::no_such_stream(),
         }
     }
 
