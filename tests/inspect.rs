@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::process::{free_addr, ProxyProcess};
+use common::process::{free_addr, Crashable, ProxyProcess};
 use common::*;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use serde_json::Value;
@@ -58,27 +58,15 @@ fn call_stream(lines: &[Value]) -> &Value {
 }
 
 struct Running {
-    _upstream: DemoUpstream,
-    dir: tempfile::TempDir,
-    proxy: ProxyProcess,
+    rig: Crashable,
     /// What the client received from the completed call.
     messages: Vec<Value>,
 }
 
 /// A proxy in front of the demo upstream, with one completed slow call.
 async fn after_a_completed_call() -> Running {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(
-        &["--upstream", &upstream.url()],
-        dir.path(),
-        free_addr(),
-        &[],
-    )
-    .await;
-    let client = proxy.client();
+    let rig = Crashable::start(DemoOptions::default()).await;
+    let client = rig.client();
     let sid = client.initialize(V_LATEST).await;
     let messages = messages(
         client
@@ -87,18 +75,13 @@ async fn after_a_completed_call() -> Running {
     )
     .await;
     assert_eq!(messages.last().unwrap()["id"], 2);
-    Running {
-        _upstream: upstream,
-        dir,
-        proxy,
-        messages,
-    }
+    Running { rig, messages }
 }
 
 #[tokio::test]
 async fn list_shows_a_completed_call_with_its_entries_while_the_proxy_runs() {
     let run = after_a_completed_call().await;
-    let table = stdout(&streams(run.dir.path(), &["list"]).await);
+    let table = stdout(&streams(run.rig.dir.path(), &["list"]).await);
     let mut lines = table.lines();
     assert!(lines.next().unwrap().starts_with("STREAM"), "{table}");
     let row: Vec<&str> = lines
@@ -109,7 +92,7 @@ async fn list_shows_a_completed_call_with_its_entries_while_the_proxy_runs() {
     assert_eq!(row[2..7], ["request", "completed", "tools/call", "2", "6"]);
     assert_eq!(run.messages.len(), 6, "5 progress + the result");
     // The proxy was not disturbed: it still serves.
-    let client = run.proxy.client();
+    let client = run.rig.client();
     let sid = client.initialize(V_LATEST).await;
     assert!(!sid.is_empty());
 }
@@ -117,7 +100,7 @@ async fn list_shows_a_completed_call_with_its_entries_while_the_proxy_runs() {
 #[tokio::test]
 async fn list_json_is_one_parseable_line_per_stream_while_the_proxy_runs() {
     let run = after_a_completed_call().await;
-    let lines = list_json(run.dir.path(), &[]).await;
+    let lines = list_json(run.rig.dir.path(), &[]).await;
     let call = call_stream(&lines);
     assert_eq!(call["status"], "completed");
     assert_eq!(call["outcome"], "result");
@@ -126,18 +109,22 @@ async fn list_json_is_one_parseable_line_per_stream_while_the_proxy_runs() {
     assert!(call["created"].as_str().unwrap().ends_with('Z'), "{call}");
     assert!(call["bytes"].as_u64().unwrap() > 0);
     // --live leaves the finished call out.
-    let live = list_json(run.dir.path(), &["--live"]).await;
+    let live = list_json(run.rig.dir.path(), &["--live"]).await;
     assert!(live.iter().all(|l| l["status"] == "live"), "{live:?}");
 }
 
 #[tokio::test]
 async fn show_prints_a_streams_last_entries_while_the_proxy_runs() {
     let run = after_a_completed_call().await;
-    let lines = list_json(run.dir.path(), &[]).await;
+    let lines = list_json(run.rig.dir.path(), &[]).await;
     let id = call_stream(&lines)["stream"].as_str().unwrap().to_owned();
 
     let shown: Value = serde_json::from_str(&stdout(
-        &streams(run.dir.path(), &["show", &id, "--entries", "2", "--json"]).await,
+        &streams(
+            run.rig.dir.path(),
+            &["show", &id, "--entries", "2", "--json"],
+        )
+        .await,
     ))
     .unwrap();
     assert_eq!(shown["stream"]["stream"], id.as_str());
@@ -146,7 +133,7 @@ async fn show_prints_a_streams_last_entries_while_the_proxy_runs() {
     assert_eq!(seqs, [5, 6]);
     assert_eq!(last[1]["message"], run.messages[5]);
 
-    let text = stdout(&streams(run.dir.path(), &["show", &id[..8]]).await);
+    let text = stdout(&streams(run.rig.dir.path(), &["show", &id[..8]]).await);
     assert!(text.contains("completed (result)"), "{text}");
     assert!(text.contains("last 6 of 6 entries:"), "{text}");
     assert!(text.contains("slow done after 5 steps"), "{text}");
@@ -154,18 +141,8 @@ async fn show_prints_a_streams_last_entries_while_the_proxy_runs() {
 
 #[tokio::test]
 async fn a_live_stream_left_by_kill9_is_listed_and_shown() {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut proxy = ProxyProcess::start(
-        &["--upstream", &upstream.url()],
-        dir.path(),
-        free_addr(),
-        &[],
-    )
-    .await;
-    let client = proxy.client();
+    let mut rig = Crashable::start(DemoOptions::default()).await;
+    let client = rig.client();
     let sid = client.initialize(V_LATEST).await;
     let mut live = SseReader::new(
         client
@@ -175,8 +152,9 @@ async fn a_live_stream_left_by_kill9_is_listed_and_shown() {
     for _ in 0..3 {
         live.next_message().await.expect("progress");
     }
-    proxy.kill9();
+    rig.proxy.kill9();
     drop(live);
+    let dir = &rig.dir;
 
     let lines = list_json(dir.path(), &["--live", "--session", &sid[..6]]).await;
     let call = call_stream(&lines);
@@ -197,7 +175,7 @@ async fn a_live_stream_left_by_kill9_is_listed_and_shown() {
 async fn an_unknown_stream_id_exits_1_naming_it() {
     let run = after_a_completed_call().await;
     let unknown = "0123456789abcdef0123456789abcdef";
-    let out = streams(run.dir.path(), &["show", unknown]).await;
+    let out = streams(run.rig.dir.path(), &["show", unknown]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("no stream {unknown}")), "{err}");

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::cluster::{delete_prefix, redis_url, require_redis};
 use common::*;
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -75,13 +76,18 @@ async fn the_sled_backend_replays_the_missing_suffix_too() {
     assert_eq!(replayed(res).await, all[2..].to_vec());
 }
 
-#[tokio::test]
-async fn a_dropped_call_keeps_running_and_resumes_live_to_its_result() {
-    let rig = Rig::start().await;
-    let sid = rig.client.initialize(V_LATEST).await;
+/// A slow call (id 3, `steps` steps) read for two messages, then cut (the
+/// network cable is pulled); after `pause`, resumed with the last event id
+/// seen and read to its end. Every message the client saw, in order.
+async fn cut_then_resume(
+    rig: &Rig,
+    sid: &str,
+    steps: u64,
+    pause: std::time::Duration,
+) -> Vec<Value> {
     let mut first = SseReader::new(
         rig.client
-            .send(Call::post(&slow_call(3, 10, 30)).session(&sid))
+            .send(Call::post(&slow_call(3, steps, 30)).session(sid))
             .await,
     );
     let mut last_id = first.next().await.unwrap().id.unwrap(); // priming
@@ -91,16 +97,28 @@ async fn a_dropped_call_keeps_running_and_resumes_live_to_its_result() {
         last_id = id.unwrap();
         seen.push(m);
     }
-    drop(first); // the network cable is pulled
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let mut rest = SseReader::new(resume(&rig, &sid, &last_id).await);
+    drop(first);
+    tokio::time::sleep(pause).await;
+    let mut rest = SseReader::new(resume(rig, sid, &last_id).await);
     while let Some((_, m)) = rest.next_message().await {
         seen.push(m);
     }
-    let progress: Vec<u64> = seen
+    seen
+}
+
+fn progress_of(messages: &[Value]) -> Vec<u64> {
+    messages
         .iter()
         .filter_map(|m| m["params"]["progress"].as_u64())
-        .collect();
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dropped_call_keeps_running_and_resumes_live_to_its_result() {
+    let rig = Rig::start().await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let seen = cut_then_resume(&rig, &sid, 10, std::time::Duration::from_millis(100)).await;
+    let progress = progress_of(&seen);
     assert_eq!(
         progress,
         (1..=10).collect::<Vec<_>>(),
@@ -220,44 +238,17 @@ impl RedisKeys {
     /// A fresh prefix on the test Redis; panics, saying what is missing,
     /// when no Redis answers.
     fn fresh() -> Self {
-        let prefix = format!("mcp-resume-proxy-test:{}", std::process::id());
-        let prefix = format!("{prefix}:{}", rand_suffix());
-        drop(redis_connection());
-        RedisKeys(prefix)
+        drop(require_redis(&redis_url()));
+        RedisKeys(format!(
+            "mcp-resume-proxy-test:{}",
+            mcp_resume_proxy::id::StreamId::random()
+        ))
     }
-}
-
-fn rand_suffix() -> String {
-    mcp_resume_proxy::id::StreamId::random().to_string()
-}
-
-fn redis_url() -> String {
-    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
-}
-
-fn redis_connection() -> redis::Connection {
-    let url = redis_url();
-    redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
-        .unwrap_or_else(|e| {
-            panic!(
-                "this test needs a Redis server at {url} and none answered ({e}). Start one \
-                 (`redis-server --save '' --appendonly no`) or point \
-                 MCP_RESUME_PROXY_TEST_REDIS at one."
-            )
-        })
 }
 
 impl Drop for RedisKeys {
     fn drop(&mut self) {
-        let mut conn = redis_connection();
-        for pattern in [format!("{{{}:*", self.0), format!("{}:*", self.0)] {
-            let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap();
-            if !keys.is_empty() {
-                redis::cmd("DEL").arg(keys).query::<()>(&mut conn).unwrap();
-            }
-        }
+        delete_prefix(&redis_url(), &self.0);
     }
 }
 
@@ -276,32 +267,13 @@ async fn the_redis_backend_replays_the_missing_suffix_and_follows_its_own_writes
     assert_eq!(replayed(res).await, all[2..].to_vec());
     let stored: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{{{}:*}}:log", keys.0))
-        .query(&mut redis_connection())
+        .query(&mut require_redis(&redis_url()))
         .unwrap();
     assert!(!stored.is_empty(), "the entries are in Redis");
 
     // Cut mid-call, then resume: replay, then live to the result.
-    let mut first = SseReader::new(
-        rig.client
-            .send(Call::post(&slow_call(3, 6, 30)).session(&sid))
-            .await,
-    );
-    let mut last_id = first.next().await.unwrap().id.unwrap(); // priming
-    let mut seen = Vec::new();
-    while seen.len() < 2 {
-        let (id, m) = first.next_message().await.unwrap();
-        last_id = id.unwrap();
-        seen.push(m);
-    }
-    drop(first);
-    let mut rest = SseReader::new(resume(&rig, &sid, &last_id).await);
-    while let Some((_, m)) = rest.next_message().await {
-        seen.push(m);
-    }
-    let progress: Vec<u64> = seen
-        .iter()
-        .filter_map(|m| m["params"]["progress"].as_u64())
-        .collect();
+    let seen = cut_then_resume(&rig, &sid, 6, std::time::Duration::ZERO).await;
+    let progress = progress_of(&seen);
     assert_eq!(progress, (1..=6).collect::<Vec<_>>());
     assert_eq!(seen.last().unwrap()["id"], 3);
 }
