@@ -557,7 +557,6 @@ impl Reader {
                     None => Next::Gone,
                 });
             }
-            let store = self.log.store.clone();
             let replaced = async {
                 match self.exclusive.as_mut() {
                     Some((generation, _)) => {
@@ -574,7 +573,7 @@ impl Reader {
             };
             tokio::select! {
                 changed = appended.changed() => {
-                    if changed.is_err() && store.stream_meta(self.stream).await?.is_none() {
+                    if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
                         return Ok(Next::Gone);
                     }
                 }

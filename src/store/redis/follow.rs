@@ -23,7 +23,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::record::{backend, meta_from_hash};
-use super::{RedisStore, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::{stream_key, RedisStore, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::id::{SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
 
@@ -114,13 +114,13 @@ impl Follow {
         }
     }
 
-    /// Applies one line of the feed.
-    fn apply(&self, entry: &FeedEntry, me: &str) {
-        let text = |k: &str| -> Option<String> {
+    /// Applies one line of the feed (taking its fields: each is read once).
+    fn apply(&self, entry: &mut FeedEntry, me: &str) {
+        let mut text = |k: &str| -> Option<String> {
             entry
                 .map
-                .get(k)
-                .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                .remove(k)
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
         };
         let mine = text("i").as_deref() == Some(me);
         if let Some(stream) = text("s").and_then(|s| s.parse::<StreamId>().ok()) {
@@ -176,8 +176,8 @@ pub(super) struct Listener {
     pub client: redis::Client,
     pub instance: String,
     pub feed_key: String,
-    /// The key of a stream's metadata hash, from its id.
-    pub meta_key: Box<dyn Fn(StreamId) -> String + Send + Sync>,
+    /// The deployment's `key_prefix`.
+    pub prefix: String,
 }
 
 impl Listener {
@@ -246,8 +246,8 @@ impl Listener {
                 .query_async(&mut conn)
                 .await?;
             for key in reply.map(|r| r.keys).unwrap_or_default() {
-                for entry in key.ids {
-                    self.follow.apply(&entry, &self.instance);
+                for mut entry in key.ids {
+                    self.follow.apply(&mut entry, &self.instance);
                     last = entry.id;
                 }
             }
@@ -274,7 +274,8 @@ impl Listener {
         for chunk in streams.chunks(BATCH) {
             let mut pipe = redis::pipe();
             for id in chunk {
-                pipe.cmd("HGETALL").arg((self.meta_key)(*id));
+                pipe.cmd("HGETALL")
+                    .arg(stream_key(&self.prefix, *id, "meta"));
             }
             let hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(conn).await?;
             for (id, hash) in chunk.iter().zip(hashes) {

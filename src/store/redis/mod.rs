@@ -93,6 +93,11 @@ pub struct RedisStore {
     tasks: Arc<Tasks>,
 }
 
+/// The key of one of a stream's values (`meta`, `log`) under `prefix`.
+fn stream_key(prefix: &str, id: StreamId, what: &str) -> String {
+    format!("{{{prefix}:{id}}}:{what}")
+}
+
 /// Parses the ids of a set or sorted set, skipping what is not an id.
 fn ids<T: std::str::FromStr>(raw: Vec<String>) -> Vec<T> {
     raw.iter().filter_map(|s| s.parse().ok()).collect()
@@ -136,13 +141,12 @@ impl RedisStore {
     /// Starts the feed listener and the lease renewal, both stopped when the
     /// store drops.
     fn start_tasks(&self) {
-        let prefix = self.prefix.clone();
         let listener = Listener {
             follow: self.follow.clone(),
             client: self.client.clone(),
             instance: self.instance.clone(),
             feed_key: self.global_key("feed"),
-            meta_key: Box::new(move |id| format!("{{{prefix}:{id}}}:meta")),
+            prefix: self.prefix.clone(),
         };
         tokio::spawn(listener.run(self.tasks.stop.clone()));
         lease::spawn_renewal(
@@ -200,7 +204,7 @@ impl RedisStore {
     }
 
     fn stream_key(&self, id: StreamId, what: &str) -> String {
-        format!("{{{}:{id}}}:{what}", self.prefix)
+        stream_key(&self.prefix, id, what)
     }
 
     fn session_key(&self, id: SessionId, what: &str) -> String {
