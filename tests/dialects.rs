@@ -146,10 +146,20 @@ async fn another_principal_cannot_use_a_token_even_with_the_session_id() {
         .await;
     let sid = session_id(res.headers()).unwrap();
     drop(res);
+    let alice = |body: &Value| {
+        Call::post(body)
+            .session(&sid)
+            .header("authorization", "Bearer alice")
+    };
+    let initialized = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
+    front.client.send(alice(&initialized)).await;
+    // A real token of alice's, from a call of hers.
+    let got = read_to_end(front.client.send(alice(&slow_call(1, 2, 5))).await).await;
+    let token = resume_token(&got);
     let status = request(
         json!(3),
         "requests/getStatus",
-        json!({"requestId": 1, "resumeToken": "x"}),
+        json!({"requestId": 1, "resumeToken": token}),
     );
     let res = front
         .client
