@@ -354,6 +354,15 @@ pub struct UpstreamConfig {
     /// stream that was cut before its response.
     #[serde(default = "default_resume_attempts")]
     pub resume_attempts: u32,
+    /// Milliseconds a resumed upstream stream may stay silent, its request
+    /// unanswered, before the proxy asks again with `Last-Event-ID`: many
+    /// servers replay on a resume and never re-attach the stream live.
+    /// Doubles while the stream stays silent, up to `resume_poll_max_ms`.
+    #[serde(default = "default_resume_poll")]
+    pub resume_poll_ms: u64,
+    /// The longest pause between two such asks.
+    #[serde(default = "default_resume_poll_max")]
+    pub resume_poll_max_ms: u64,
     /// Milliseconds an upstream request may go without a byte from the
     /// upstream (head or stream) before it fails with a JSON-RPC error and
     /// is cancelled upstream. Off by default: long, quiet tools are the point.
@@ -383,6 +392,12 @@ fn default_connect_timeout() -> u64 {
 }
 fn default_resume_attempts() -> u32 {
     3
+}
+fn default_resume_poll() -> u64 {
+    1_000
+}
+fn default_resume_poll_max() -> u64 {
+    30_000
 }
 fn default_kill_grace() -> u64 {
     5
@@ -458,6 +473,8 @@ impl UpstreamConfig {
             answer_wait_ms: default_answer_wait(),
             connect_timeout_secs: default_connect_timeout(),
             resume_attempts: default_resume_attempts(),
+            resume_poll_ms: default_resume_poll(),
+            resume_poll_max_ms: default_resume_poll_max(),
             idle_timeout_ms: None,
             request_timeout_ms: None,
             resume_tokens: ResumeTokensConfig::default(),
@@ -578,6 +595,15 @@ impl Config {
         ] {
             if value == 0 {
                 return fail(format!("{key} must be greater than 0"));
+            }
+        }
+        for up in &self.upstream {
+            if up.resume_poll_ms == 0 || up.resume_poll_max_ms < up.resume_poll_ms {
+                return fail(format!(
+                    "upstream {:?}: resume_poll_ms = {} must be greater than 0 and not above \
+                     resume_poll_max_ms = {}",
+                    up.path, up.resume_poll_ms, up.resume_poll_max_ms
+                ));
             }
         }
         let rr = &self.dialects.resumable_requests;

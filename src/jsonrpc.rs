@@ -276,6 +276,21 @@ pub fn progress_of(bytes: &[u8]) -> Option<String> {
     progress_token(bytes)
 }
 
+/// The `progress` value of a `notifications/progress` (seed 004: it
+/// increases with every notification of one token), or `None`.
+pub fn progress_value(bytes: &[u8]) -> Option<f64> {
+    #[derive(Deserialize)]
+    struct Params {
+        progress: Option<f64>,
+    }
+    #[derive(Deserialize)]
+    struct Note {
+        params: Option<Params>,
+    }
+    let note: Note = serde_json::from_slice(bytes).ok()?;
+    note.params?.progress
+}
+
 /// Progress tokens of the requests in a POST body.
 pub fn request_progress_tokens(bytes: &[u8], body: &Body) -> Vec<String> {
     match body {

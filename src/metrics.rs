@@ -118,14 +118,53 @@ pub enum ResumedAfter {
     Cut,
     /// A restarted proxy picked up a stream its previous run was relaying.
     Restart,
+    /// A resumed stream stayed silent while its request was unanswered: the
+    /// upstream is asked again (it may replay and never re-attach live).
+    Silence,
 }
 
 impl ResumedAfter {
-    pub const ALL: &'static [Self] = &[ResumedAfter::Cut, ResumedAfter::Restart];
+    pub const ALL: &'static [Self] = &[
+        ResumedAfter::Cut,
+        ResumedAfter::Restart,
+        ResumedAfter::Silence,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             ResumedAfter::Cut => "cut",
             ResumedAfter::Restart => "restart",
+            ResumedAfter::Silence => "silence",
+        }
+    }
+}
+
+/// Why an upstream message was kept out of the stream it arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dropped {
+    /// A response to a request that is no live request of the session.
+    ForeignResponse,
+    /// Progress whose token belongs to no live request of the session.
+    ForeignProgress,
+    /// An upstream event id already logged for the stream (replays overlap).
+    DuplicateEvent,
+    /// Progress no later than the latest logged for its token (a replay of
+    /// another stream's events carrying what the stream already holds).
+    StaleProgress,
+}
+
+impl Dropped {
+    pub const ALL: &'static [Self] = &[
+        Dropped::ForeignResponse,
+        Dropped::ForeignProgress,
+        Dropped::DuplicateEvent,
+        Dropped::StaleProgress,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::ForeignResponse => "foreign_response",
+            Dropped::ForeignProgress => "foreign_progress",
+            Dropped::DuplicateEvent => "duplicate_event",
+            Dropped::StaleProgress => "stale_progress",
         }
     }
 }
@@ -140,7 +179,7 @@ macro_rules! label_value {
         }
     )*};
 }
-label_value!(Replayed, UpstreamFailure, ResumedAfter);
+label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DialectLabel {
@@ -157,6 +196,11 @@ struct AfterLabel {
     after: ResumedAfter,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: Dropped,
+}
+
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
@@ -169,6 +213,7 @@ pub struct Metrics {
     upstream_errors: Family<KindLabel, Counter>,
     recovered: Counter,
     upstream_resumes: Family<AfterLabel, Counter>,
+    upstream_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -242,6 +287,12 @@ impl Metrics {
             "Upstream streams resumed with the upstream's own Last-Event-ID",
             upstream_resumes.clone(),
         );
+        let upstream_dropped = labelled(Dropped::ALL.iter().map(|&reason| ReasonLabel { reason }));
+        registry.register(
+            "upstream_dropped",
+            "Upstream messages kept out of the stream they arrived on and of every other, by reason",
+            upstream_dropped.clone(),
+        );
         Self {
             registry,
             sessions_open,
@@ -253,6 +304,7 @@ impl Metrics {
             upstream_errors,
             recovered,
             upstream_resumes,
+            upstream_dropped,
         }
     }
 
@@ -308,6 +360,13 @@ impl Metrics {
     /// from a dead instance).
     pub fn recovered(&self, streams: usize) {
         self.recovered.inc_by(streams as u64);
+    }
+
+    /// An upstream message dropped before the log, and why.
+    pub fn upstream_dropped(&self, reason: Dropped) {
+        self.upstream_dropped
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     pub fn upstream_resumed(&self, after: ResumedAfter) {

@@ -4,15 +4,18 @@
 //!
 //! The record lives in the store (it must survive a restart); this module
 //! keeps a cache of live sessions with what only exists in this process: the
-//! in-flight requests (to route `notifications/cancelled`), the standalone
+//! in-flight requests (to route `notifications/cancelled`, and upstream
+//! messages that arrived on another stream than their own), the standalone
 //! stream being pumped, and a cancellation token that stops the session's
 //! background tasks when it ends. It does not talk to upstreams.
 
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use dashmap::{DashMap, DashSet};
 use http::HeaderMap;
 use ring::digest;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::id::{SessionId, StreamId};
@@ -102,8 +105,24 @@ pub struct Session {
     renewing: tokio::sync::Mutex<()>,
     /// The request streams tracked now (the per-session cap counts them).
     streams: DashSet<StreamId>,
+    /// Where a relay of this process takes messages of its stream that
+    /// arrived on another stream of the session (an upstream replaying the
+    /// whole session on a resume), so that each lands on its own stream.
+    inlets: DashMap<StreamId, mpsc::Sender<Stray>>,
     /// The same, counted per principal across sessions.
     by_principal: Arc<PrincipalStreams>,
+}
+
+/// Strays a relay may hold unread before more are dropped (the upstream is
+/// replaying what the stream's own connection also brings).
+const INLET_DEPTH: usize = 256;
+
+/// An upstream message that arrived on another stream of the session than
+/// its own, with the upstream's SSE event id it came with.
+#[derive(Debug, Clone)]
+pub struct Stray {
+    pub event: Option<String>,
+    pub message: Bytes,
 }
 
 /// Live request streams per principal, across every session of this
@@ -145,6 +164,7 @@ impl Session {
             write: tokio::sync::Mutex::new(()),
             renewing: tokio::sync::Mutex::new(()),
             streams: DashSet::new(),
+            inlets: DashMap::new(),
             by_principal,
         })
     }
@@ -197,8 +217,26 @@ impl Session {
         }
     }
 
+    /// Opens the inlet through which messages of `stream` that arrived on
+    /// another stream of the session reach its relay; closed by `release`.
+    pub fn open_inlet(&self, stream: StreamId) -> mpsc::Receiver<Stray> {
+        let (tx, rx) = mpsc::channel(INLET_DEPTH);
+        self.inlets.insert(stream, tx);
+        rx
+    }
+
+    /// Hands a message that arrived on another stream to the relay of the
+    /// live stream it belongs to. `false` when none takes it here (no relay
+    /// of this process, or one too far behind): the caller drops it.
+    pub fn redirect(&self, to: StreamId, stray: Stray) -> bool {
+        self.inlets
+            .get(&to)
+            .is_some_and(|inlet| inlet.try_send(stray).is_ok())
+    }
+
     /// Forgets what was tracked for a stream that ended (or was refused).
     pub fn release(&self, stream: &StreamMeta) {
+        self.inlets.remove(&stream.id);
         if self.streams.remove(&stream.id).is_some() {
             self.by_principal.remove(&self.principal(), 1);
         }

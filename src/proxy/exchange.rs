@@ -310,7 +310,9 @@ async fn exchange(
     bytes: Bytes,
     orphaned: Arc<AtomicBool>,
 ) -> Outcome {
-    let patience = relay.upstream.patience(relay.stream.created_ms);
+    let patience = relay
+        .upstream
+        .patience(relay.stream.created_ms, Duration::ZERO);
     let sending = renew::send(
         &relay.sessions,
         &relay.upstream,

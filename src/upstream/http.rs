@@ -125,8 +125,15 @@ impl HttpUpstream {
     /// created at `created_ms`, and why it would end: the idle timeout or
     /// what is left of the request deadline, whichever is shorter. `None`
     /// when neither is configured.
-    pub fn patience(&self, created_ms: u64) -> Option<(Duration, &'static str)> {
-        let idle = self.config.idle_timeout_ms.map(|ms| (ms, IDLE));
+    /// `quiet_for` is how long the upstream has already been silent (a
+    /// silent stream asked again is no less silent for it).
+    pub fn patience(
+        &self,
+        created_ms: u64,
+        quiet_for: Duration,
+    ) -> Option<(Duration, &'static str)> {
+        let quiet_ms = u64::try_from(quiet_for.as_millis()).unwrap_or(u64::MAX);
+        let idle = (self.config.idle_timeout_ms).map(|ms| (ms.saturating_sub(quiet_ms), IDLE));
         let left = self.config.request_timeout_ms.map(|ms| {
             let elapsed = crate::store::now_ms().saturating_sub(created_ms);
             (ms.saturating_sub(elapsed), DEADLINE)
@@ -205,7 +212,7 @@ impl HttpUpstream {
                 Some(Ok(batch)) => {
                     if batch
                         .iter()
-                        .any(|m| !crate::jsonrpc::response_ids(m).is_empty())
+                        .any(|e| !crate::jsonrpc::response_ids(&e.message).is_empty())
                     {
                         break;
                     }
@@ -268,6 +275,20 @@ enum Framing {
     Json(BytesMut),
 }
 
+/// One upstream message, with the SSE event id it came with (none for a
+/// JSON body, or an event without an `id` field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamEvent {
+    pub id: Option<String>,
+    pub message: Bytes,
+}
+
+impl UpstreamEvent {
+    fn bare(message: Bytes) -> Self {
+        Self { id: None, message }
+    }
+}
+
 /// The upstream messages of one response body, in order.
 pub struct Messages {
     body: Incoming,
@@ -277,7 +298,7 @@ pub struct Messages {
     /// The upstream's `retry:` advice, in milliseconds.
     pub retry_ms: Option<u64>,
     /// Complete messages not yet handed out.
-    ready: Vec<Bytes>,
+    ready: Vec<UpstreamEvent>,
     /// The body broke; reported once `ready` is drained.
     broken: Option<UpstreamError>,
     finished: bool,
@@ -316,7 +337,7 @@ impl Messages {
     /// only a new event id arrived (a priming event). `None` once
     /// the body ended cleanly; a broken body is reported after the messages
     /// that arrived before the break.
-    pub async fn next_batch(&mut self) -> Option<Result<Vec<Bytes>, UpstreamError>> {
+    pub async fn next_batch(&mut self) -> Option<Result<Vec<UpstreamEvent>, UpstreamError>> {
         while self.ready.is_empty() && !self.id_alone {
             if let Some(e) = self.broken.take() {
                 return Some(Err(e));
@@ -343,7 +364,8 @@ impl Messages {
                 self.finished = true;
                 if let Framing::Json(buf) = &mut self.framing {
                     if !buf.iter().all(u8::is_ascii_whitespace) {
-                        self.ready.push(std::mem::take(buf).freeze());
+                        let body = std::mem::take(buf).freeze();
+                        self.ready.push(UpstreamEvent::bare(body));
                     }
                 }
             }
@@ -374,17 +396,19 @@ impl Messages {
             Framing::Sse(decoder) => {
                 decoder.push(data);
                 while let Some(event) = decoder.next_event() {
-                    let has_id = event.id.is_some();
-                    if let Some(id) = event.id {
-                        self.last_event_id = Some(id);
+                    if event.id.is_some() {
+                        self.last_event_id.clone_from(&event.id);
                     }
                     if event.retry.is_some() {
                         self.retry_ms = event.retry;
                     }
                     // Priming events and empty data carry no message.
                     if !event.data.iter().all(u8::is_ascii_whitespace) {
-                        self.ready.push(event.data);
-                    } else if has_id {
+                        self.ready.push(UpstreamEvent {
+                            id: event.id,
+                            message: event.data,
+                        });
+                    } else if event.id.is_some() {
                         self.id_alone = true;
                     }
                 }

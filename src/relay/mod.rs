@@ -8,9 +8,11 @@
 //! logged for the client to replay. Relays stop when their stream ends or
 //! their session does. Nothing here writes to clients; readers do that.
 
+mod read;
+mod sort;
+
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -18,16 +20,17 @@ use tokio::sync::mpsc;
 
 use crate::config::LimitsConfig;
 use crate::ingest::{self, Batch, Recorded};
-use crate::jsonrpc::{self, RequestId};
-use crate::metrics::ResumedAfter;
+use crate::jsonrpc::RequestId;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
-use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
+use crate::upstream::http::{HttpUpstream, Messages};
+use read::{Reading, Source};
+use sort::Sorter;
 
-/// Longest pause before reconnecting to an upstream stream, whatever its
-/// `retry:` says.
-const MAX_RESUME_DELAY: Duration = Duration::from_secs(5);
+/// Entries of a stream read back after a restart to learn the latest
+/// progress it holds per token (progress makes up most of a stream).
+const TAIL_READ_BACK: u64 = 64;
 
 /// Batches read ahead of the log at most (backpressure on the upstream).
 const FEED_DEPTH: usize = 256;
@@ -41,6 +44,8 @@ enum Feed {
         pending: HashSet<RequestId>,
         why: &'static str,
     },
+    /// The stream was finished or deleted elsewhere: nothing to write.
+    Stop,
 }
 
 /// Why a stream failed when its upstream stream ended without the answer.
@@ -53,10 +58,6 @@ pub const NOT_RESUMED: &str =
 /// Why a stream failed when the upstream no longer knew its session.
 const SESSION_LOST: &str =
     "the upstream lost the session (it restarted?) while answering this request; its outcome is unknown";
-
-/// Longest upstream event id the proxy records (longer ones are followed but
-/// not logged: a restart then cannot resume that stream).
-const MAX_EVENT_ID: usize = 1024;
 
 pub struct Relay {
     pub log: Arc<Log>,
@@ -73,12 +74,9 @@ impl Relay {
     /// Logs every message of `messages` and then finishes the stream.
     pub async fn run(self, messages: Messages) {
         let pending = self.stream.origin_ids.iter().cloned().collect();
-        self.supervise(
-            Source::Open(Box::new(messages)),
-            pending,
-            Replayed::default(),
-        )
-        .await
+        let reading = Reading::new(pending, Replayed::default(), Sorter::new(&self.stream));
+        self.supervise(Source::Open(Box::new(messages)), reading)
+            .await
     }
 
     /// Carries on a stream a previous process was relaying when it died:
@@ -86,8 +84,9 @@ impl Relay {
     /// the replay of entries logged after that mark, and fails the stream
     /// (never silence) when the upstream cannot be resumed.
     pub async fn resume_after_restart(self, mark: UpstreamMark) {
+        let from = mark.seq.saturating_sub(TAIL_READ_BACK);
         let logged = (self.log.store())
-            .read_after(self.stream.id, mark.seq, usize::MAX)
+            .read_after(self.stream.id, from, usize::MAX)
             .await;
         let answered = self.log.answered(self.stream.id).await;
         let (Ok(logged), Ok(answered)) = (logged, answered) else {
@@ -104,126 +103,50 @@ impl Relay {
             .filter(|id| !answered.contains(*id))
             .cloned()
             .collect();
-        let replayed = Replayed(logged.into_iter().map(|e| e.message).collect());
-        self.supervise(Source::Resume(mark.event_id), pending, replayed)
-            .await
+        // What the previous run logged teaches the sorter which progress is
+        // old news; what it logged after the mark is skipped when replayed.
+        let mut sorter = Sorter::new(&self.stream);
+        for entry in &logged {
+            sorter.logged(&entry.message);
+        }
+        let replayed = Replayed(
+            (logged.into_iter())
+                .filter(|e| e.seq > mark.seq)
+                .map(|e| e.message)
+                .collect(),
+        );
+        let reading = Reading::new(pending, replayed, sorter);
+        self.supervise(Source::Resume(mark.event_id), reading).await
     }
 
-    async fn supervise(self, source: Source, pending: HashSet<RequestId>, replayed: Replayed) {
+    async fn supervise(self, source: Source, reading: Reading) {
         let session = self.session.clone();
         let id = self.stream.id;
         tokio::select! {
-            _ = self.pump(source, pending, replayed) => {}
+            _ = self.pump(source, reading) => {}
             _ = session.ended.cancelled() => {
                 tracing::debug!(stream = %id, "session ended; relay stopped");
             }
         }
+        // Whatever stopped it, the stream's inlet closes with the relay.
+        self.release();
     }
 
     /// Reads the upstream and writes the log concurrently: while one batch
     /// waits for its flush, the next one accumulates, so a fast upstream costs
     /// a flush per batch rather than per message. (hyper reads a response
     /// body only as fast as it is polled, so reading must not wait on the log.)
-    async fn pump(&self, source: Source, pending: HashSet<RequestId>, replayed: Replayed) {
+    /// Once the writing half is done the stream is over, and the reading
+    /// half stops too, even in the middle of a wait on a silent upstream.
+    async fn pump(&self, source: Source, reading: Reading) {
         let (feed, fed) = mpsc::channel(FEED_DEPTH);
-        tokio::join!(
-            self.read_upstream(source, pending, replayed, feed),
-            self.write_log(fed)
-        );
-    }
-
-    /// The reading half: upstream messages in order, resuming the upstream
-    /// stream when it is cut before its last response.
-    async fn read_upstream(
-        &self,
-        source: Source,
-        mut pending: HashSet<RequestId>,
-        mut replayed: Replayed,
-        feed: mpsc::Sender<Feed>,
-    ) {
-        let mut resumes_left = self.upstream.config.resume_attempts;
-        let (mut messages, mut why) = match source {
-            Source::Open(messages) => (*messages, ENDED_EARLY),
-            Source::Resume(last) => {
-                match (self.resume_upstream(&last, None, &mut resumes_left, ResumedAfter::Restart))
-                    .await
-                {
-                    Ok(messages) => (messages, ENDED_EARLY),
-                    Err(refused) => {
-                        let why = refused.unwrap_or(NOT_RESUMED);
-                        let _ = feed.send(Feed::Ended { pending, why }).await;
-                        return;
-                    }
-                }
-            }
-        };
-        loop {
-            let patience = match self.stream.kind {
-                StreamKind::Request => self.upstream.patience(self.stream.created_ms),
-                // A standalone stream is quiet by nature.
-                StreamKind::Standalone => None,
-            };
-            let next = match within(patience, messages.next_batch()).await {
-                Ok(next) => next,
-                Err(why) => {
-                    tracing::info!(stream = %self.stream.id, why, "upstream timed out");
-                    self.cancel_upstream(why).await;
-                    let _ = feed.send(Feed::Ended { pending, why }).await;
-                    return;
-                }
-            };
-            match next {
-                Some(Ok(mut batch)) => {
-                    replayed.skip(&mut batch);
-                    for message in &batch {
-                        for id in jsonrpc::response_ids(message) {
-                            pending.remove(&id);
-                        }
-                    }
-                    // The last response in means the stream is complete: the
-                    // upstream SHOULD end it now, and nothing after it belongs
-                    // to the client.
-                    let complete = self.stream.kind == StreamKind::Request && pending.is_empty();
-                    let batch = Batch {
-                        messages: batch,
-                        complete,
-                        upstream_event: messages
-                            .last_event_id
-                            .clone()
-                            .filter(|id| id.len() <= MAX_EVENT_ID),
-                    };
-                    if feed.send(Feed::Messages(batch)).await.is_err() || complete {
-                        return;
-                    }
-                }
-                ended => {
-                    if let Some(Err(e)) = &ended {
-                        tracing::info!(stream = %self.stream.id, error = %e, "upstream stream broke");
-                        self.log.metrics().upstream_error(e);
-                    }
-                    let resumed = match (&messages.last_event_id, self.stream.kind) {
-                        (Some(last), StreamKind::Request) if messages.is_sse() => {
-                            self.resume_upstream(
-                                last,
-                                messages.retry_ms,
-                                &mut resumes_left,
-                                ResumedAfter::Cut,
-                            )
-                            .await
-                        }
-                        _ => Err(None),
-                    };
-                    match resumed {
-                        Ok(next) => messages = next,
-                        Err(refused) => {
-                            let why = refused.unwrap_or(why);
-                            let _ = feed.send(Feed::Ended { pending, why }).await;
-                            return;
-                        }
-                    }
-                    why = ENDED_EARLY;
-                }
-            }
+        let strays = self.session.open_inlet(self.stream.id);
+        let read = self.read_upstream(source, reading, strays, feed);
+        let write = self.write_log(fed);
+        tokio::pin!(read, write);
+        tokio::select! {
+            _ = &mut write => {}
+            _ = &mut read => write.await,
         }
     }
 
@@ -235,11 +158,13 @@ impl Relay {
             let (mut batch, mut ended) = match first {
                 Feed::Messages(batch) => (batch, None),
                 Feed::Ended { pending, why } => (Batch::default(), Some((pending, why))),
+                Feed::Stop => return self.release(),
             };
             while !batch.complete && ended.is_none() {
                 match fed.try_recv() {
                     Ok(Feed::Messages(more)) => batch.extend(more),
                     Ok(Feed::Ended { pending, why }) => ended = Some((pending, why)),
+                    Ok(Feed::Stop) => return self.release(),
                     Err(_) => break,
                 }
             }
@@ -291,51 +216,6 @@ impl Relay {
         }
     }
 
-    /// Reconnects with the upstream's own `Last-Event-ID`, waiting as its
-    /// `retry:` says (bounded), while attempts are left. An error names the
-    /// reason when the upstream's refusal says more than "not resumed".
-    async fn resume_upstream(
-        &self,
-        last: &str,
-        retry_ms: Option<u64>,
-        attempts_left: &mut u32,
-        after: ResumedAfter,
-    ) -> Result<Messages, Option<&'static str>> {
-        let delay = retry_ms
-            .map(Duration::from_millis)
-            .unwrap_or(Duration::from_millis(100))
-            .min(MAX_RESUME_DELAY);
-        while *attempts_left > 0 {
-            *attempts_left -= 1;
-            tokio::time::sleep(delay).await;
-            let upstream_session = self.session.upstream_session();
-            match self
-                .upstream
-                .resume(&self.client_headers, upstream_session.as_deref(), last)
-                .await
-            {
-                Ok(res) if carries_messages(&res) => {
-                    tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
-                    self.log.metrics().upstream_resumed(after);
-                    return Ok(Messages::new(res));
-                }
-                Ok(res) => {
-                    // A refusal is an answer: asking again changes nothing.
-                    tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
-                    self.log.metrics().upstream_status(res.status());
-                    let lost =
-                        res.status() == http::StatusCode::NOT_FOUND && upstream_session.is_some();
-                    return Err(lost.then_some(SESSION_LOST));
-                }
-                Err(e) => {
-                    tracing::info!(stream = %self.stream.id, error = %e, "cannot resume upstream stream");
-                    self.log.metrics().upstream_error(&e);
-                }
-            }
-        }
-        Err(None)
-    }
-
     async fn finish(&self, status: StreamStatus, pending: &HashSet<RequestId>, why: &str) {
         // The client may have cancelled the request meanwhile (the proxy marks
         // the stream when it forwards `notifications/cancelled`).
@@ -369,14 +249,6 @@ impl Relay {
             self.session.clear_standalone(self.stream.id);
         }
     }
-}
-
-/// Where a relay's upstream messages come from.
-enum Source {
-    /// The response to the request the proxy just forwarded.
-    Open(Box<Messages>),
-    /// The upstream's stream, to be re-attached after this event id.
-    Resume(String),
 }
 
 /// Entries a previous process logged after its last upstream mark (a crash
