@@ -168,3 +168,173 @@ impl Seen {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::session::Sessions;
+
+    /// A session with two live calls: `1` (token "a") and `2` (token "b").
+    struct Rig {
+        _dir: tempfile::TempDir,
+        session: Arc<Session>,
+        one: StreamMeta,
+        two: StreamMeta,
+    }
+
+    fn rig() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
+                .unwrap();
+        let session = Sessions::new(store).mint("/mcp", "p".into(), b"{}", Vec::new());
+        let call = |id: &str, token: &str| {
+            let mut stream = crate::store::contract::meta(session.id);
+            stream.origin_ids = vec![RequestId(id.into())];
+            stream.progress = vec![format!("\"{token}\"")];
+            session.track(&stream);
+            stream
+        };
+        let one = call("1", "a");
+        let two = call("2", "b");
+        Rig {
+            _dir: dir,
+            session,
+            one,
+            two,
+        }
+    }
+
+    fn event(id: &str, message: String) -> UpstreamEvent {
+        UpstreamEvent {
+            id: Some(id.into()),
+            message: Bytes::from(message),
+        }
+    }
+
+    fn progress(token: &str, n: u32) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"{token}","progress":{n}}}}}"#
+        )
+    }
+
+    fn result(id: u32) -> String {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#)
+    }
+
+    #[test]
+    fn a_streams_own_response_and_progress_stay_on_it() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        for e in [event("e1", progress("a", 1)), event("e2", result(1))] {
+            assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
+        }
+    }
+
+    #[test]
+    fn another_live_requests_response_goes_to_its_stream() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        let belongs = sorter.sort(&rig.session, &event("e9", result(2)));
+        assert_eq!(
+            belongs,
+            Belongs::There {
+                stream: rig.two.id,
+                otherwise: Dropped::ForeignResponse
+            }
+        );
+    }
+
+    #[test]
+    fn another_live_requests_progress_goes_to_its_stream() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        let belongs = sorter.sort(&rig.session, &event("e9", progress("b", 3)));
+        assert_eq!(
+            belongs,
+            Belongs::There {
+                stream: rig.two.id,
+                otherwise: Dropped::ForeignProgress
+            }
+        );
+    }
+
+    #[test]
+    fn a_response_to_no_live_request_is_dropped() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        let ping = event("e3", result(3));
+        assert_eq!(
+            sorter.sort(&rig.session, &ping),
+            Belongs::Nowhere(Dropped::ForeignResponse)
+        );
+        rig.session.release(&rig.two);
+        assert_eq!(
+            sorter.sort(&rig.session, &event("e4", result(2))),
+            Belongs::Nowhere(Dropped::ForeignResponse)
+        );
+    }
+
+    #[test]
+    fn progress_of_no_live_request_is_dropped() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        assert_eq!(
+            sorter.sort(&rig.session, &event("e5", progress("zz", 1))),
+            Belongs::Nowhere(Dropped::ForeignProgress)
+        );
+    }
+
+    #[test]
+    fn server_requests_and_other_notifications_stay_where_they_arrived() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        let log = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}"#;
+        let ask = r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}}"#;
+        for e in [event("e6", log.into()), event("e7", ask.into())] {
+            assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
+        }
+    }
+
+    #[test]
+    fn an_upstream_event_id_is_taken_once() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        let e = event("e1", progress("a", 1));
+        assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
+        assert_eq!(
+            sorter.sort(&rig.session, &e),
+            Belongs::Nowhere(Dropped::DuplicateEvent)
+        );
+        assert_eq!(
+            sorter.welcome(&e),
+            Belongs::Nowhere(Dropped::DuplicateEvent)
+        );
+    }
+
+    #[test]
+    fn a_stray_is_welcome_once_and_only_ahead_of_the_streams_progress() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.two);
+        sorter.logged(progress("b", 4).as_bytes());
+        assert_eq!(
+            sorter.welcome(&event("x3", progress("b", 3))),
+            Belongs::Nowhere(Dropped::StaleProgress)
+        );
+        assert_eq!(
+            sorter.welcome(&event("x4", progress("b", 4))),
+            Belongs::Nowhere(Dropped::StaleProgress)
+        );
+        let five = event("x5", progress("b", 5));
+        assert_eq!(sorter.welcome(&five), Belongs::Here);
+        assert_eq!(
+            sorter.welcome(&five),
+            Belongs::Nowhere(Dropped::DuplicateEvent)
+        );
+        assert_eq!(sorter.welcome(&event("x9", result(2))), Belongs::Here);
+    }
+}
