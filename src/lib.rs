@@ -30,7 +30,9 @@
 //!   [`proxy::Rejection`], and [`proxy::modern`] (stateless pass-through).
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
-//!   with the truth; resumed upstream after a cut or a restart of the proxy.
+//!   with the truth; resumed upstream after a cut or a restart of the proxy,
+//!   asked again while a resumed stream stays silent, and sorted so that only
+//!   a stream's own messages enter it.
 //! - [`ingest`]: what every upstream message passes before the log (relay and
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
