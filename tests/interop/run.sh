@@ -88,6 +88,7 @@ scenarios=(
   "g-dialects-http|90|node scenarios/g-dialects.mjs http"
   "g-dialects-stdio|90|node scenarios/g-dialects.mjs stdio"
   "h-crash-loop|180|node scenarios/h-crash-loop.mjs"
+  "h-crash-loop-everything|180|env CRASH_UPSTREAM=everything node scenarios/h-crash-loop.mjs"
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
 )
 
