@@ -5,8 +5,8 @@
 //! A's call; B takes a call over when A is killed; a new reader on B ends the
 //! one on A.
 //!
-//! Needs Redis at 127.0.0.1:6379 (or `MCP_RESUME_PROXY_TEST_REDIS`): fails,
-//! never skips, without one.
+//! Runs on `REDIS_URL`, else on a private `redis-server` it starts itself
+//! (`common::redis_server`); fails, never skips, with neither.
 
 mod common;
 
@@ -17,6 +17,7 @@ use common::dialects::{
     initialize_declaring, method, read_then_cut, read_to_end, request, resume_request,
     resume_stream, resume_token, stream_handle,
 };
+use common::redis_server;
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::demo::upstream::DemoOptions;
@@ -263,7 +264,10 @@ async fn a_cancellation_sent_to_b_stops_a_call_running_on_a() {
 
 #[tokio::test]
 async fn redis_going_away_mid_call_gives_clear_errors_then_everything_recovers() {
-    let mut redis = common::cluster::RedisServer::start().await;
+    // A server of its own, with an append-only file: it is killed and
+    // restarted, and must come back with what it acknowledged.
+    let mut redis = redis_server::RedisServer::start(redis_server::Persistence::Aof)
+        .unwrap_or_else(|why| panic!("{why}"));
     let cluster = Cluster::start_on(&redis.url(), DemoOptions::default()).await;
     let sid = cluster.a.client().initialize(V_LATEST).await;
     let before = start_call_then_cut(&cluster.a.client(), &sid, 10, 40, 3).await;
@@ -278,7 +282,7 @@ async fn redis_going_away_mid_call_gives_clear_errors_then_everything_recovers()
     // Long enough for A's relay to meet the missing log.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
-    redis.restart().await;
+    redis.restart();
     // The interrupted call ends with a response (never silence), and
     // nothing it logged is repeated.
     let after = loop {

@@ -38,6 +38,9 @@ mod floor_proxy;
 #[path = "../support/redis_keys.rs"]
 mod redis_keys;
 
+#[path = "../../tests/common/redis_server.rs"]
+mod redis_server;
+
 mod client;
 mod histogram;
 mod idle;

@@ -211,10 +211,11 @@ pub fn proxy_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// The Redis the `redis` pseudo sync mode logs to.
-fn bench_redis() -> String {
-    std::env::var("MCP_RESUME_PROXY_BENCH_REDIS")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+/// The Redis the `redis` pseudo sync mode logs to: `REDIS_URL`, else a
+/// private `redis-server` without persistence, as in the tests (started on
+/// first use, gone with the harness).
+fn bench_redis() -> Result<String> {
+    crate::redis_server::shared().map_err(|why| anyhow!(why))
 }
 
 /// Key prefixes the benchmark's Redis proxies wrote under.
@@ -226,8 +227,9 @@ pub fn clean_redis() {
     if prefixes.is_empty() {
         return;
     }
+    let Ok(url) = bench_redis() else { return };
     for prefix in prefixes {
-        crate::redis_keys::delete_prefix(&bench_redis(), &prefix);
+        crate::redis_keys::delete_prefix(&url, &prefix);
     }
 }
 
@@ -237,6 +239,7 @@ fn store_section(sync: &str, dir: &Path) -> Result<String> {
     if sync != "redis" {
         return Ok(format!("[store]\nsync = \"{sync}\"\n"));
     }
+    let url = bench_redis()?;
     let prefix = format!("mcp-resume-proxy-load:{}", std::process::id());
     let prefix = format!("{prefix}:{}", REDIS_PREFIXES.lock().map_or(0, |p| p.len()));
     REDIS_PREFIXES
@@ -248,7 +251,7 @@ fn store_section(sync: &str, dir: &Path) -> Result<String> {
     Ok(format!(
         "[store]\nbackend = \"redis\"\nredis_url = \"{}\"\nkey_prefix = \"{prefix}\"\n\n\
          [tokens]\nkey_file = \"{}\"\n",
-        bench_redis(),
+        url,
         key.display()
     ))
 }

@@ -10,25 +10,17 @@ use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use super::process::{free_addr, ProxyProcess};
 use super::McpClient;
 
-/// The Redis the tests use: `MCP_RESUME_PROXY_TEST_REDIS`, else the local one.
+/// The Redis the tests share: `REDIS_URL`, else this process's private
+/// `redis-server`; panics with one line naming what to install without one.
 pub fn redis_url() -> String {
-    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+    super::redis_server::shared_url()
 }
 
-/// Fails loudly (never skips) when no Redis answers at `url`.
+/// A connection to the Redis at `url` that answered PING; fails loudly
+/// (never skips) without one.
 pub fn require_redis(url: &str) -> redis::Connection {
-    let answered = redis::Client::open(url).and_then(|c| {
-        let mut conn = c.get_connection_with_timeout(std::time::Duration::from_secs(2))?;
-        redis::cmd("PING").query::<String>(&mut conn)?;
-        Ok(conn)
-    });
-    answered.unwrap_or_else(|e| {
-        panic!(
-            "the scale-out tests need a Redis server at {url} and none answered ({e}); \
-             start one (`redis-server --save '' --appendonly no`) or set MCP_RESUME_PROXY_TEST_REDIS"
-        )
-    })
+    super::redis_server::connect(url)
+        .unwrap_or_else(|e| panic!("the Redis at {url} did not answer PING: {e}"))
 }
 
 #[path = "../../benches/support/redis_keys.rs"]
@@ -136,78 +128,5 @@ impl Drop for Cluster {
         self.a.proxy.stop();
         self.b.proxy.stop();
         delete_prefix(&self.url, &self.prefix);
-    }
-}
-
-/// A Redis server of the test's own (so it can be killed and restarted), on
-/// a free loopback port, its append-only file in a temp dir so that what it
-/// acknowledged survives a kill -9. Killed when dropped.
-pub struct RedisServer {
-    child: Option<std::process::Child>,
-    pub port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    /// Starts `redis-server`; fails loudly when it is not installed.
-    pub async fn start() -> RedisServer {
-        let port = free_addr().port();
-        let mut server = RedisServer {
-            child: None,
-            port,
-            dir: tempfile::tempdir().expect("temp dir"),
-        };
-        server.run().await;
-        server
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    async fn run(&mut self) {
-        let child = std::process::Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("this test runs a Redis server of its own and `redis-server` did not start ({e}); install it (apt-get install redis-server)")
-            });
-        self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + super::LIMIT;
-        while redis::Client::open(self.url())
-            .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_millis(200)))
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            .is_err()
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "redis-server never answered"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-
-    /// kill -9: Redis is gone at once, mid-whatever.
-    pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts it again on the same port and data.
-    pub async fn restart(&mut self) {
-        self.kill9();
-        self.run().await;
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }

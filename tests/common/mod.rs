@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod dialects;
 pub mod process;
+pub mod redis_server;
 pub mod tls;
 
 use std::sync::Arc;

@@ -2,8 +2,9 @@
 # Interop tests of mcp-resume-proxy against real MCP peers: the official TS and
 # Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio)
 # and the conformance tool. Everything listens on 127.0.0.1 only.
-# i-scale-out (two proxies sharing a Redis store) needs Redis at REDIS_URL
-# (default redis://127.0.0.1:6379/0) and fails without it.
+# i-scale-out (two proxies sharing a Redis store) runs on REDIS_URL when it is
+# set, else on a private redis-server this script starts (free loopback port,
+# no persistence, stopped at the end); with neither it fails, in one line.
 #
 #   tests/interop/run.sh                 # every scenario
 #   tests/interop/run.sh d-reattach ...  # only the named scenarios
@@ -58,7 +59,9 @@ kill_group() {
     current_pgid=
   fi
 }
-on_exit() { kill_group; if [ "${INTEROP_KEEP:-}" != 1 ] && [ "${keep_work:-0}" = 0 ]; then rm -rf "$work"; fi; }
+redis_pid=
+stop_redis() { if [ -n "$redis_pid" ]; then kill -KILL "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; redis_pid=; fi; }
+on_exit() { kill_group; stop_redis; if [ "${INTEROP_KEEP:-}" != 1 ] && [ "${keep_work:-0}" = 0 ]; then rm -rf "$work"; fi; }
 trap on_exit EXIT
 trap 'say "interop: interrupted"; exit 130' INT TERM HUP
 if [ -z "${MCP_PROXY_BIN:-}" ]; then
@@ -74,6 +77,31 @@ if [ -z "${MCP_PROXY_BIN:-}" ]; then
 fi
 [ -x "$MCP_PROXY_BIN" ] || die "MCP_PROXY_BIN=$MCP_PROXY_BIN is not executable"
 export INTEROP_WORK="$work"
+
+# ---------------------------------------------------------------- redis
+# The tests' rule (tests/common/redis_server.rs): REDIS_URL, else a private
+# redis-server; never whatever answers on 127.0.0.1:6379, which may be someone
+# else's. Only when i-scale-out is among the scenarios to run.
+if [ -z "${REDIS_URL:-}" ] && { [ $# -eq 0 ] || [[ " $* " == *" i-scale-out "* ]]; } \
+   && command -v redis-server >/dev/null; then
+  redis_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  mkdir -p "$work/redis"
+  # setpriv --pdeathsig: the kernel kills the server should this script be
+  # killed before its EXIT trap runs.
+  tie=()
+  setpriv --help 2>/dev/null | grep -q pdeathsig && tie=(setpriv --pdeathsig KILL)
+  "${tie[@]}" redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no \
+    --dir "$work/redis" --logfile "$work/redis/redis.log" </dev/null >/dev/null 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null && break
+    kill -0 "$redis_pid" 2>/dev/null || die "redis-server exited at start: $(tail -1 "$work/redis/redis.log" 2>/dev/null)"
+    sleep 0.1
+  done
+  (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null || die "redis-server did not listen on port $redis_port"
+  export REDIS_URL="redis://127.0.0.1:$redis_port/0"
+  say "== private redis-server at $REDIS_URL (for i-scale-out)"
+fi
 
 # ---------------------------------------------------------------- scenarios
 # name | timeout (s) | command

@@ -1,8 +1,9 @@
 //! The Redis backend against a real server: the whole contract suite, plus
 //! what is particular to Redis (the key layout, cleanup).
 //!
-//! Needs Redis at `redis://127.0.0.1:6379` (or `MCP_RESUME_PROXY_TEST_REDIS`);
-//! without one every test here fails with a message saying so. Each store
+//! Runs on `REDIS_URL`, else on a private `redis-server` this test process
+//! starts (the rig the integration tests use too, included below); with
+//! neither, every test here fails with one line saying so. Each store
 //! gets its own random key prefix, kept in a file of the test's directory so
 //! that a "reopen" (a new store object on the same directory) finds the same
 //! keys; each test deletes its keys when it ends, passed or failed.
@@ -18,25 +19,17 @@ use crate::store::SharedStore;
 /// lease run out quickly.
 const TEST_LEASE: Duration = Duration::from_millis(600);
 
+// The integration tests' file, not a module of the library: the library
+// must not ship test scaffolding, and one copy serves both.
+#[path = "../../../tests/common/redis_server.rs"]
+mod redis_server;
+
 fn url() -> String {
-    std::env::var("MCP_RESUME_PROXY_TEST_REDIS")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+    redis_server::shared_url()
 }
 
 fn connection() -> redis::Connection {
-    let url = url();
-    let answered = redis::Client::open(url.as_str()).and_then(|c| {
-        let mut conn = c.get_connection_with_timeout(Duration::from_secs(2))?;
-        redis::cmd("PING").query::<String>(&mut conn)?;
-        Ok(conn)
-    });
-    answered.unwrap_or_else(|e| {
-        panic!(
-            "the Redis backend's tests need a Redis server at {url} and none answered ({e}). \
-             Start one (`redis-server --save '' --appendonly no`) or point \
-             MCP_RESUME_PROXY_TEST_REDIS at one."
-        )
-    })
+    redis_server::shared_connection()
 }
 
 thread_local! {
@@ -55,7 +48,14 @@ impl Drop for Cleanup {
         if prefixes.is_empty() {
             return;
         }
-        let mut conn = connection();
+        let conn = redis_server::shared().and_then(|url| redis_server::connect(&url));
+        let mut conn = match conn {
+            Ok(conn) => conn,
+            // The test is failing already, saying why (no Redis, most
+            // likely): a second panic here would abort the whole binary.
+            Err(_) if std::thread::panicking() => return,
+            Err(e) => panic!("cannot delete the test's Redis keys: {e}"),
+        };
         for prefix in prefixes {
             assert_eq!(delete_keys(&mut conn, &prefix), 0);
         }

@@ -3,8 +3,6 @@
 // test's keys. No dependency on redis-cli or an npm package.
 import net from 'node:net';
 
-export const DEFAULT_REDIS_URL = 'redis://127.0.0.1:6379/0';
-
 /** Parses one RESP reply from buf at pos: [value, nextPos], or undefined if incomplete. */
 function parse(buf, pos) {
   const eol = buf.indexOf('\r\n', pos);
@@ -43,7 +41,7 @@ export class RedisError extends Error {}
 
 export class Redis {
   /** Connects to a redis:// URL (host, port, optional user:password, /db). */
-  static async connect(url = DEFAULT_REDIS_URL, timeoutMs = 2000) {
+  static async connect(url, timeoutMs = 2000) {
     const u = new URL(url);
     if (u.protocol !== 'redis:') throw new Error(`redis: only redis:// URLs are supported here (${url})`);
     const sock = net.connect({ host: u.hostname || '127.0.0.1', port: Number(u.port || 6379) });

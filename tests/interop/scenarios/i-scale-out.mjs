@@ -5,7 +5,7 @@
 //
 //   TS Client --> balancer (round-robin per request) --+--> proxy A --+--> resumable-server (TS SDK)
 //                                                      +--> proxy B --+
-//                         (both: Redis 127.0.0.1:6379, same key_prefix, same tokens.key_file)
+//                         (both: Redis at REDIS_URL, same key_prefix, same tokens.key_file)
 //
 // initialize lands on one instance, notifications/initialized on the other,
 // and so on. A long tool call with progress is cut mid-stream by the balancer;
@@ -14,9 +14,10 @@
 // follow the call live (it runs on the first instance) to its result. A
 // second call then shows the session still works on both instances.
 //
-// Needs Redis (REDIS_URL, default redis://127.0.0.1:6379/0): without one the
-// scenario fails, it does not skip. Its keys (prefix interop-scale-<random>)
-// are deleted at the end.
+// Needs Redis at REDIS_URL, which run.sh sets to a private redis-server it
+// starts when REDIS_URL is unset (never the shared 127.0.0.1:6379): without
+// one the scenario fails with one line, it does not skip. Its keys (prefix
+// interop-scale-<random>) are deleted at the end.
 import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -25,10 +26,14 @@ import {
   INTEROP_DIR, freePort, log, runScenario, start, startProxy, stop, waitForPort, workdir,
 } from '../lib/harness.mjs';
 import { Balancer } from '../lib/balancer.mjs';
-import { DEFAULT_REDIS_URL, Redis } from '../lib/redis.mjs';
+import { Redis } from '../lib/redis.mjs';
 import { connectClient, short } from '../lib/tsclient.mjs';
 
-const REDIS_URL = process.env.REDIS_URL || DEFAULT_REDIS_URL;
+const REDIS_URL = process.env.REDIS_URL;
+if (!REDIS_URL) {
+  console.log('i-scale-out needs `redis-server` on PATH (Debian package redis-server) or REDIS_URL=redis://host:port');
+  process.exit(1);
+}
 const PREFIX = `interop-scale-${randomBytes(6).toString('hex')}`;
 const STEPS = 10;
 const INTERVAL_MS = 300;
@@ -73,7 +78,7 @@ await runScenario('i-scale-out: TS SDK session round-robined over two proxies sh
     if (pong !== 'PONG') throw new Error(`PING answered ${JSON.stringify(pong)}`);
   } catch (e) {
     redis?.close();
-    throw new Error(`this scenario needs Redis at ${REDIS_URL} (set REDIS_URL to use another); it did not answer PING: ${e?.message ?? e}`);
+    throw new Error(`the Redis at REDIS_URL=${REDIS_URL} did not answer PING: ${e?.message ?? e}`);
   }
   checks.ok(true, `Redis at ${REDIS_URL} answers PING; key prefix ${PREFIX}`);
 

@@ -1,0 +1,289 @@
+//! The Redis that tests run against, and the `redis-server` processes they
+//! start: `REDIS_URL` when it is set, else one private `redis-server` per
+//! test process (free loopback port, no persistence, started by the first
+//! test that asks, shared by the rest, gone when the process ends), plus the
+//! servers a test owns outright so it can kill and restart them. Nothing
+//! here looks at 127.0.0.1:6379: that port may be someone else's.
+//!
+//! One file, included with `#[path]` by the library's unit tests
+//! (`src/store/redis/tests.rs`), the integration tests (`tests/common`) and
+//! the load harness (`benches/load`), rather than a `pub mod` of the
+//! library: the integration tests only see the library as it ships, so a
+//! module of it would have to ship (or hide behind a feature `cargo test`
+//! does not turn on). It therefore uses only what all three have: std,
+//! libc, redis and tempfile.
+#![allow(dead_code)]
+
+use std::io;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What a Redis test says, and all it says, when there is no Redis to use.
+pub const MISSING: &str = "Redis tests need `redis-server` on PATH \
+                           (Debian package redis-server) or REDIS_URL=redis://host:port";
+
+/// How long a server may take to answer PING after it was started.
+const STARTUP: Duration = Duration::from_secs(10);
+
+/// The URL of the Redis this process's tests share. Panics with one line
+/// when there is none (see [`shared`]).
+pub fn shared_url() -> String {
+    shared().unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// The URL of the Redis this process's tests share: `REDIS_URL` once it
+/// answered PING, else that of the private server, started on first use.
+/// The outcome is kept, so that without Redis every test fails with the
+/// same one line instead of each trying again.
+pub fn shared() -> Result<String, String> {
+    // Never dropped (statics are not): the server goes with the process,
+    // through `spawn_tied`, not through `RedisServer`'s `Drop`.
+    static SHARED: OnceLock<Result<(String, Option<RedisServer>), String>> = OnceLock::new();
+    let shared = SHARED.get_or_init(|| match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => match connect(&url) {
+            Ok(_) => Ok((url, None)),
+            Err(e) => Err(format!(
+                "REDIS_URL={url} did not answer PING ({e}); \
+                 unset REDIS_URL to let the tests start their own redis-server"
+            )),
+        },
+        _ => {
+            let mut server = RedisServer::start(Persistence::None)?;
+            // Its data dir would outlive the process (the static is never
+            // dropped); without persistence Redis writes nothing there, so
+            // the dir goes now (a stray SAVE then fails instead of leaving
+            // a file behind).
+            if let Some(dir) = server.dir.take() {
+                let _ = dir.close();
+            }
+            Ok((server.url(), Some(server)))
+        }
+    });
+    shared
+        .as_ref()
+        .map(|(url, _)| url.clone())
+        .map_err(Clone::clone)
+}
+
+/// A connection to `url` that answered PING, or why not.
+pub fn connect(url: &str) -> Result<redis::Connection, String> {
+    let mut conn = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// A connection to the shared Redis; panics with one line without one.
+pub fn shared_connection() -> redis::Connection {
+    let url = shared_url();
+    connect(&url).unwrap_or_else(|e| panic!("the tests' Redis at {url} stopped answering: {e}"))
+}
+
+/// What a server keeps on disk.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Persistence {
+    /// Nothing (`--save '' --appendonly no`): the shared server.
+    None,
+    /// An append-only file synced on every write, so that what it
+    /// acknowledged survives a `kill -9`: for tests that kill and restart it.
+    Aof,
+}
+
+/// A `redis-server` of this process on a free loopback port, its files in
+/// a temp dir. Killed when dropped, and when this process ends however it
+/// ends (see `spawn_tied`).
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: Option<tempfile::TempDir>,
+    persistence: Persistence,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers PING. Errs with [`MISSING`]
+    /// when `redis-server` is not installed.
+    pub fn start(persistence: Persistence) -> Result<RedisServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-redis-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence,
+        };
+        // The free port is free when asked, not necessarily when Redis binds
+        // it (another process may take it in between): a few fresh tries.
+        let mut tries = 0;
+        loop {
+            server.port = free_port()?;
+            match server.run() {
+                Ok(()) => return Ok(server),
+                Err(Start::Exited(_)) if tries < 4 => tries += 1,
+                Err(Start::Exited(why) | Start::Failed(why)) => return Err(why),
+            }
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn run(&mut self) -> Result<(), Start> {
+        let dir = self.dir.as_ref().expect("a server that runs has its dir");
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", ""])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match self.persistence {
+            Persistence::None => cmd.args(["--appendonly", "no"]),
+            Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
+        };
+        let child = spawn_tied(cmd).map_err(|e| {
+            Start::Failed(if e.kind() == io::ErrorKind::NotFound {
+                MISSING.to_owned()
+            } else {
+                format!("redis-server did not start: {e}")
+            })
+        })?;
+        self.child = Some(child);
+        let url = self.url();
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            if connect(&url).is_ok() {
+                return Ok(());
+            }
+            let child = self.child.as_mut().expect("just spawned");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(Start::Exited(format!(
+                    "redis-server on port {} exited at start ({status}): {}",
+                    self.port,
+                    self.last_log_line()
+                )));
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                return Err(Start::Failed(format!(
+                    "redis-server on port {} did not answer PING within {STARTUP:?}: {}",
+                    self.port,
+                    self.last_log_line()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The last line Redis logged (why it did not start), if any.
+    fn last_log_line(&self) -> String {
+        self.dir
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(d.path().join("redis.log")).ok())
+            .and_then(|log| log.lines().last().map(str::to_owned))
+            .unwrap_or_else(|| "no log".to_owned())
+    }
+
+    /// kill -9: Redis is gone at once, mid-whatever.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and data; panics when it does not
+    /// come back.
+    pub fn restart(&mut self) {
+        self.kill9();
+        if let Err(Start::Exited(why) | Start::Failed(why)) = self.run() {
+            panic!("{why}");
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Why a start failed: `Exited` may be a port taken in the meantime (worth
+/// another port), `Failed` will not get better.
+enum Start {
+    Exited(String),
+    Failed(String),
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+/// Spawns `cmd` so that the kernel kills it when this process ends, however
+/// it ends — statics are never dropped, and a test binary may die of a
+/// signal or `exit`, so no destructor can be relied on.
+///
+/// The mechanism is `PR_SET_PDEATHSIG`, already how the proxy ties its stdio
+/// children to itself; it needs no helper process (a `sh` watching a pipe
+/// would itself be one more thing to orphan) and holds against `kill -9`.
+/// Its catch: "parent" means the *thread* that forked, and the test harness
+/// ends a test's thread when the test ends, which would kill a server shared
+/// by later tests. So every server is forked by one keeper thread that lives
+/// as long as the process.
+fn spawn_tied(mut cmd: Command) -> io::Result<Child> {
+    type Job = (Command, mpsc::Sender<io::Result<Child>>);
+    static KEEPER: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id();
+        // SAFETY: between fork and exec the closure calls only prctl and
+        // getppid (async-signal-safe) and builds an error that does not
+        // allocate.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The parent may have died before the prctl: then the signal
+                // never comes, so do not become an orphan at all.
+                if libc::getppid() as u32 != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    let keeper = KEEPER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("redis-server keeper".into())
+            .spawn(move || {
+                // Runs until the process ends: the sender is in a static.
+                for (mut cmd, reply) in queue {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("the keeper thread starts");
+        jobs
+    });
+    let (reply, answer) = mpsc::channel();
+    keeper
+        .send((cmd, reply))
+        .map_err(|_| io::Error::other("the keeper thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the keeper thread is gone"))?
+}
