@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::id::StreamId;
-use crate::jsonrpc::{self, RequestId};
+use crate::jsonrpc::{self, Kind, RequestId};
 use crate::metrics::Dropped;
 use crate::session::Session;
 use crate::store::StreamMeta;
@@ -73,22 +73,24 @@ impl Sorter {
         if event.id.as_ref().is_some_and(|id| self.seen.has(id)) {
             return Belongs::Nowhere(Dropped::DuplicateEvent);
         }
-        let message = &event.message[..];
-        let answers = jsonrpc::response_ids(message);
-        let owner = if let Some(id) = answers.first() {
-            if answers.iter().all(|id| self.requests.contains(id)) {
-                None
-            } else {
-                Some((session.stream_of(id), Dropped::ForeignResponse))
+        // One look at the envelope; a batch or anything unparsable stays
+        // where it arrived, as it always did.
+        let owner = match jsonrpc::classify(&event.message) {
+            Ok(envelope) if envelope.kind == Kind::Response => match envelope.id {
+                Some(id) if !self.requests.contains(&id) => {
+                    Some((session.stream_of(&id), Dropped::ForeignResponse))
+                }
+                _ => None,
+            },
+            Ok(envelope) if envelope.is_method("notifications/progress") => {
+                match jsonrpc::progress_token(&event.message) {
+                    Some(token) if !self.tokens.contains(&token) => {
+                        Some((session.progress_stream(&token), Dropped::ForeignProgress))
+                    }
+                    _ => None,
+                }
             }
-        } else if let Some(token) = jsonrpc::progress_of(message) {
-            if self.tokens.contains(&token) {
-                None
-            } else {
-                Some((session.progress_stream(&token), Dropped::ForeignProgress))
-            }
-        } else {
-            None
+            _ => None,
         };
         match owner {
             None => self.take(event),
