@@ -8,8 +8,8 @@
 //! `demo` command runs it for newcomers and the integration tests run it
 //! in-process, so it speaks the wire format exactly. This file is the HTTP
 //! side (routing, status codes, headers, which response shape a request
-//! gets); `session` runs the methods and tools, `stream_log` keeps the
-//! resumable SSE logs.
+//! gets); `responses` builds the answers, `session` runs the methods and
+//! tools, `stream_log` keeps the resumable SSE logs.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -28,6 +28,10 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::responses::{
+    json_response, plain, response, rpc_error_response, sse_response, with_session, NoSession,
+    SESSION_HEADER,
+};
 use super::session::{
     is_notification, is_request, is_response, lock, on_notification, on_response, Call, Session,
     Sink,
@@ -41,7 +45,6 @@ const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const LATEST_LEGACY: &str = "2025-11-25";
 /// The first revision whose POST streams open with a priming event.
 const PRIMING_SINCE: &str = "2025-11-25";
-const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 const MAX_BODY: usize = 4 << 20;
 /// Reconnection delay advertised in priming events when streams get cut on
 /// purpose, so that clients come back quickly.
@@ -513,69 +516,4 @@ pub(super) fn negotiate(init: &Value) -> &'static str {
         .into_iter()
         .find(|v| requested == Some(*v))
         .unwrap_or(LATEST_LEGACY)
-}
-
-enum NoSession {
-    Missing,
-    Unknown,
-}
-
-impl NoSession {
-    fn response(self) -> Response<Body> {
-        match self {
-            NoSession::Missing => rpc_error_response(
-                StatusCode::BAD_REQUEST,
-                -32000,
-                "Bad Request: Mcp-Session-Id header is required",
-            ),
-            NoSession::Unknown => {
-                rpc_error_response(StatusCode::NOT_FOUND, -32001, "Session not found")
-            }
-        }
-    }
-}
-
-fn response(status: StatusCode, content_type: Option<&'static str>, body: Body) -> Response<Body> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    if let Some(content_type) = content_type {
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    }
-    resp
-}
-
-fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
-    response(status, Some("text/plain; charset=utf-8"), reply::full(text))
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    response(
-        status,
-        Some("application/json"),
-        reply::full(body.to_string()),
-    )
-}
-
-/// A JSON-RPC error with a null id, keys in the order SDK servers write them.
-fn rpc_error_response(status: StatusCode, code: i64, message: &str) -> Response<Body> {
-    let message = Value::from(message);
-    let body =
-        format!(r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":{code},"message":{message}}}}}"#);
-    response(status, Some("application/json"), reply::full(body))
-}
-
-fn sse_response(body: Body) -> Response<Body> {
-    let mut resp = response(StatusCode::OK, Some("text/event-stream"), body);
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
-}
-
-fn with_session(mut resp: Response<Body>, session: &Session) -> Response<Body> {
-    // Our ids are hex, so this cannot fail; the check costs nothing.
-    if let Ok(id) = HeaderValue::from_str(&session.id) {
-        resp.headers_mut().insert(SESSION_HEADER, id);
-    }
-    resp
 }
