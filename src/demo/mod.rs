@@ -5,6 +5,7 @@
 
 mod responses;
 mod session;
+mod session_wide_replay;
 mod stats;
 pub mod stdio;
 mod stream_log;

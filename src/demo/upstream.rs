@@ -9,11 +9,12 @@
 //! in-process, so it speaks the wire format exactly. This file is the HTTP
 //! side (routing, status codes, headers, which response shape a request
 //! gets); `responses` builds the answers, `session` runs the methods and
-//! tools, `stream_log` keeps the resumable SSE logs.
+//! tools, `stream_log` keeps the resumable SSE logs, and
+//! `session_wide_replay` answers resumptions the way server-everything does
+//! when that option is on.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +37,10 @@ use super::session::{
     is_notification, is_request, is_response, lock, on_notification, on_response, Call, Session,
     Sink,
 };
+use super::session_wide_replay::{self, Journal};
 pub use super::stats::DemoStats;
 use super::stats::MODERN_VERSION;
-use super::stream_log::{pump, PumpOptions, StreamLog};
+use super::stream_log::{pump, PumpOptions};
 use crate::reply::{self, Body};
 
 const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
@@ -63,6 +65,13 @@ pub struct DemoOptions {
     pub close_after_events: Option<usize>,
     /// SSE without event ids: a server that does not support resumption.
     pub no_event_ids: bool,
+    /// Resume as `@modelcontextprotocol/server-everything` does: event ids
+    /// are random UUIDs in one journal per session, and GET +
+    /// `Last-Event-ID` replays every event of every stream of the session
+    /// after that id (priming events as `{}`), then stays open and silent
+    /// for good while the tools run on; asking again with the newest id gets
+    /// what was logged since. No 409 for concurrent resumptions.
+    pub session_wide_replay: bool,
 }
 
 /// A running demo server; shut down explicitly or when dropped.
@@ -268,7 +277,15 @@ impl Server {
         let mut raw = [0u8; 16];
         self.random.fill(&mut raw).ok()?;
         let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let session = Arc::new(Session::new(id.clone(), negotiate(init).to_owned()));
+        let journal = self
+            .opts
+            .session_wide_replay
+            .then(|| Arc::new(Journal::new()));
+        let session = Arc::new(Session::new(
+            id.clone(),
+            negotiate(init).to_owned(),
+            journal,
+        ));
         self.sessions.insert(id, session.clone());
         DemoStats::bump(&self.stats.sessions_created);
         Some(session)
@@ -299,15 +316,10 @@ impl Server {
         if self.opts.json_response {
             return self.respond_json(Some(session), requests, batch).await;
         }
-        let n = session.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
-        let log = Arc::new(StreamLog::new(format!("p{n}"), requests.len()));
+        let log = session.open_stream(requests.len());
         if session.version.as_str() >= PRIMING_SINCE {
             log.push_priming();
         }
-        session
-            .lock()
-            .streams
-            .insert(log.key().to_owned(), log.clone());
         // With a buffered body the client sees nothing before the end, so a
         // server-to-client request could never be answered.
         let interactive = !self.opts.buffered_sse;
@@ -421,6 +433,13 @@ impl Server {
         let Some(last) = headers.get("last-event-id") else {
             return self.open_standalone(session, None);
         };
+        if let Some(journal) = &session.journal {
+            // Whatever the id, even an unknown one: 200 and a replay.
+            DemoStats::bump(&self.stats.resumed_gets);
+            let last = String::from_utf8_lossy(last.as_bytes());
+            let body = session_wide_replay::replay(journal.clone(), &last);
+            return with_session(sse_response(body), &session);
+        }
         // Our ids are `{stream_key}-{index}`; anything else is not ours.
         let found = last.to_str().ok().and_then(|last| {
             let (key, index) = last.rsplit_once('-')?;
@@ -502,6 +521,9 @@ impl Server {
             DemoStats::bump(&self.stats.sessions_deleted);
         }
         session.standalone.close();
+        if let Some(journal) = &session.journal {
+            journal.close();
+        }
         response(StatusCode::OK, None, reply::empty())
     }
 }
