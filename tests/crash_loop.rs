@@ -8,6 +8,10 @@
 //! JSON-RPC error when it cannot — never with silence (a call without its
 //! final response after a minute counts as hung).
 //!
+//! The same loop runs in front of the demo upstream in three modes: plain,
+//! without event ids, and resuming as server-everything does (every event of
+//! the session after the id, then a stream that stays silent for good).
+//!
 //! `CRASH_KILLS=100` runs the long mode; `CRASH_SEED=n` replays a run (the
 //! seed is printed). Run with `-- --nocapture` to see the summary line.
 
@@ -522,4 +526,33 @@ async fn calls_interrupted_by_kill9_end_with_an_error_when_the_upstream_gives_no
     assert_eq!(f.out_of_order, 0, "entries out of order");
     assert_eq!(f.foreign, 0, "other streams' messages delivered");
     assert_eq!(f.replay_mismatches, 0, "calls not served again as seen");
+}
+
+/// In front of an upstream that resumes as server-everything does
+/// (`session_wide_replay`): a resumed upstream stream brings what the call
+/// said since the id, and other streams' events, then nothing more, ever,
+/// while the call runs on. To end each interrupted call with its result the
+/// proxy has to ask the upstream again, and keep only the call's own events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_survive_a_kill9_loop_in_front_of_an_upstream_that_replays_session_wide() {
+    let options = DemoOptions {
+        session_wide_replay: true,
+        ..DemoOptions::default()
+    };
+    let f = crash_loop(options, 8, kills(9)).await;
+    assert!(f.interrupted > 0, "the kills interrupted no call");
+    assert_eq!(f.hung, 0, "calls without a final response");
+    assert_eq!(f.lost, 0, "lost entries");
+    assert_eq!(f.duplicated, 0, "duplicated entries");
+    assert_eq!(f.out_of_order, 0, "entries out of order");
+    assert_eq!(f.foreign, 0, "other streams' messages delivered");
+    assert_eq!(f.replay_mismatches, 0, "calls not served again as seen");
+    // Killed before the upstream's first event id: the proxy's restart
+    // error (counted apart). Killed after it: the result, every time.
+    let resumable = f.interrupted - f.killed_before_first_upstream_event;
+    assert_eq!(
+        f.interrupted_results, resumable,
+        "of {resumable} interrupted calls resumable upstream, {} ended with their result",
+        f.interrupted_results,
+    );
 }
