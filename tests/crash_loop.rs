@@ -5,7 +5,12 @@
 //! its progress exactly once, in order, then its final response; everything
 //! a client saw must be served again after a restart; and a call interrupted
 //! by a kill ends with its result when the upstream can be resumed, with a
-//! JSON-RPC error when it cannot — never with silence.
+//! JSON-RPC error when it cannot — never with silence (a call without its
+//! final response after a minute counts as hung).
+//!
+//! The same loop runs in front of the demo upstream in three modes: plain,
+//! without event ids, and resuming as server-everything does (every event of
+//! the session after the id, then a stream that stays silent for good).
 //!
 //! `CRASH_KILLS=100` runs the long mode; `CRASH_SEED=n` replays a run (the
 //! seed is printed). Run with `-- --nocapture` to see the summary line.
@@ -23,7 +28,10 @@ use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use serde_json::Value;
 use tokio::time::{sleep, Instant};
 
-/// No call may take longer than this end to end, interruptions included.
+/// No call may take longer than this end to end, interruptions included; a
+/// call still without its final response then is counted as hung (reading
+/// is bounded by it too: a silent stream with keep-alive comments would
+/// otherwise hold a client for ever).
 const CALL_LIMIT: Duration = Duration::from_secs(60);
 /// The proxy's error for a call it could not resume after a restart
 /// because no upstream event id of it had been logged.
@@ -75,6 +83,8 @@ fn kills(default: usize) -> usize {
 enum Outcome {
     Result,
     Error,
+    /// No final response within [`CALL_LIMIT`].
+    Hung,
 }
 
 /// What one client saw of one call, across all its connections.
@@ -85,7 +95,7 @@ struct CallRecord {
     id: u64,
     steps: u64,
     /// Every event that carried a message, with its event id, in the order
-    /// the client got them.
+    /// the client got them; the final response last, if one came.
     seen: Vec<(Option<String>, Value)>,
     /// The first event id the client got for this call (the priming event).
     first_id: Option<String>,
@@ -104,24 +114,36 @@ struct Delivery {
     lost: u64,
     duplicated: u64,
     out_of_order: u64,
+    /// Messages that are neither this call's progress nor its final
+    /// response: another stream's, leaked onto this one.
+    foreign: u64,
 }
 
 impl CallRecord {
-    fn final_response(&self) -> &Value {
-        &self.seen.last().expect("a final response").1
+    /// The final response; none for a hung call.
+    fn final_response(&self) -> Option<&Value> {
+        match self.outcome {
+            Outcome::Hung => None,
+            Outcome::Result | Outcome::Error => self.seen.last().map(|(_, m)| m),
+        }
     }
 
     /// Progress must be 1..=N without gap or duplicate, then the final
-    /// response. A call that ended with an error may stop early (the rest
-    /// was never logged), but not skip.
+    /// response. A call that ended with an error (or hung) may stop early
+    /// (the rest was never logged, or never came), but not skip.
     fn delivery(&self) -> Delivery {
         let mut d = Delivery::default();
-        let (_, progress) = self.seen.split_last().expect("a final response");
+        let progress = match self.final_response() {
+            Some(_) => &self.seen[..self.seen.len() - 1],
+            None => &self.seen[..],
+        };
         let token = format!("p{}", self.id);
         let mut values = Vec::new();
         for (_, m) in progress {
-            assert_eq!(m["method"], "notifications/progress", "{self:?}");
-            assert_eq!(m["params"]["progressToken"], token.as_str(), "{self:?}");
+            if m["method"] != "notifications/progress" || m["params"]["progressToken"] != token {
+                d.foreign += 1;
+                continue;
+            }
             values.push(m["params"]["progress"].as_u64().expect("progress"));
         }
         let mut distinct = values.clone();
@@ -131,7 +153,7 @@ impl CallRecord {
         d.out_of_order = values.windows(2).filter(|w| w[0] >= w[1]).count() as u64;
         let reached = match self.outcome {
             Outcome::Result => self.steps,
-            Outcome::Error => distinct.last().copied().unwrap_or(0),
+            Outcome::Error | Outcome::Hung => distinct.last().copied().unwrap_or(0),
         };
         d.lost = reached
             - distinct
@@ -161,7 +183,8 @@ impl CallRecord {
 
 /// Runs one slow call to its final response, reconnecting with GET +
 /// `Last-Event-ID` (or re-sending the POST under the same id while it has no
-/// event id yet) whenever the connection drops or the proxy is down.
+/// event id yet) whenever the connection drops or the proxy is down; gives
+/// up as hung after [`CALL_LIMIT`].
 async fn run_call(
     client: &McpClient,
     client_no: usize,
@@ -170,7 +193,6 @@ async fn run_call(
     steps: u64,
     interval_ms: u64,
 ) -> CallRecord {
-    let deadline = Instant::now() + CALL_LIMIT;
     let mut record = CallRecord {
         client: client_no,
         sid: sid.to_owned(),
@@ -179,25 +201,34 @@ async fn run_call(
         seen: Vec::new(),
         first_id: None,
         interrupted: false,
-        outcome: Outcome::Error,
+        outcome: Outcome::Hung,
         trace: String::new(),
     };
+    let attempts = attempt_call(client, &mut record, interval_ms);
+    if tokio::time::timeout(CALL_LIMIT, attempts).await.is_err() {
+        record.outcome = Outcome::Hung;
+    }
+    record
+}
+
+/// The requests of [`run_call`], until the final response.
+async fn attempt_call(client: &McpClient, record: &mut CallRecord, interval_ms: u64) {
+    let (id, sid) = (record.id, record.sid.clone());
     let mut last_id: Option<String> = None;
-    let mut trace = String::new();
     loop {
-        assert!(
-            Instant::now() < deadline,
-            "call {id} of client {client_no} never ended: {record:?}"
-        );
         let call = match &last_id {
-            None => Call::post(&slow_call(id, steps, interval_ms)).session(sid),
-            Some(last) => Call::get().session(sid).header("last-event-id", last),
+            None => Call::post(&slow_call(id, record.steps, interval_ms)).session(&sid),
+            Some(last) => Call::get().session(&sid).header("last-event-id", last),
         };
-        trace.push_str(if last_id.is_some() { "G" } else { "P" });
+        record
+            .trace
+            .push_str(if last_id.is_some() { "G" } else { "P" });
         let res = match client.try_send(call).await {
             Ok(res) => res,
             Err(e) => {
-                trace.push_str(if e.is_connect() { "c" } else { "x" });
+                record
+                    .trace
+                    .push_str(if e.is_connect() { "c" } else { "x" });
                 // Refused: the proxy is down, the request never left.
                 // Anything else may have reached the proxy.
                 record.interrupted |= !e.is_connect();
@@ -213,28 +244,32 @@ async fn run_call(
         if res.status() != StatusCode::OK {
             let status = res.status();
             let body = body_bytes(res).await;
-            panic!("call {id} of client {client_no}: {status} {body:?}; {record:?}");
+            panic!(
+                "call {id} of client {}: {status} {body:?}; {record:?}",
+                record.client
+            );
         }
         let mut reader = SseReader::new(res);
         while let Some(event) = reader.next().await {
-            trace.push('.');
+            record.trace.push('.');
             if let Some(event_id) = &event.id {
                 last_id = Some(event_id.clone());
                 record.first_id.get_or_insert_with(|| event_id.clone());
             }
             let Some(m) = message(&event) else { continue };
             let is_final = m["id"] == id && (m.get("result").is_some() || m.get("error").is_some());
+            let outcome = if m.get("result").is_some() {
+                Outcome::Result
+            } else {
+                Outcome::Error
+            };
+            if is_final && outcome == Outcome::Error {
+                assert_eq!(m["error"]["code"], -32603, "{m}");
+            }
             record.seen.push((event.id, m));
             if is_final {
-                record.trace = trace;
-                let m = record.final_response();
-                record.outcome = if m.get("result").is_some() {
-                    Outcome::Result
-                } else {
-                    assert_eq!(m["error"]["code"], -32603, "{m}");
-                    Outcome::Error
-                };
-                return record;
+                record.outcome = outcome;
+                return;
             }
         }
         // The connection dropped before the final response.
@@ -269,6 +304,7 @@ struct Figures {
     calls: usize,
     interrupted: usize,
     interrupted_results: usize,
+    interrupted_errors: usize,
     /// Interrupted calls the proxy could not resume because the kill came
     /// before the upstream's first event id was logged: they end with the
     /// proxy's restart error and no progress (an inherent window of about
@@ -276,9 +312,14 @@ struct Figures {
     killed_before_first_upstream_event: usize,
     results: usize,
     errors: usize,
+    /// Calls without a final response after [`CALL_LIMIT`].
+    hung: usize,
     lost: u64,
     duplicated: u64,
     out_of_order: u64,
+    /// Other streams' messages delivered on a call's stream.
+    foreign: u64,
+    /// Calls not served again as seen (or not in time).
     replay_mismatches: usize,
 }
 
@@ -325,27 +366,38 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
         calls.extend(task.await.expect("client task"));
     }
 
-    // Everything any client saw is served again by a restarted proxy.
+    // Everything any client saw is served again by a restarted proxy: each
+    // call that ended, read again from its first event id (a hung call has
+    // no whole answer to compare, and its replay could hang as well). The
+    // phase as a whole is bounded.
     proxy.kill9();
     let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
     let client = proxy.client();
+    let replays_due = Instant::now() + CALL_LIMIT;
     let mut replay_mismatches = 0;
-    for call in &calls {
+    for call in calls.iter().filter(|c| c.outcome != Outcome::Hung) {
         let Some(first) = &call.first_id else {
             continue;
         };
-        let res = client
-            .send(
-                Call::get()
-                    .session(&call.sid)
-                    .header("last-event-id", first),
-            )
-            .await;
-        assert_eq!(res.status(), StatusCode::OK, "replay of {call:?}");
-        let again = messages(res).await;
-        if again != call.expected_replay() {
-            replay_mismatches += 1;
-            eprintln!("replay differs for {call:?}: {again:?}");
+        let get = Call::get()
+            .session(&call.sid)
+            .header("last-event-id", first);
+        let again = tokio::time::timeout_at(replays_due, async {
+            let res = client.send(get).await;
+            assert_eq!(res.status(), StatusCode::OK, "replay of {call:?}");
+            messages(res).await
+        })
+        .await;
+        match again {
+            Ok(again) if again == call.expected_replay() => {}
+            Ok(again) => {
+                replay_mismatches += 1;
+                eprintln!("replay differs for {call:?}: {again:?}");
+            }
+            Err(_) => {
+                replay_mismatches += 1;
+                eprintln!("replay did not end in time for {call:?}");
+            }
         }
     }
 
@@ -354,67 +406,76 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
         calls: calls.len(),
         interrupted: 0,
         interrupted_results: 0,
+        interrupted_errors: 0,
         killed_before_first_upstream_event: 0,
         results: 0,
         errors: 0,
+        hung: 0,
         lost: 0,
         duplicated: 0,
         out_of_order: 0,
+        foreign: 0,
         replay_mismatches,
     };
     for call in &calls {
         let d = call.delivery();
-        if d.lost + d.duplicated + d.out_of_order > 0 {
+        if d.lost + d.duplicated + d.out_of_order + d.foreign > 0 {
             eprintln!("{d:?} in {call:?}");
         }
         figures.lost += d.lost;
         figures.duplicated += d.duplicated;
         figures.out_of_order += d.out_of_order;
-        match call.outcome {
-            Outcome::Result => figures.results += 1,
-            Outcome::Error => figures.errors += 1,
-        }
-        if call.interrupted {
-            figures.interrupted += 1;
-            if call.outcome == Outcome::Result {
-                figures.interrupted_results += 1;
-            } else {
-                let message = &call.final_response()["error"]["message"];
-                if call.seen.len() == 1 && message == RESTARTED {
+        figures.foreign += d.foreign;
+        let progress = call.seen.len() - usize::from(call.final_response().is_some());
+        match call.final_response() {
+            None => {
+                figures.hung += 1;
+                eprintln!(
+                    "client {} call {} ({} steps, trace {}): hung after {progress} progress",
+                    call.client, call.id, call.steps, call.trace,
+                );
+            }
+            Some(_) if call.outcome == Outcome::Result => {
+                figures.results += 1;
+                figures.interrupted_results += usize::from(call.interrupted);
+            }
+            Some(m) => {
+                figures.errors += 1;
+                assert!(
+                    call.interrupted,
+                    "an uninterrupted call ends with its result: {call:?}"
+                );
+                figures.interrupted_errors += 1;
+                let message = &m["error"]["message"];
+                if progress == 0 && message == RESTARTED {
                     figures.killed_before_first_upstream_event += 1;
                 }
                 eprintln!(
-                    "client {} call {} ({} steps, trace {}): error after {} progress: {message}",
-                    call.client,
-                    call.id,
-                    call.steps,
-                    call.trace,
-                    call.seen.len() - 1,
+                    "client {} call {} ({} steps, trace {}): error after {progress} progress: \
+                     {message}",
+                    call.client, call.id, call.steps, call.trace,
                 );
             }
-        } else {
-            assert_eq!(
-                call.outcome,
-                Outcome::Result,
-                "an uninterrupted call ends with its result: {call:?}"
-            );
         }
+        figures.interrupted += usize::from(call.interrupted);
     }
     println!(
         "crash loop: kills={} calls={} interrupted={} (then result {}, then error {}, \
-         of which killed before the first upstream event {}) results={} errors={} lost={} \
-         duplicated={} out_of_order={} replay_mismatches={}",
+         of which killed before the first upstream event {}) results={} errors={} hung={} \
+         lost={} duplicated={} out_of_order={} foreign={} replay_mismatches={}",
         figures.kills,
         figures.calls,
         figures.interrupted,
         figures.interrupted_results,
-        figures.interrupted - figures.interrupted_results,
+        figures.interrupted_errors,
         figures.killed_before_first_upstream_event,
         figures.results,
         figures.errors,
+        figures.hung,
         figures.lost,
         figures.duplicated,
         figures.out_of_order,
+        figures.foreign,
         figures.replay_mismatches,
     );
     figures
@@ -424,9 +485,11 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
 async fn calls_survive_a_kill9_loop_exactly_once_and_end_with_their_results() {
     let f = crash_loop(DemoOptions::default(), 8, kills(9)).await;
     assert!(f.interrupted > 0, "the kills interrupted no call");
+    assert_eq!(f.hung, 0, "calls without a final response");
     assert_eq!(f.lost, 0, "lost entries");
     assert_eq!(f.duplicated, 0, "duplicated entries");
     assert_eq!(f.out_of_order, 0, "entries out of order");
+    assert_eq!(f.foreign, 0, "other streams' messages delivered");
     assert_eq!(f.replay_mismatches, 0, "calls not served again as seen");
     // A call killed before the upstream's first event id was logged cannot
     // be resumed (the proxy says so); every other interrupted call can.
@@ -456,9 +519,40 @@ async fn calls_interrupted_by_kill9_end_with_an_error_when_the_upstream_gives_no
     };
     let f = crash_loop(options, 4, kills(4).min(6)).await;
     assert!(f.interrupted > 0, "the kills interrupted no call");
+    assert_eq!(f.hung, 0, "calls without a final response");
     assert!(f.errors > 0, "no interrupted call ended with an error");
     assert_eq!(f.lost, 0, "lost entries");
     assert_eq!(f.duplicated, 0, "duplicated entries");
     assert_eq!(f.out_of_order, 0, "entries out of order");
+    assert_eq!(f.foreign, 0, "other streams' messages delivered");
     assert_eq!(f.replay_mismatches, 0, "calls not served again as seen");
+}
+
+/// In front of an upstream that resumes as server-everything does
+/// (`session_wide_replay`): a resumed upstream stream brings what the call
+/// said since the id, and other streams' events, then nothing more, ever,
+/// while the call runs on. To end each interrupted call with its result the
+/// proxy has to ask the upstream again, and keep only the call's own events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_survive_a_kill9_loop_in_front_of_an_upstream_that_replays_session_wide() {
+    let options = DemoOptions {
+        session_wide_replay: true,
+        ..DemoOptions::default()
+    };
+    let f = crash_loop(options, 8, kills(9)).await;
+    assert!(f.interrupted > 0, "the kills interrupted no call");
+    assert_eq!(f.hung, 0, "calls without a final response");
+    assert_eq!(f.lost, 0, "lost entries");
+    assert_eq!(f.duplicated, 0, "duplicated entries");
+    assert_eq!(f.out_of_order, 0, "entries out of order");
+    assert_eq!(f.foreign, 0, "other streams' messages delivered");
+    assert_eq!(f.replay_mismatches, 0, "calls not served again as seen");
+    // Killed before the upstream's first event id: the proxy's restart
+    // error (counted apart). Killed after it: the result, every time.
+    let resumable = f.interrupted - f.killed_before_first_upstream_event;
+    assert_eq!(
+        f.interrupted_results, resumable,
+        "of {resumable} interrupted calls resumable upstream, {} ended with their result",
+        f.interrupted_results,
+    );
 }

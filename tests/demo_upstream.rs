@@ -16,6 +16,10 @@ use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::sse::{Decoder, Event};
 use serde_json::{json, Value};
 
+// A crate root looks for modules beside itself, so the path is spelt out.
+#[path = "demo_upstream/session_wide_replay.rs"]
+mod session_wide_replay;
+
 async fn bounded<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(20), f)
         .await

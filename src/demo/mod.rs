@@ -3,7 +3,9 @@
 //! same server ([`upstream::DemoUpstream`]) is the upstream of the integration
 //! tests, so what newcomers see is what the tests check.
 
+mod responses;
 mod session;
+mod session_wide_replay;
 mod stats;
 pub mod stdio;
 mod stream_log;

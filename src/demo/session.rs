@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::session_wide_replay::Journal;
 use super::stats::{DemoStats, MODERN_VERSION};
 use super::stream_log::StreamLog;
 use crate::sse;
@@ -36,6 +37,8 @@ pub(super) struct Session {
     pub(super) next_ask: AtomicU64,
     /// The standalone GET stream's log, key `g`; it never finishes by itself.
     pub(super) standalone: StreamLog,
+    /// Every stream's events together, in the `session_wide_replay` mode.
+    pub(super) journal: Option<Arc<Journal>>,
     pub(super) state: Mutex<SessionState>,
 }
 
@@ -53,15 +56,31 @@ pub(super) struct SessionState {
 }
 
 impl Session {
-    pub(super) fn new(id: String, version: String) -> Self {
+    pub(super) fn new(id: String, version: String, journal: Option<Arc<Journal>>) -> Self {
         Session {
             id,
             version,
             next_stream: AtomicU64::new(0),
             next_ask: AtomicU64::new(0),
-            standalone: StreamLog::new("g".to_owned(), usize::MAX),
+            standalone: StreamLog::new("g".to_owned(), usize::MAX, journal.clone()),
+            journal,
             state: Mutex::new(SessionState::default()),
         }
+    }
+
+    /// A new POST stream's log (journaled when the session is), kept so
+    /// that any of its ids can be resumed.
+    pub(super) fn open_stream(&self, requests: usize) -> Arc<StreamLog> {
+        let n = self.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
+        let log = Arc::new(StreamLog::new(
+            format!("p{n}"),
+            requests,
+            self.journal.clone(),
+        ));
+        self.lock()
+            .streams
+            .insert(log.key().to_owned(), log.clone());
+        log
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, SessionState> {

@@ -193,6 +193,7 @@ impl Connection {
         let session = Arc::new(Session::new(
             "stdio".to_owned(),
             negotiate(request).to_owned(),
+            None,
         ));
         DemoStats::bump(&self.stats.sessions_created);
         self.session = Some(session.clone());

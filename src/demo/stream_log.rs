@@ -6,14 +6,16 @@
 //! The calls append to the log and never write to a socket themselves, so a
 //! response can be cut (SEP-1699 polling) or the client can go away while the
 //! call keeps running; a later GET with `Last-Event-ID` simply starts a second
-//! pump on the same log further along.
+//! pump on the same log further along. (In the `session_wide_replay` mode a
+//! log takes its ids from the session's journal, which answers those GETs.)
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, watch};
 
+use super::session_wide_replay::Journal;
 use crate::sse;
 
 /// How often an idle standalone GET stream gets a comment, so that
@@ -35,9 +37,11 @@ struct LogInner {
     done: bool,
 }
 
-/// The events of one SSE stream, in order, with ids `"{key}-{index}"`.
+/// The events of one SSE stream, in order, with ids `"{key}-{index}"` (or
+/// the journal's, when there is one).
 pub(crate) struct StreamLog {
     key: String,
+    journal: Option<Arc<Journal>>,
     inner: Mutex<LogInner>,
     /// Bumped on every change so that pumps can wait without polling.
     changed: watch::Sender<()>,
@@ -46,12 +50,14 @@ pub(crate) struct StreamLog {
 impl StreamLog {
     /// A log that is done once `pending` requests have called [`finish_one`].
     /// The standalone GET stream uses `usize::MAX`: it ends only by [`close`].
+    /// With a `journal`, every event is also journaled, under the journal's id.
     ///
     /// [`finish_one`]: StreamLog::finish_one
     /// [`close`]: StreamLog::close
-    pub(crate) fn new(key: String, pending: usize) -> Self {
+    pub(crate) fn new(key: String, pending: usize, journal: Option<Arc<Journal>>) -> Self {
         Self {
             key,
+            journal,
             inner: Mutex::new(LogInner {
                 pending,
                 done: pending == 0,
@@ -73,7 +79,12 @@ impl StreamLog {
 
     fn append(&self, data: Option<Bytes>) {
         let mut inner = self.lock();
-        let id = format!("{}-{}", self.key, inner.events.len());
+        // Journaled under this log's lock, so the journal holds each
+        // stream's events in the stream's own order.
+        let id = match &self.journal {
+            Some(journal) => journal.record(data.as_ref()),
+            None => format!("{}-{}", self.key, inner.events.len()),
+        };
         inner.events.push(LogEvent { id, data });
         drop(inner);
         self.changed.send_replace(());

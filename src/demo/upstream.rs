@@ -8,17 +8,18 @@
 //! `demo` command runs it for newcomers and the integration tests run it
 //! in-process, so it speaks the wire format exactly. This file is the HTTP
 //! side (routing, status codes, headers, which response shape a request
-//! gets); `session` runs the methods and tools, `stream_log` keeps the
-//! resumable SSE logs.
+//! gets); `responses` builds the answers, `session` runs the methods and
+//! tools, `stream_log` keeps the resumable SSE logs, and
+//! `session_wide_replay` answers resumptions the way server-everything does
+//! when that option is on.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -28,20 +29,24 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::responses::{
+    json_response, plain, response, rpc_error_response, sse_response, with_session, NoSession,
+    SESSION_HEADER,
+};
 use super::session::{
     is_notification, is_request, is_response, lock, on_notification, on_response, Call, Session,
     Sink,
 };
+use super::session_wide_replay::{self, Journal};
 pub use super::stats::DemoStats;
 use super::stats::MODERN_VERSION;
-use super::stream_log::{pump, PumpOptions, StreamLog};
+use super::stream_log::{pump, PumpOptions};
 use crate::reply::{self, Body};
 
 const LEGACY_VERSIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
 const LATEST_LEGACY: &str = "2025-11-25";
 /// The first revision whose POST streams open with a priming event.
 const PRIMING_SINCE: &str = "2025-11-25";
-const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
 const MAX_BODY: usize = 4 << 20;
 /// Reconnection delay advertised in priming events when streams get cut on
 /// purpose, so that clients come back quickly.
@@ -60,6 +65,13 @@ pub struct DemoOptions {
     pub close_after_events: Option<usize>,
     /// SSE without event ids: a server that does not support resumption.
     pub no_event_ids: bool,
+    /// Resume as `@modelcontextprotocol/server-everything` does: event ids
+    /// are random UUIDs in one journal per session, and GET +
+    /// `Last-Event-ID` replays every event of every stream of the session
+    /// after that id (priming events as `{}`), then stays open and silent
+    /// for good while the tools run on; asking again with the newest id gets
+    /// what was logged since. No 409 for concurrent resumptions.
+    pub session_wide_replay: bool,
 }
 
 /// A running demo server; shut down explicitly or when dropped.
@@ -265,7 +277,15 @@ impl Server {
         let mut raw = [0u8; 16];
         self.random.fill(&mut raw).ok()?;
         let id: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let session = Arc::new(Session::new(id.clone(), negotiate(init).to_owned()));
+        let journal = self
+            .opts
+            .session_wide_replay
+            .then(|| Arc::new(Journal::new()));
+        let session = Arc::new(Session::new(
+            id.clone(),
+            negotiate(init).to_owned(),
+            journal,
+        ));
         self.sessions.insert(id, session.clone());
         DemoStats::bump(&self.stats.sessions_created);
         Some(session)
@@ -296,15 +316,10 @@ impl Server {
         if self.opts.json_response {
             return self.respond_json(Some(session), requests, batch).await;
         }
-        let n = session.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
-        let log = Arc::new(StreamLog::new(format!("p{n}"), requests.len()));
+        let log = session.open_stream(requests.len());
         if session.version.as_str() >= PRIMING_SINCE {
             log.push_priming();
         }
-        session
-            .lock()
-            .streams
-            .insert(log.key().to_owned(), log.clone());
         // With a buffered body the client sees nothing before the end, so a
         // server-to-client request could never be answered.
         let interactive = !self.opts.buffered_sse;
@@ -418,6 +433,13 @@ impl Server {
         let Some(last) = headers.get("last-event-id") else {
             return self.open_standalone(session, None);
         };
+        if let Some(journal) = &session.journal {
+            // Whatever the id, even an unknown one: 200 and a replay.
+            DemoStats::bump(&self.stats.resumed_gets);
+            let last = String::from_utf8_lossy(last.as_bytes());
+            let body = session_wide_replay::replay(journal.clone(), &last);
+            return with_session(sse_response(body), &session);
+        }
         // Our ids are `{stream_key}-{index}`; anything else is not ours.
         let found = last.to_str().ok().and_then(|last| {
             let (key, index) = last.rsplit_once('-')?;
@@ -499,6 +521,9 @@ impl Server {
             DemoStats::bump(&self.stats.sessions_deleted);
         }
         session.standalone.close();
+        if let Some(journal) = &session.journal {
+            journal.close();
+        }
         response(StatusCode::OK, None, reply::empty())
     }
 }
@@ -513,69 +538,4 @@ pub(super) fn negotiate(init: &Value) -> &'static str {
         .into_iter()
         .find(|v| requested == Some(*v))
         .unwrap_or(LATEST_LEGACY)
-}
-
-enum NoSession {
-    Missing,
-    Unknown,
-}
-
-impl NoSession {
-    fn response(self) -> Response<Body> {
-        match self {
-            NoSession::Missing => rpc_error_response(
-                StatusCode::BAD_REQUEST,
-                -32000,
-                "Bad Request: Mcp-Session-Id header is required",
-            ),
-            NoSession::Unknown => {
-                rpc_error_response(StatusCode::NOT_FOUND, -32001, "Session not found")
-            }
-        }
-    }
-}
-
-fn response(status: StatusCode, content_type: Option<&'static str>, body: Body) -> Response<Body> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    if let Some(content_type) = content_type {
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    }
-    resp
-}
-
-fn plain(status: StatusCode, text: &'static str) -> Response<Body> {
-    response(status, Some("text/plain; charset=utf-8"), reply::full(text))
-}
-
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    response(
-        status,
-        Some("application/json"),
-        reply::full(body.to_string()),
-    )
-}
-
-/// A JSON-RPC error with a null id, keys in the order SDK servers write them.
-fn rpc_error_response(status: StatusCode, code: i64, message: &str) -> Response<Body> {
-    let message = Value::from(message);
-    let body =
-        format!(r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":{code},"message":{message}}}}}"#);
-    response(status, Some("application/json"), reply::full(body))
-}
-
-fn sse_response(body: Body) -> Response<Body> {
-    let mut resp = response(StatusCode::OK, Some("text/event-stream"), body);
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
-}
-
-fn with_session(mut resp: Response<Body>, session: &Session) -> Response<Body> {
-    // Our ids are hex, so this cannot fail; the check costs nothing.
-    if let Ok(id) = HeaderValue::from_str(&session.id) {
-        resp.headers_mut().insert(SESSION_HEADER, id);
-    }
-    resp
 }
