@@ -150,6 +150,9 @@ pub enum Dropped {
     /// Progress no later than the latest logged for its token (a replay of
     /// another stream's events carrying what the stream already holds).
     StaleProgress,
+    /// A JSON object that is no JSON-RPC message (a replayed priming event
+    /// stored as `{}`).
+    NotAMessage,
 }
 
 impl Dropped {
@@ -158,6 +161,7 @@ impl Dropped {
         Dropped::ForeignProgress,
         Dropped::DuplicateEvent,
         Dropped::StaleProgress,
+        Dropped::NotAMessage,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -165,6 +169,7 @@ impl Dropped {
             Dropped::ForeignProgress => "foreign_progress",
             Dropped::DuplicateEvent => "duplicate_event",
             Dropped::StaleProgress => "stale_progress",
+            Dropped::NotAMessage => "not_a_message",
         }
     }
 }

@@ -10,7 +10,8 @@
 //!   (server-to-client requests, other notifications: today's routing);
 //! - a response to another live request of the session, or progress of its
 //!   token, is handed to that request's stream;
-//! - anything else foreign is dropped and counted;
+//! - anything else foreign is dropped and counted, and so is a JSON object
+//!   that is no JSON-RPC message (a priming event replayed as `data: {}`);
 //! - an upstream event id already taken for the stream is never taken again,
 //!   nor is progress no later than the latest the stream holds for its token
 //!   (a stray may be a replay of what its stream logged before a restart).
@@ -20,7 +21,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::id::StreamId;
-use crate::jsonrpc::{self, Kind, RequestId};
+use crate::jsonrpc::{self, Kind, ParseError, RequestId};
 use crate::metrics::Dropped;
 use crate::session::Session;
 use crate::store::StreamMeta;
@@ -90,6 +91,9 @@ impl Sorter {
                     _ => None,
                 }
             }
+            // An object that is no JSON-RPC message: server-everything
+            // replays its priming events as `data: {}`.
+            Err(ParseError::Shape(_)) => return Belongs::Nowhere(Dropped::NotAMessage),
             _ => None,
         };
         match owner {
@@ -300,6 +304,16 @@ mod tests {
         for e in [event("e6", log.into()), event("e7", ask.into())] {
             assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
         }
+    }
+
+    #[test]
+    fn an_object_that_is_no_json_rpc_message_is_dropped() {
+        let rig = rig();
+        let mut sorter = Sorter::new(&rig.one);
+        assert_eq!(
+            sorter.sort(&rig.session, &event("p1", "{}".into())),
+            Belongs::Nowhere(Dropped::NotAMessage)
+        );
     }
 
     #[test]
