@@ -1,7 +1,9 @@
 //! kill -9 of the proxy process: everything it logged is served after a
 //! restart, sessions still map to their upstream sessions, a call whose
-//! upstream stream can be resumed carries on to its result, and one that
-//! cannot ends with a JSON-RPC error entry.
+//! upstream stream can be resumed carries on to its result — also in front of
+//! an upstream that replays its whole session on a resume and never
+//! re-attaches live (server-everything) — and one that cannot ends with a
+//! JSON-RPC error entry.
 
 mod common;
 
@@ -16,9 +18,14 @@ use serde_json::json;
 /// Starts a slow call (`steps` progress notifications) and reads the first
 /// few; returns the proxy's last event id and the progress seen.
 async fn start_slow_call(client: &McpClient, sid: &str, steps: u64) -> (String, Vec<u64>) {
+    start_call(client, sid, 2, steps).await
+}
+
+/// The same for a call of any id (its progress token is `p{id}`).
+async fn start_call(client: &McpClient, sid: &str, id: u64, steps: u64) -> (String, Vec<u64>) {
     let mut live = SseReader::new(
         client
-            .send(Call::post(&slow_call(2, steps, 50)).session(sid))
+            .send(Call::post(&slow_call(id, steps, 50)).session(sid))
             .await,
     );
     let mut last_id = live.next().await.unwrap().id.unwrap();
@@ -33,8 +40,15 @@ async fn start_slow_call(client: &McpClient, sid: &str, steps: u64) -> (String, 
     (last_id, progress)
 }
 
-/// Everything the proxy serves after `last_id` on a GET, to the stream's end.
+/// Everything the proxy serves after `last_id` on a GET, to the stream's end
+/// (which must come within `LIMIT`: a stream that falls silent fails).
 async fn tail_after(client: &McpClient, sid: &str, last_id: &str) -> Vec<serde_json::Value> {
+    tokio::time::timeout(LIMIT, read_tail(client, sid, last_id))
+        .await
+        .expect("the stream ends, never falls silent")
+}
+
+async fn read_tail(client: &McpClient, sid: &str, last_id: &str) -> Vec<serde_json::Value> {
     let res = client
         .send(Call::get().session(sid).header("last-event-id", last_id))
         .await;
@@ -153,4 +167,81 @@ async fn a_completed_call_is_fully_replayable_after_kill9() {
         .await;
     let after = messages(res).await;
     assert_eq!(after, before);
+}
+
+/// The demo upstream resuming as server-everything does: a `Last-Event-ID`
+/// GET replays every stream of the session after that id, then stays silent.
+fn session_wide_replay() -> DemoOptions {
+    DemoOptions {
+        session_wide_replay: true,
+        ..DemoOptions::default()
+    }
+}
+
+/// The progress values of a call's messages, and its final message.
+fn progress_and_end(messages: &[serde_json::Value]) -> (Vec<u64>, &serde_json::Value) {
+    let (end, progress) = messages.split_last().expect("at least the final message");
+    let progress = progress
+        .iter()
+        .map(|m| m["params"]["progress"].as_u64().unwrap_or(0))
+        .collect();
+    (progress, end)
+}
+
+#[tokio::test]
+async fn a_resumed_upstream_that_never_re_attaches_live_is_asked_again_until_the_result() {
+    let mut rig = Crashable::start(session_wide_replay()).await;
+    let sid = rig.client().initialize(V_LATEST).await;
+    let (last_id, mut progress) = start_slow_call(&rig.client(), &sid, 30).await;
+    rig.kill9_and_restart().await;
+
+    let tail = tail_after(&rig.client(), &sid, &last_id).await;
+    let (more, result) = progress_and_end(&tail);
+    progress.extend(more);
+    assert_eq!(progress, (1..=30).collect::<Vec<_>>(), "no gap, no repeat");
+    assert_eq!(result["id"], 2);
+    assert!(result.get("result").is_some(), "{result}");
+    let metrics = McpClient::new(format!("http://{}/metrics", rig.proxy.addr));
+    let text = body_bytes(metrics.send(Call::get()).await).await;
+    let asked_again = String::from_utf8_lossy(&text).lines().any(|l| {
+        l.starts_with("mcp_proxy_upstream_resumes_total{after=\"silence\"}") && !l.ends_with(" 0")
+    });
+    assert!(asked_again, "the silent resumed stream was asked again");
+}
+
+#[tokio::test]
+async fn a_replay_of_other_calls_messages_lands_each_on_its_own_stream_once() {
+    let mut rig = Crashable::start(session_wide_replay()).await;
+    let client = rig.client();
+    let sid = client.initialize(V_LATEST).await;
+    let (two_at, mut two) = start_call(&client, &sid, 2, 25).await;
+    let (three_at, mut three) = start_call(&client, &sid, 3, 25).await;
+    rig.kill9_and_restart().await;
+    // A request answered after the restart: the upstream replays its
+    // response onto the calls' resumed streams too.
+    let client = rig.client();
+    let ping = json!({"jsonrpc":"2.0","id":9,"method":"ping"});
+    let pong = messages(client.send(Call::post(&ping).session(&sid)).await).await;
+    assert_eq!(pong.len(), 1, "the ping's own answer, once: {pong:?}");
+
+    let (tail_two, tail_three) = tokio::join!(
+        tail_after(&client, &sid, &two_at),
+        tail_after(&client, &sid, &three_at)
+    );
+    for (id, seen, tail) in [(2, &mut two, tail_two), (3, &mut three, tail_three)] {
+        let token = format!("p{id}");
+        let (_, end) = progress_and_end(&tail);
+        for m in &tail[..tail.len() - 1] {
+            assert_eq!(m["method"], "notifications/progress", "call {id}: {m}");
+            assert_eq!(
+                m["params"]["progressToken"],
+                token.as_str(),
+                "call {id}: {m}"
+            );
+        }
+        seen.extend(progress_and_end(&tail).0);
+        assert_eq!(*seen, (1..=25).collect::<Vec<_>>(), "call {id}: each once");
+        assert_eq!(end["id"], id, "call {id} ends with its own result: {end}");
+        assert!(end.get("result").is_some(), "{end}");
+    }
 }
