@@ -123,8 +123,16 @@ impl Chaos {
         let started = Instant::now();
         let mut tally = Tally::default();
         // One uncut call measures how long an answer is: cuts fall anywhere
-        // in it.
+        // in it. The relay records the length when the connection closes,
+        // which is after the client read the answer: wait for it, or every
+        // cut would fall in the first 200 bytes (the head and the priming
+        // event), where no client holds anything to resume with.
         self.call(1, 0, 1, &mut tally).await;
+        let stats = self.relay.stats.clone();
+        eventually("the relay measured an uncut answer", || {
+            stats.last_uncut_len.load(Ordering::Relaxed) > 0
+        })
+        .await;
         let span = self
             .relay
             .stats
