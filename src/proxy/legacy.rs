@@ -39,7 +39,9 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     }
     let session = find_session(route, &parts).await?;
     let negotiated = Negotiated::of(&session);
-    if let Some(command) = Command::parse(&bytes, &message, &negotiated, &route.dialects)? {
+    let last = headers::get_str(&parts.headers, &headers::LAST_EVENT_ID);
+    let command = Command::parse(&bytes, &message, &negotiated, &route.dialects, last)?;
+    if let Some(command) = command {
         return answer_command(route, &session, &parts.headers, command).await;
     }
     let target = Target::of(route, &session).ok_or_else(Rejection::session_not_found)?;
