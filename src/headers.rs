@@ -107,6 +107,16 @@ pub fn media_type(headers: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
+/// The client's `Last-Event-ID`, if it sent the header. Bytes that are not
+/// text are decoded lossily rather than taken for no header at all: such a
+/// value cannot be an id the proxy issued, so it is refused like any other
+/// unknown id instead of quietly opening a new stream.
+pub fn last_event_id(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
+    headers
+        .get(LAST_EVENT_ID)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+}
+
 pub fn get_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
@@ -169,6 +179,14 @@ mod tests {
         let out = to_client(&upstream, Some("ours"));
         assert_eq!(out.get("mcp-session-id").unwrap(), "ours");
         assert_eq!(out.get("content-type").unwrap(), "text/event-stream");
+    }
+
+    #[test]
+    fn a_last_event_id_that_is_not_text_is_still_a_last_event_id() {
+        let mut h = HeaderMap::new();
+        h.insert(LAST_EVENT_ID, HeaderValue::from_bytes(b"id\xff").unwrap());
+        assert_eq!(last_event_id(&h).as_deref(), Some("id\u{fffd}"));
+        assert_eq!(last_event_id(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -365,8 +365,9 @@ impl Log {
             .await
     }
 
-    /// Where a resume of `stream` starts: after the acknowledged cursor
-    /// (at-least-once: the cursor moves only on evidence). With `keep_last`,
+    /// Where a resume of `stream` that names no position of its own (no
+    /// `Last-Event-ID`) starts: after the acknowledged cursor (at-least-once:
+    /// the cursor moves only on evidence). With `keep_last`,
     /// never past the final entry of a finished stream, so the resume ends
     /// with the request's response even when the client acknowledged it (a
     /// lost response can be asked for again).

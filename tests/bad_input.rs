@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::dialects::{initialize_declaring, read_to_end, request, resume_token, stream_handle};
 use common::*;
 use http::StatusCode;
 use serde_json::json;
@@ -156,4 +157,151 @@ async fn a_foreign_host_header_is_403_on_a_loopback_listener() {
         .session(&sid)
         .header("host", "evil.example");
     rejected_without_harm(&rig, &sid, call, StatusCode::FORBIDDEN).await;
+}
+
+/// A session that speaks both seed dialects, with the handles of one
+/// finished call of it (1) and event ids that a resume of that call must
+/// refuse or accept; and a plain session to run the undisturbed call on.
+struct Resumes {
+    sid: String,
+    plain: String,
+    token: String,
+    handle: String,
+    /// An event id of call 1.
+    mine: String,
+    /// An event id of call 2, another stream of the same session.
+    other_stream: String,
+    /// An event id of a call in another session.
+    other_session: String,
+}
+
+impl Resumes {
+    async fn open(rig: &Rig) -> Resumes {
+        let both = json!({"resumableRequests": {}, "streams": {}});
+        let (sid, _) = initialize_declaring(&rig.client, both.clone()).await;
+        let (elsewhere, _) = initialize_declaring(&rig.client, both).await;
+        let call = |sid: &str, id: u64| {
+            let post = Call::post(&slow_call(id, 2, 5)).session(sid);
+            async move { read_to_end(rig.client.send(post).await).await }
+        };
+        let first = call(&sid, 1).await;
+        let entry = |got: &[(Option<String>, serde_json::Value)]| {
+            got.iter()
+                .rev()
+                .find_map(|(id, _)| id.clone())
+                .expect("an event id")
+        };
+        let other_stream = entry(&call(&sid, 2).await);
+        let other_session = entry(&call(&elsewhere, 1).await);
+        Resumes {
+            plain: rig.client.initialize(V_LATEST).await,
+            token: resume_token(&first),
+            handle: stream_handle(&first),
+            mine: entry(&first),
+            sid,
+            other_stream,
+            other_session,
+        }
+    }
+
+    /// `requests/resume` and `stream/resume` of call 1 carrying
+    /// `last_event_id`.
+    fn resumes(&self, last_event_id: &[u8]) -> [Call; 2] {
+        let requests = request(
+            json!(1),
+            "requests/resume",
+            json!({"resumeToken": self.token}),
+        );
+        let stream = request(json!(9), "stream/resume", json!({"streamId": self.handle}));
+        [requests, stream].map(|body| {
+            Call::post(&body)
+                .session(&self.sid)
+                .header_bytes("last-event-id", last_event_id)
+        })
+    }
+
+    /// What a GET with an event id the proxy never issued gets.
+    async fn bad_get(&self, rig: &Rig) -> serde_json::Value {
+        let get = Call::get()
+            .session(&self.sid)
+            .header("last-event-id", "not-an-event-id");
+        rejected_without_harm(rig, &self.plain, get, StatusCode::BAD_REQUEST).await
+    }
+
+    /// Both resumes with `last_event_id` get exactly what a bad GET gets,
+    /// and disturb nothing else.
+    async fn refused_like_a_bad_get(&self, rig: &Rig, last_event_id: &[u8]) {
+        let bad_get = self.bad_get(rig).await;
+        for resume in self.resumes(last_event_id) {
+            let body =
+                rejected_without_harm(rig, &self.plain, resume, StatusCode::BAD_REQUEST).await;
+            assert_eq!(body, bad_get);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_post_resume_with_a_last_event_id_of_another_stream_is_refused_like_a_bad_get() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    resumes
+        .refused_like_a_bad_get(&rig, resumes.other_stream.as_bytes())
+        .await;
+}
+
+#[tokio::test]
+async fn a_post_resume_with_a_last_event_id_of_another_session_is_refused_like_a_bad_get() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    resumes
+        .refused_like_a_bad_get(&rig, resumes.other_session.as_bytes())
+        .await;
+}
+
+#[tokio::test]
+async fn a_post_resume_with_a_tampered_last_event_id_is_refused_like_a_bad_get() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    let mut tampered = resumes.mine.clone().into_bytes();
+    let at = tampered.len() / 2;
+    tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+    resumes.refused_like_a_bad_get(&rig, &tampered).await;
+}
+
+#[tokio::test]
+async fn a_post_resume_with_a_garbage_last_event_id_is_refused_like_a_bad_get() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    resumes
+        .refused_like_a_bad_get(&rig, b"not-an-event-id")
+        .await;
+}
+
+/// Bytes that are not text cannot be an id the proxy issued: refused, not
+/// taken for no header (which would open a new stream on a GET, and
+/// resume at-least-once on a POST).
+#[tokio::test]
+async fn a_last_event_id_that_is_not_text_is_refused_by_a_get_and_a_post_resume_alike() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    let not_text = b"\xff\xfe";
+    let get = Call::get()
+        .session(&resumes.sid)
+        .header_bytes("last-event-id", not_text);
+    let body = rejected_without_harm(&rig, &resumes.plain, get, StatusCode::BAD_REQUEST).await;
+    assert_eq!(body, resumes.bad_get(&rig).await);
+    resumes.refused_like_a_bad_get(&rig, not_text).await;
+}
+
+/// The control for the cases above: the same resumes with an event id of
+/// the very call they resume are served.
+#[tokio::test]
+async fn a_post_resume_with_a_last_event_id_of_its_own_stream_is_served() {
+    let rig = Rig::start().await;
+    let resumes = Resumes::open(&rig).await;
+    for resume in resumes.resumes(resumes.mine.as_bytes()) {
+        let res = rig.client.send(resume).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        read_all(res).await;
+    }
 }

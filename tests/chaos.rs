@@ -7,18 +7,22 @@
 //!
 //! A client that was cut before it held any handle re-sends the call under
 //! the same id (the proxy attaches it to the running call, replayed from its
-//! start). `requests/resume` and `stream/resume` are at-least-once by design
-//! (README, "Delivery"): what they deliver again comes with the event id it
-//! had, and the client drops it — a message under a *new* event id would be
-//! a duplicate. `Last-Event-ID` is exactly once: any event id seen twice is
-//! a duplicate.
+//! start). `requests/resume` and `stream/resume` without a position are
+//! at-least-once by design (README, "Delivery"): what they deliver again
+//! comes with the event id it had, and the client drops it — a message under
+//! a *new* event id would be a duplicate. About half of their resumes carry
+//! the newest event id the client holds as `Last-Event-ID`; those, like a
+//! GET with `Last-Event-ID`, are exactly once: any event id seen twice is a
+//! duplicate. (The newest it holds, not the last it saw: an at-least-once
+//! answer repeats older ids, so the client's position is the last id it had
+//! not seen before.)
 //!
 //! Seeded: every test prints its seed; `CHAOS_SEED=<seed>` replays a run.
 //! `CHAOS_CUTS=<n>` sets the cuts each test makes at least (default 100).
 
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -47,6 +51,13 @@ enum Way {
     ResumeToken,
 }
 
+impl Way {
+    /// A POST resume, which may carry `Last-Event-ID` or not.
+    fn posts_resumes(self) -> bool {
+        matches!(self, Way::RequestsResume | Way::StreamResume)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Tally {
     calls: u64,
@@ -55,6 +66,9 @@ struct Tally {
     disordered: u64,
     /// At-least-once redeliveries the client dropped by event id.
     redelivered: u64,
+    /// POST resumes sent with `Last-Event-ID` (exactly once) and without.
+    exact_resumes: u64,
+    plain_resumes: u64,
 }
 
 /// What one call's client holds.
@@ -68,6 +82,13 @@ struct Held {
     redelivered: u64,
     /// Last event id, resume token, stream handle or call token.
     handle: Option<String>,
+    /// Every event id seen, priming events' too.
+    seen: HashSet<String>,
+    /// The newest event id held: the last one not seen before (POST
+    /// resumes may send it).
+    last_event_id: Option<String>,
+    /// This attempt is a POST resume with `Last-Event-ID`: exactly once.
+    exact: bool,
     done: bool,
     /// This attempt's answer was an interim (resume tokens): it ends there.
     interim: bool,
@@ -123,8 +144,16 @@ impl Chaos {
         let started = Instant::now();
         let mut tally = Tally::default();
         // One uncut call measures how long an answer is: cuts fall anywhere
-        // in it.
+        // in it. The relay records the length when the connection closes,
+        // which is after the client read the answer: wait for it, or every
+        // cut would fall in the first 200 bytes (the head and the priming
+        // event), where no client holds anything to resume with.
         self.call(1, 0, 1, &mut tally).await;
+        let stats = self.relay.stats.clone();
+        eventually("the relay measured an uncut answer", || {
+            stats.last_uncut_len.load(Ordering::Relaxed) > 0
+        })
+        .await;
         let span = self
             .relay
             .stats
@@ -152,7 +181,8 @@ impl Chaos {
             .load(Ordering::Relaxed);
         eprintln!(
             "chaos {}: cuts {}, calls {}, lost {}, duplicated {}, disordered {}, \
-             redelivered-and-dropped {}, upstream calls {}, {:.1}s, seed {}",
+             redelivered-and-dropped {}, POST resumes exact {} / at-least-once {}, \
+             upstream calls {}, {:.1}s, seed {}",
             self.name,
             self.relay.cuts(),
             tally.calls,
@@ -160,6 +190,8 @@ impl Chaos {
             tally.duplicated,
             tally.disordered,
             tally.redelivered,
+            tally.exact_resumes,
+            tally.plain_resumes,
             upstream_calls,
             started.elapsed().as_secs_f64(),
             self.seed,
@@ -196,9 +228,22 @@ impl Chaos {
             }
             let cuts_before = self.relay.cuts();
             held.interim = false;
+            held.exact = self.way.posts_resumes()
+                && held.handle.is_some()
+                && held.last_event_id.is_some()
+                && self.rng.below(2) == 0;
+            if self.way.posts_resumes() && held.handle.is_some() {
+                if held.exact {
+                    tally.exact_resumes += 1;
+                } else {
+                    tally.plain_resumes += 1;
+                }
+            }
             let (call, rpc) = self.comeback(id, &held);
-            held.transcript
-                .push(format!("attempt {attempt}: cut at {cut_at:?}, rpc {rpc}"));
+            held.transcript.push(format!(
+                "attempt {attempt}: cut at {cut_at:?}, rpc {rpc}, exact {}",
+                held.exact
+            ));
             match self.client.try_send(call).await {
                 Err(e) => held.transcript.push(format!("  no response head: {e}")),
                 Ok(res) => {
@@ -266,14 +311,25 @@ impl Chaos {
         } else {
             rpc
         };
-        (Call::post(&body).session(&self.session), rpc)
+        let mut post = Call::post(&body).session(&self.session);
+        if let (true, Some(last)) = (held.exact, &held.last_event_id) {
+            post = post.header("last-event-id", last);
+        }
+        (post, rpc)
     }
 
     /// One event as the client sees it.
     fn take(&self, id: u64, rpc: u64, event: mcp_resume_proxy::sse::Event, held: &mut Held) {
-        if self.way == Way::LastEventId {
-            if let Some(event_id) = &event.id {
+        if let Some(event_id) = &event.id {
+            if self.way == Way::LastEventId {
                 held.handle = Some(event_id.clone());
+            }
+            // An at-least-once resume delivers entries the client holds
+            // again, and primes with the acknowledged position, under the
+            // ids they had: taking those as its position would name an
+            // older entry than the newest it holds.
+            if held.seen.insert(event_id.clone()) {
+                held.last_event_id = Some(event_id.clone());
             }
         }
         let Some(m) = message(&event) else { return };
@@ -288,7 +344,8 @@ impl Chaos {
         ));
         if let Some(event_id) = &event.id {
             if let Some(before) = held.by_id.get(event_id) {
-                if self.way == Way::LastEventId {
+                if self.way == Way::LastEventId || held.exact {
+                    held.transcript.push("  ^ a duplicate".into());
                     held.duplicate_ids += 1;
                 } else {
                     // A continuation carries progress on its own
@@ -384,6 +441,15 @@ fn assert_clean(tally: &Tally) {
     );
 }
 
+/// A POST-resume run tried both ways back: with `Last-Event-ID` (exactly
+/// once) and without (at-least-once).
+fn assert_both_shares(tally: &Tally) {
+    assert!(
+        tally.exact_resumes > 0 && tally.plain_resumes > 0,
+        "resumes with and without Last-Event-ID: {tally:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_cuts_resumed_by_last_event_id_lose_and_duplicate_nothing() {
     let chaos = Chaos::start(
@@ -404,7 +470,9 @@ async fn random_cuts_resumed_by_requests_resume_lose_and_duplicate_nothing() {
         Way::RequestsResume,
     )
     .await;
-    assert_clean(&chaos.run().await);
+    let tally = chaos.run().await;
+    assert_clean(&tally);
+    assert_both_shares(&tally);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,7 +482,9 @@ async fn random_cuts_resumed_by_stream_resume_lose_and_duplicate_nothing() {
         Way::StreamResume,
     )
     .await;
-    assert_clean(&chaos.run().await);
+    let tally = chaos.run().await;
+    assert_clean(&tally);
+    assert_both_shares(&tally);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! The dialects' wire behaviour, one behaviour per test, each run against the
 //! demo server as an HTTP upstream and as a stdio child: resumable requests
-//! (seed 002), streams (seed 003), and `Last-Event-ID`, alone and mixed on
-//! one stream.
+//! (seed 002), streams (seed 003), and `Last-Event-ID`, alone, mixed on one
+//! stream, and carried by the seeds' POST resumes.
 
 mod common;
 
@@ -473,6 +473,106 @@ async fn disconnecting_at_any_point_loses_and_repeats_nothing(kind: Kind) {
     }
 }
 
+fn shapes(messages: &[(Option<String>, Value)]) -> Vec<String> {
+    messages.iter().map(|(_, m)| shape(m)).collect()
+}
+
+/// The messages of an answer that are log entries (they carry event ids).
+fn logged(messages: &[(Option<String>, Value)]) -> Vec<(Option<String>, Value)> {
+    messages
+        .iter()
+        .filter(|(id, _)| id.is_some())
+        .cloned()
+        .collect()
+}
+
+/// The event id of the last message a client holds.
+fn last_id(messages: &[(Option<String>, Value)]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find_map(|(id, _)| id.clone())
+        .expect("an event id")
+}
+
+async fn requests_resume_with_last_event_id_is_exactly_once_wherever_the_call_was_cut(kind: Kind) {
+    let front = Front::start(kind).await;
+    let (sid, _) = front.session(json!({"resumableRequests": {}})).await;
+    let whole = shapes(&whole_call(&front, &sid, 100, 4).await);
+    // From the policy alone to everything but the response.
+    for cut in 1..whole.len() {
+        let id = 200 + cut as u64;
+        let (_, before) = cut_call(&front, &sid, id, cut).await;
+        let (token, last) = (resume_token(&before), last_id(&before));
+        let res = resume_request_after(&front.client, &sid, id, &token, &last).await;
+        let mut joined = before;
+        joined.extend(read_to_end(res).await);
+        assert!(distinct_ids(&joined), "cut after {cut}: {joined:?}");
+        assert_eq!(shapes(&joined), whole, "cut after {cut}");
+    }
+}
+
+async fn stream_resume_with_last_event_id_is_exactly_once_wherever_the_call_was_cut(kind: Kind) {
+    let front = Front::start(kind).await;
+    let (sid, _) = front.session(json!({"streams": {}})).await;
+    let whole = shapes(&whole_call(&front, &sid, 100, 4).await);
+    // The resume's own empty result follows the stream's end.
+    let resumed: Vec<String> = whole.iter().cloned().chain(["response".into()]).collect();
+    // From `stream/create` alone to everything but the end.
+    for cut in 1..whole.len() {
+        let id = 200 + cut as u64;
+        let (_, before) = cut_call(&front, &sid, id, cut).await;
+        let (handle, last) = (stream_handle(&before), last_id(&before));
+        let rpc = 1000 + id;
+        let res = resume_stream_after(&front.client, &sid, rpc, &handle, &last).await;
+        let after = read_to_end(res).await;
+        assert_eq!(
+            after.last().map(|(_, m)| m),
+            Some(&json!({"jsonrpc":"2.0","id":rpc,"result":{}})),
+            "cut after {cut}"
+        );
+        let mut joined = before;
+        joined.extend(after);
+        assert!(distinct_ids(&joined), "cut after {cut}: {joined:?}");
+        assert_eq!(shapes(&joined), resumed, "cut after {cut}");
+    }
+}
+
+/// Without a position, `requests/resume` of a finished request always ends
+/// with the response; a client that names the response's own event id says
+/// it holds it, and gets nothing twice.
+async fn requests_resume_naming_the_responses_event_id_delivers_nothing_again(kind: Kind) {
+    let front = Front::start(kind).await;
+    let (sid, _) = front.session(json!({"resumableRequests": {}})).await;
+    let got = whole_call(&front, &sid, 5, 2).await;
+    assert!(is_response_to(&got.last().unwrap().1, 5));
+    let (token, last) = (resume_token(&got), last_id(&got));
+    let res = resume_request_after(&front.client, &sid, 5, &token, &last).await;
+    let after = read_to_end(res).await;
+    assert!(after.is_empty(), "{after:?}");
+}
+
+async fn a_post_resume_with_last_event_id_acknowledges_it_so_a_later_one_without_starts_there(
+    kind: Kind,
+) {
+    let front = Front::start(kind).await;
+    let (sid, _) = front.session(json!({"streams": {}})).await;
+    let got = whole_call(&front, &sid, 5, 3).await;
+    let handle = stream_handle(&got);
+    // `stream/create`, progress 1 | progress 2, progress 3, the response, the end.
+    let (held, rest) = got.split_at(2);
+    let named = last_id(held);
+    let exact =
+        read_to_end(resume_stream_after(&front.client, &sid, 50, &handle, &named).await).await;
+    assert_eq!(logged(&exact), logged(rest), "exactly what follows it");
+    let plain = read_to_end(resume_stream(&front.client, &sid, 51, &handle).await).await;
+    assert_eq!(
+        logged(&plain),
+        logged(rest),
+        "from the acknowledged cursor, which the named entry moved"
+    );
+}
+
 both_upstreams!(
     policy_and_create_open_every_request_stream,
     stream_end_follows_the_response,
@@ -486,4 +586,8 @@ both_upstreams!(
     a_client_that_declared_nothing_sees_no_dialect_entries,
     abandonment_cancels_the_upstream_request_and_forgets_the_token,
     disconnecting_at_any_point_loses_and_repeats_nothing,
+    requests_resume_with_last_event_id_is_exactly_once_wherever_the_call_was_cut,
+    stream_resume_with_last_event_id_is_exactly_once_wherever_the_call_was_cut,
+    requests_resume_naming_the_responses_event_id_delivers_nothing_again,
+    a_post_resume_with_last_event_id_acknowledges_it_so_a_later_one_without_starts_there,
 );

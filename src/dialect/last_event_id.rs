@@ -3,7 +3,9 @@
 //! priming event for clients that understand one, `retry:`, and keep-alive
 //! comments while the upstream is silent. A GET with `Last-Event-ID` attaches
 //! a reader after that id's entry, and is the evidence that moves the
-//! stream's acknowledged cursor.
+//! stream's acknowledged cursor. What an event id names is read in one place,
+//! `Context::after_event`, shared with the seed dialects' POST resumes that
+//! carry the header.
 //!
 //! Every dialect that answers with a stream answers in this framing (the
 //! seeds' resumes keep the original event ids), so serving lives here; what a
@@ -38,27 +40,20 @@ pub struct Presentation {
     pub draining: tokio_util::sync::CancellationToken,
 }
 
-/// Where a `Last-Event-ID` resumes: its stream and cursor, or `None` when it
-/// names the end of a standalone stream that is over (its upstream GET
-/// ended) — the client then continues on the session's current one instead
-/// of reconnecting forever to a stream that will never say more. Naming an
-/// entry acknowledges it.
+/// Where a GET's `Last-Event-ID` resumes: the stream it names and the
+/// cursor (naming an entry acknowledges it), or `None` when it names the end
+/// of a standalone stream that is over (its upstream GET ended) — the client
+/// then continues on the session's current one instead of reconnecting
+/// forever to a stream that will never say more.
 pub async fn resume(
     cx: &Context<'_>,
     last_event_id: &str,
 ) -> Result<Option<(StreamMeta, Seq)>, Refusal> {
-    let (stream, seq) = cx
-        .keyring
-        .open_event_id(cx.session.id, last_event_id)
-        .ok_or(Refusal::UnknownEventId)?;
-    let meta = cx.own(stream).await?.ok_or(Refusal::UnknownEventId)?;
+    let (meta, seq) = cx.after_event(last_event_id, None).await?;
     let exhausted =
-        meta.kind == StreamKind::Standalone && !meta.status.is_live() && seq >= cx.log.end(stream);
+        meta.kind == StreamKind::Standalone && !meta.status.is_live() && seq >= cx.log.end(meta.id);
     if exhausted {
         return Ok(None);
-    }
-    if seq > meta.acked {
-        cx.log.ack(stream, seq).await?;
     }
     cx.log.metrics().replayed(Replayed::LastEventId);
     Ok(Some((meta, seq)))

@@ -18,6 +18,11 @@
 //! asks for in `initialize`; the session record keeps the answer, so a
 //! restarted proxy speaks the same dialects. This file owns the types every
 //! dialect shares and must not grow a dialect's own rules.
+//!
+//! A client's own position in a stream — a `Last-Event-ID`, on a GET or with
+//! a seed's POST resume — is read in one place for all of them,
+//! `Context::after_event`: it names an entry of one of the caller's streams,
+//! the resume starts after it, and naming it acknowledges it.
 
 pub mod last_event_id;
 mod negotiation;
@@ -35,6 +40,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::config::{DialectsConfig, ResumeTokensMode};
+use crate::id::{Seq, StreamId};
 use crate::jsonrpc::{self, code, Body as Message, RequestId};
 use crate::metrics::Replayed;
 use crate::session::Session;
@@ -227,22 +233,74 @@ pub struct Context<'a> {
     pub config: &'a DialectsConfig,
 }
 
+/// Where the client of a resume says it is: the `Last-Event-ID` it sent
+/// with the command, if any. Carried by the commands that resume, so the
+/// dialects pass it on without reading it: what it means is decided in one
+/// place, `Context::after_event`.
+#[derive(Debug, Default)]
+pub struct Position(Option<String>);
+
+impl Position {
+    pub fn of(last_event_id: Option<&str>) -> Self {
+        Self(last_event_id.map(str::to_owned))
+    }
+}
+
 impl Context<'_> {
-    /// A dialect's resume of `stream`: from the core's resume point (every
-    /// entry not acknowledged, the last one too when `keep_last`), followed
-    /// live to its end, then `closing`.
-    fn replay(&self, stream: StreamMeta, keep_last: bool, closing: Vec<Bytes>) -> Answer {
-        let after = self.log.resume_point(&stream, keep_last);
-        Answer::Replay(Box::new(Replay {
+    /// A dialect's resume of `stream`, followed live to its end, then
+    /// `closing`. A client that names its position (`Last-Event-ID`) gets
+    /// exactly the entries after it; one that does not gets every entry not
+    /// acknowledged — the last one too when `keep_last` — which is
+    /// at-least-once, since the cursor moves only on evidence.
+    async fn replay(
+        &self,
+        stream: StreamMeta,
+        position: &Position,
+        keep_last: bool,
+        closing: Vec<Bytes>,
+    ) -> Result<Answer, Refusal> {
+        let after = match &position.0 {
+            Some(last_event_id) => self.after_event(last_event_id, Some(stream.id)).await?.1,
+            None => self.log.resume_point(&stream, keep_last),
+        };
+        Ok(Answer::Replay(Box::new(Replay {
             reader: self.log.attach(stream.id, after),
             stream,
             closing,
             call: None,
-        }))
+        })))
+    }
+
+    /// The position a client's `Last-Event-ID` names: one of the caller's
+    /// streams — the one the client also named another way (a resume's
+    /// token or `streamId`), when `within` says which — and the seq of an
+    /// entry in it, after which the client resumes. The client holds that
+    /// entry and all before it, so naming it is the evidence that moves the
+    /// stream's acknowledged cursor; this is the one place a client's own
+    /// position is read, for a GET and for every dialect's resume alike.
+    ///
+    /// An id this proxy did not seal for this session (garbage, tampered,
+    /// another session's), one of another stream than `within`, and one
+    /// whose stream is gone all get the same [`Refusal::UnknownEventId`].
+    async fn after_event(
+        &self,
+        last_event_id: &str,
+        within: Option<StreamId>,
+    ) -> Result<(StreamMeta, Seq), Refusal> {
+        let (stream, seq) = self
+            .keyring
+            .open_event_id(self.session.id, last_event_id)
+            .filter(|(stream, _)| within.is_none_or(|w| w == *stream))
+            .ok_or(Refusal::UnknownEventId)?;
+        let meta = self.own(stream).await?.ok_or(Refusal::UnknownEventId)?;
+        if seq > meta.acked {
+            self.log.ack(stream, seq).await?;
+        }
+        Ok((meta, seq))
     }
 
     /// The stream if it exists and belongs to the caller's session.
-    async fn own(&self, stream: crate::id::StreamId) -> Result<Option<StreamMeta>, Refusal> {
+    async fn own(&self, stream: StreamId) -> Result<Option<StreamMeta>, Refusal> {
         Ok(self
             .log
             .meta(stream)
@@ -255,7 +313,7 @@ impl Context<'_> {
     /// stream is gone (abandoned, expired) get the same `unknown` answer.
     async fn named(
         &self,
-        opened: Option<crate::id::StreamId>,
+        opened: Option<StreamId>,
         id: &RequestId,
         unknown: &'static str,
     ) -> Result<StreamMeta, Refusal> {
@@ -295,8 +353,9 @@ pub enum Refusal {
     },
     /// A dialect method inside a batch (`-32600`).
     Batched,
-    /// A `Last-Event-ID` this proxy did not issue in this session, or whose
-    /// stream is gone.
+    /// A `Last-Event-ID` this proxy did not issue in this session, whose
+    /// stream is gone, or — sent with a resume — of another stream than the
+    /// one resumed.
     UnknownEventId,
     /// The log failed.
     Store(StoreError),
@@ -332,12 +391,14 @@ pub enum Command {
 
 impl Command {
     /// Claims a message for a negotiated dialect. `Ok(None)`: not a dialect
-    /// method of this session, it goes upstream as it is.
+    /// method of this session, it goes upstream as it is. `last_event_id` is
+    /// the header the message came with: a resume starts after it.
     pub fn parse(
         bytes: &[u8],
         message: &Message,
         negotiated: &Negotiated,
         config: &DialectsConfig,
+        last_event_id: Option<&str>,
     ) -> Result<Option<Command>, Refusal> {
         let claimed = |method: &str| {
             (resumable_request::METHODS.contains(&method)
@@ -380,14 +441,17 @@ impl Command {
                 }
                 let params = params(bytes);
                 let id = id.clone();
+                let position = Position::of(last_event_id);
                 Ok(Some(match method {
                     resumable_request::GET_STATUS => {
                         Command::GetStatus(resumable_request::GetStatus::parse(id, &params)?)
                     }
-                    resumable_request::RESUME => {
-                        Command::ResumeRequest(resumable_request::Resume::parse(id, &params)?)
+                    resumable_request::RESUME => Command::ResumeRequest(
+                        resumable_request::Resume::parse(id, &params, position)?,
+                    ),
+                    streams::RESUME => {
+                        Command::ResumeStream(streams::Resume::parse(id, &params, position)?)
                     }
-                    streams::RESUME => Command::ResumeStream(streams::Resume::parse(id, &params)?),
                     streams::POLL => Command::Poll(streams::Poll::parse(id, &params)?),
                     _ => Command::PollAll(streams::PollAll::parse(id, &params)?),
                 }))
@@ -491,7 +555,7 @@ mod tests {
         let body = crate::jsonrpc::parse_body(bytes).unwrap();
         let negotiated = Negotiated(vec![Dialect::Streams]);
         assert!(matches!(
-            Command::parse(bytes, &body, &negotiated, &DialectsConfig::default()),
+            Command::parse(bytes, &body, &negotiated, &DialectsConfig::default(), None),
             Err(Refusal::Batched)
         ));
     }
@@ -504,7 +568,8 @@ mod tests {
             bytes,
             &body,
             &Negotiated::default(),
-            &DialectsConfig::default()
+            &DialectsConfig::default(),
+            None
         )
         .unwrap()
         .is_none());

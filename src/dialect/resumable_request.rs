@@ -3,7 +3,10 @@
 //! each request's stream, asks `requests/getStatus` without receiving
 //! anything, and comes back with `requests/resume` — the original JSON-RPC id
 //! and the `resumeToken` — for every entry it did not acknowledge, then the
-//! rest live, ending with the original response.
+//! rest live, ending with the original response. That is at-least-once; a
+//! resume that also carries a `Last-Event-ID` naming an entry of the
+//! request's stream (seed 003's Streamable HTTP considerations) starts right
+//! after it and acknowledges it, as a GET would: exactly once.
 //!
 //! Reusing the original id is allowed only because the proxy answers
 //! `requests/resume` itself: the upstream never sees a reused id. The token is
@@ -13,7 +16,7 @@
 
 use serde_json::{json, Value};
 
-use super::{notification, response, seconds, string_param, Answer, Context, Refusal};
+use super::{notification, response, seconds, string_param, Answer, Context, Position, Refusal};
 use crate::config::DialectsConfig;
 use crate::jsonrpc::RequestId;
 use crate::store::StreamMeta;
@@ -132,17 +135,23 @@ impl GetStatus {
     }
 }
 
-/// `requests/resume {resumeToken}` with the original request's id.
+/// `requests/resume {resumeToken}` with the original request's id, and the
+/// client's `Last-Event-ID` if it sent one.
 #[derive(Debug)]
 pub struct Resume {
     id: RequestId,
     token: String,
+    position: Position,
 }
 
 impl Resume {
-    pub fn parse(id: RequestId, params: &Value) -> Result<Self, Refusal> {
+    pub fn parse(id: RequestId, params: &Value, position: Position) -> Result<Self, Refusal> {
         let token = token_param(&id, params)?;
-        Ok(Self { id, token })
+        Ok(Self {
+            id,
+            token,
+            position,
+        })
     }
 
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
@@ -155,9 +164,10 @@ impl Resume {
             });
         }
         cx.log.touch(stream.id).await?;
-        // Always end with the response, even when the client acknowledged
-        // it: a resume of a finished request is how a lost answer is
-        // fetched again.
-        Ok(cx.replay(stream, true, Vec::new()))
+        // Without a position, always end with the response, even when the
+        // client acknowledged it: a resume of a finished request is how a
+        // lost answer is fetched again. A client that names the response's
+        // own event id says it holds it, and gets nothing twice.
+        cx.replay(stream, &self.position, true, Vec::new()).await
     }
 }

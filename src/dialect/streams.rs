@@ -4,7 +4,10 @@
 //! message; it comes back with `stream/resume` (the unacknowledged entries
 //! with their original event ids, the end notification if the stream ended,
 //! then an empty result), checks with `stream/poll`, or lists its streams
-//! with `stream/poll/all`.
+//! with `stream/poll/all`. A `stream/resume` is at-least-once, unless it
+//! carries a `Last-Event-ID` naming an entry of that stream (the seed's
+//! Streamable HTTP considerations): then it starts right after that entry
+//! and acknowledges it, as a GET would — exactly once.
 //!
 //! `streamId` is a sealed handle bound to session and principal, never the
 //! internal id; unknown, foreign and abandoned ids get one identical error.
@@ -12,7 +15,8 @@
 use serde_json::{json, Value};
 
 use super::{
-    notification, response, seconds, string_param, Answer, Context, Dialect, Negotiated, Refusal,
+    notification, response, seconds, string_param, Answer, Context, Dialect, Negotiated, Position,
+    Refusal,
 };
 use crate::config::DialectsConfig;
 use crate::id::StreamId;
@@ -104,18 +108,20 @@ fn poll_result(cx: &Context<'_>, stream: &StreamMeta) -> Value {
     })
 }
 
-/// `stream/resume {streamId}`.
+/// `stream/resume {streamId}`, and the client's `Last-Event-ID` if it sent
+/// one.
 #[derive(Debug)]
-pub struct Resume(Named);
+pub struct Resume(Named, Position);
 
 impl Resume {
-    pub fn parse(id: RequestId, params: &Value) -> Result<Self, Refusal> {
-        Named::parse(id, params).map(Resume)
+    pub fn parse(id: RequestId, params: &Value, position: Position) -> Result<Self, Refusal> {
+        Ok(Resume(Named::parse(id, params)?, position))
     }
 
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
         let stream = self.0.stream(cx).await?;
-        Ok(cx.replay(stream, false, vec![response(&self.0.id, &json!({}))]))
+        let closing = vec![response(&self.0.id, &json!({}))];
+        cx.replay(stream, &self.1, false, closing).await
     }
 }
 

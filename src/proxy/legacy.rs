@@ -39,7 +39,15 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     }
     let session = find_session(route, &parts).await?;
     let negotiated = Negotiated::of(&session);
-    if let Some(command) = Command::parse(&bytes, &message, &negotiated, &route.dialects)? {
+    let last = headers::last_event_id(&parts.headers);
+    let command = Command::parse(
+        &bytes,
+        &message,
+        &negotiated,
+        &route.dialects,
+        last.as_deref(),
+    )?;
+    if let Some(command) = command {
         return answer_command(route, &session, &parts.headers, command).await;
     }
     let target = Target::of(route, &session).ok_or_else(Rejection::session_not_found)?;
@@ -240,8 +248,8 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
     if !headers::accepts(&parts.headers, "text/event-stream") {
         return Err(Rejection::not_acceptable());
     }
-    let resumed = match headers::get_str(&parts.headers, &headers::LAST_EVENT_ID) {
-        Some(last) => last_event_id::resume(&route.context(&session), last).await?,
+    let resumed = match headers::last_event_id(&parts.headers) {
+        Some(last) => last_event_id::resume(&route.context(&session), &last).await?,
         None => None,
     };
     let showing = match resumed {

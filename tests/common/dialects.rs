@@ -209,6 +209,37 @@ pub async fn resume_request(
     client.send(Call::post(&body).session(session)).await
 }
 
+/// `requests/resume` for the request `id`, after the entry `last_event_id`
+/// names.
+pub async fn resume_request_after(
+    client: &McpClient,
+    session: &str,
+    id: u64,
+    token: &str,
+    last_event_id: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let body = request(json!(id), "requests/resume", json!({"resumeToken": token}));
+    let post = Call::post(&body)
+        .session(session)
+        .header("last-event-id", last_event_id);
+    client.send(post).await
+}
+
+/// `stream/resume` as request `id`, after the entry `last_event_id` names.
+pub async fn resume_stream_after(
+    client: &McpClient,
+    session: &str,
+    id: u64,
+    handle: &str,
+    last_event_id: &str,
+) -> http::Response<hyper::body::Incoming> {
+    let body = request(json!(id), "stream/resume", json!({"streamId": handle}));
+    let post = Call::post(&body)
+        .session(session)
+        .header("last-event-id", last_event_id);
+    client.send(post).await
+}
+
 /// `stream/resume` as request `id`.
 pub async fn resume_stream(
     client: &McpClient,

@@ -95,7 +95,8 @@ pub struct McpClient {
 /// A request under construction.
 pub struct Call {
     pub method: Method,
-    pub headers: Vec<(String, String)>,
+    /// Values as bytes: a test may send one that is not text.
+    pub headers: Vec<(String, Vec<u8>)>,
     pub body: Bytes,
 }
 
@@ -137,9 +138,14 @@ impl Call {
         }
     }
 
-    pub fn header(mut self, name: &str, value: &str) -> Call {
+    pub fn header(self, name: &str, value: &str) -> Call {
+        self.header_bytes(name, value.as_bytes())
+    }
+
+    /// A header whose value need not be text (HTTP allows bytes 0x80–0xFF).
+    pub fn header_bytes(mut self, name: &str, value: &[u8]) -> Call {
         self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
-        self.headers.push((name.into(), value.into()));
+        self.headers.push((name.into(), value.to_vec()));
         self
     }
 
@@ -218,7 +224,8 @@ impl McpClient {
     ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
         let mut req = Request::builder().method(call.method).uri(&self.url);
         for (k, v) in &call.headers {
-            req = req.header(k.as_str(), v.as_str());
+            let value = http::HeaderValue::from_bytes(v).expect("a header value");
+            req = req.header(k.as_str(), value);
         }
         let req = req.body(Full::new(call.body)).expect("request");
         tokio::time::timeout(LIMIT, self.http.request(req))
