@@ -127,6 +127,18 @@ random_id!(
     StreamId
 );
 
+random_id!(
+    /// A modern (2026-07-28) task the proxy made of a long `tools/call`. It
+    /// belongs to a principal, not a session; sealed on the wire.
+    TaskId
+);
+
+impl SessionId {
+    /// The session of task legs: tasks have none, and no legacy session can
+    /// draw this id (ids are random), so a task leg never meets a session.
+    pub const TASKS: SessionId = SessionId([0; 16]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

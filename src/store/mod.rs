@@ -15,6 +15,7 @@ pub(crate) mod contract;
 pub mod journal;
 pub mod redis;
 pub mod sled;
+pub mod task;
 
 use std::sync::Arc;
 
@@ -22,7 +23,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
+pub use task::{PendingInput, TaskRecord};
 use crate::jsonrpc::RequestId;
 
 /// Errors are the backend's (I/O, corruption); "not found" is `Ok(None)`.
@@ -44,6 +46,9 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Transitional: the backends learn task records next.
+const NO_TASKS_YET: &str = "this backend does not store tasks yet";
 
 /// What a legacy session maps to upstream. Persisted so a restarted proxy
 /// still routes the client's `Mcp-Session-Id` to the same upstream session.
@@ -158,6 +163,10 @@ pub struct StreamMeta {
     /// proxy resumes the upstream from here instead of failing the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamMark>,
+    /// The task this stream is a leg of: kept as long as the task, not by
+    /// retention, and deleted with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskId>,
     /// Entries in the stream (its highest seq). Kept by the store, which
     /// counts them from the entries themselves: never written with the
     /// record.
@@ -197,6 +206,7 @@ impl StreamMeta {
             last_request: 0,
             coalesced: false,
             upstream: None,
+            task: None,
             entries: 0,
             bytes: 0,
         }
@@ -490,6 +500,28 @@ pub trait Store: Send + Sync + 'static {
     /// writes.
     fn session_changes(&self) -> Option<tokio::sync::broadcast::Receiver<SessionNews>> {
         None
+    }
+
+    /// Creates a task record; durable on return.
+    async fn put_task(&self, _task: &TaskRecord) -> Result<()> {
+        Err(StoreError::Backend(NO_TASKS_YET.into()))
+    }
+    async fn get_task(&self, _id: TaskId) -> Result<Option<TaskRecord>> {
+        Err(StoreError::Backend(NO_TASKS_YET.into()))
+    }
+    /// Replaces a task record whose stored `version` is `task.version - 1`
+    /// (compare-and-set); `false`, changing nothing, when it is not (another
+    /// writer came first) or the task is gone. Durable on return.
+    async fn update_task(&self, _task: &TaskRecord) -> Result<bool> {
+        Err(StoreError::Backend(NO_TASKS_YET.into()))
+    }
+    /// Deletes a task record and every leg stream it names.
+    async fn delete_task(&self, _id: TaskId) -> Result<()> {
+        Err(StoreError::Backend(NO_TASKS_YET.into()))
+    }
+    /// Tasks whose `expires_ms` is at or before `now_ms` (an index, no scan).
+    async fn tasks_expired_by(&self, _now_ms: u64) -> Result<Vec<TaskId>> {
+        Err(StoreError::Backend(NO_TASKS_YET.into()))
     }
 
     /// Says goodbye at a graceful shutdown: a shared log hands this
