@@ -173,6 +173,40 @@ pub struct ResumeTokensConfig {
     pub final_grace_ms: u64,
 }
 
+/// Tasks (`io.modelcontextprotocol/tasks`, the 2026-07-28 extension) made
+/// by the proxy for an upstream that knows nothing of them: a long
+/// `tools/call` of a client that declared the extension becomes a durable
+/// task the proxy serves from its log.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksConfig {
+    /// Offer tasks (and add the extension to `server/discover`) unless the
+    /// upstream lists the extension itself.
+    pub enabled: bool,
+    /// How long a call may run before it becomes a task; 0: at once.
+    pub task_after_ms: u64,
+    /// How long a task is kept from its creation (`ttlMs`).
+    pub ttl_ms: u64,
+    /// How often clients should poll (`pollIntervalMs`).
+    pub poll_interval_ms: u64,
+    /// Tools that only run as tasks: a call from a client that did not
+    /// declare the extension is refused with -32021, as a native server
+    /// refuses a task-required tool.
+    pub required_tools: Vec<String>,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            task_after_ms: 1_000,
+            ttl_ms: 3_600_000,
+            poll_interval_ms: 1_000,
+            required_tools: Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ResumeTokensMode {
@@ -375,6 +409,9 @@ pub struct UpstreamConfig {
     /// Resume tokens (seeds 000/001) for this upstream's tool calls.
     #[serde(default)]
     pub resume_tokens: ResumeTokensConfig,
+    /// Tasks for modern (2026-07-28) clients.
+    #[serde(default)]
+    pub tasks: TasksConfig,
     /// PEM CA certificates trusted for an https `url`, in addition to the
     /// built-in (webpki) roots: for upstreams with a private CA.
     #[serde(default)]
@@ -478,6 +515,7 @@ impl UpstreamConfig {
             idle_timeout_ms: None,
             request_timeout_ms: None,
             resume_tokens: ResumeTokensConfig::default(),
+            tasks: TasksConfig::default(),
             ca_file: None,
         }
     }
@@ -603,6 +641,15 @@ impl Config {
                     "upstream {:?}: resume_poll_ms = {} must be greater than 0 and not above \
                      resume_poll_max_ms = {}",
                     up.path, up.resume_poll_ms, up.resume_poll_max_ms
+                ));
+            }
+        }
+        for up in &self.upstream {
+            let tasks = &up.tasks;
+            if tasks.ttl_ms == 0 || tasks.poll_interval_ms == 0 {
+                return fail(format!(
+                    "upstream {:?}: tasks.ttl_ms and tasks.poll_interval_ms must be greater than 0",
+                    up.path
                 ));
             }
         }

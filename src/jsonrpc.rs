@@ -445,6 +445,7 @@ pub mod code {
     pub const SERVER_ERROR: i64 = -32000;
     /// "Session not found", as the TypeScript SDK answers it.
     pub const SESSION_NOT_FOUND: i64 = -32001;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
 }
 
 /// A `notifications/cancelled` for request `id`, as the proxy sends it
@@ -483,9 +484,20 @@ pub fn params_digest(bytes: &[u8]) -> Option<String> {
 /// A JSON-RPC error response. `id` is `None` for transport errors that belong
 /// to no request (the spec's "error response that has no id").
 pub fn error_response(id: Option<&RequestId>, code: i64, message: &str) -> Vec<u8> {
+    error_response_with_data(id, code, message, None)
+}
+
+/// The same, with `data` (raw JSON) when given.
+pub fn error_response_with_data(
+    id: Option<&RequestId>,
+    code: i64,
+    message: &str,
+    data: Option<&str>,
+) -> Vec<u8> {
     let id = id.map(RequestId::as_json).unwrap_or("null");
     let message = serde_json::Value::String(message.to_owned());
-    format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":{message}}}}}"#)
+    let data = data.map(|d| format!(r#","data":{d}"#)).unwrap_or_default();
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":{message}{data}}}}}"#)
         .into_bytes()
 }
 

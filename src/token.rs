@@ -47,7 +47,7 @@ use base64::Engine;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 
 /// One kind of sealed handle.
 struct Kind {
@@ -79,6 +79,10 @@ const POLL_CURSOR: Kind = Kind {
 const CALL_TOKEN: Kind = Kind {
     byte: 5,
     label: b"call-token",
+};
+const TASK_HANDLE: Kind = Kind {
+    byte: 6,
+    label: b"task-handle",
 };
 
 /// Kind and key id lead every handle.
@@ -295,6 +299,21 @@ impl Keyring {
         self.open(&POLL_CURSOR, session, principal.as_bytes(), text)
     }
 
+    /// A task's `taskId` (modern tasks): names one task, bound to its
+    /// principal and its route — tasks have no session.
+    pub fn task_handle(&self, route: &str, principal: &str, task: TaskId) -> String {
+        let binding = task_binding(route, principal);
+        self.seal(&TASK_HANDLE, SessionId::TASKS, &binding, task.as_bytes())
+    }
+
+    /// Opens a `taskId` presented on `route` by `principal`. `None` for
+    /// anything that was not issued by this key to them as a task handle.
+    pub fn open_task_handle(&self, route: &str, principal: &str, text: &str) -> Option<TaskId> {
+        let binding = task_binding(route, principal);
+        self.open(&TASK_HANDLE, SessionId::TASKS, &binding, text)
+            .map(TaskId)
+    }
+
     /// A call token (seeds 000/001), bound to the call's params digest.
     pub fn call_token(
         &self,
@@ -407,6 +426,16 @@ fn call_binding(principal: &str, params_digest: &[u8]) -> Vec<u8> {
     binding.extend_from_slice(principal.as_bytes());
     binding.push(0);
     binding.extend_from_slice(params_digest);
+    binding
+}
+
+/// A task handle's binding: the route, then the principal. A route path
+/// holds no NUL, so the split is unambiguous.
+fn task_binding(route: &str, principal: &str) -> Vec<u8> {
+    let mut binding = Vec::with_capacity(route.len() + 1 + principal.len());
+    binding.extend_from_slice(route.as_bytes());
+    binding.push(0);
+    binding.extend_from_slice(principal.as_bytes());
     binding
 }
 
@@ -919,5 +948,23 @@ mod tests {
         let (session, stream) = (SessionId::random(), StreamId::random());
         let id = a.event_id(session, stream, 9);
         assert_eq!(b.open_event_id(session, &id), Some((stream, 9)));
+    }
+
+    #[test]
+    fn a_task_handle_opens_to_its_task_for_its_principal_on_its_route_only() {
+        let task = TaskId::random();
+        let handle = keyring().task_handle("/mcp", "alice", task);
+        assert_eq!(
+            keyring().open_task_handle("/mcp", "alice", &handle),
+            Some(task)
+        );
+        assert_eq!(keyring().open_task_handle("/mcp", "bob", &handle), None);
+        assert_eq!(keyring().open_task_handle("/other", "alice", &handle), None);
+        let stream = StreamId(*task.as_bytes());
+        let not_a_task = keyring().stream_handle(SessionId::TASKS, "alice", stream);
+        assert_eq!(
+            keyring().open_task_handle("/mcp", "alice", &not_a_task),
+            None
+        );
     }
 }

@@ -30,6 +30,7 @@ mod presenter;
 pub mod resumable_request;
 pub mod resume_token;
 pub mod streams;
+pub mod tasks;
 
 pub use negotiation::negotiate;
 pub use presenter::Presenter;

@@ -7,7 +7,7 @@
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::dialect::Refusal;
-use crate::jsonrpc::{code, ParseError, RequestId};
+use crate::jsonrpc::{self, code, ParseError, RequestId};
 use crate::reply::{self, Body};
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
@@ -20,6 +20,8 @@ pub struct Rejection {
     message: String,
     /// `Allow` header value, for 405.
     allow: Option<&'static str>,
+    /// The error's `data` (raw JSON), when it has one.
+    data: Option<String>,
 }
 
 impl Rejection {
@@ -30,6 +32,7 @@ impl Rejection {
             code,
             message: message.into(),
             allow: None,
+            data: None,
         }
     }
 
@@ -155,9 +158,79 @@ impl Rejection {
         )
     }
 
+    /// A task no task handle of the caller's names: unknown, expired, or
+    /// another principal's — one answer for all three, so none can be told
+    /// apart. HTTP statuses of the tasks errors follow the 2026-07-28
+    /// revision's mapping, as SDK servers answer them.
+    pub fn task_not_found(id: RequestId) -> Self {
+        Self {
+            id: Some(id),
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                code::INVALID_PARAMS,
+                "Task not found",
+            )
+        }
+    }
+
+    /// A method this proxy does not answer (here: `tasks/*` methods the
+    /// extension removed or never had).
+    pub fn method_not_found(id: RequestId, method: &str) -> Self {
+        Self {
+            id: Some(id),
+            data: Some(serde_json::Value::String(method.to_owned()).to_string()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                code::METHOD_NOT_FOUND,
+                "Method not found",
+            )
+        }
+    }
+
+    /// A tasks request (or a task-only tool) from a request that did not
+    /// declare the extension.
+    pub fn tasks_not_declared(id: Option<RequestId>) -> Self {
+        Self {
+            id,
+            data: Some(crate::dialect::tasks::missing_capability_data()),
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                crate::dialect::tasks::code::MISSING_CAPABILITY,
+                "This request targets the tasks extension (io.modelcontextprotocol/tasks); \
+                 the client did not declare it for this request",
+            )
+        }
+    }
+
+    /// A routing header that disagrees with the request body.
+    pub fn header_mismatch(id: Option<RequestId>, header: &str, param: &str) -> Self {
+        Self {
+            id,
+            ..Self::new(
+                StatusCode::BAD_REQUEST,
+                crate::dialect::tasks::code::HEADER_MISMATCH,
+                format!("{header} header does not match the request body's {param}"),
+            )
+        }
+    }
+
+    /// Invalid params of a method the proxy answers itself.
+    pub fn invalid_params(id: RequestId, message: impl Into<String>) -> Self {
+        Self {
+            id: Some(id),
+            ..Self::new(StatusCode::BAD_REQUEST, code::INVALID_PARAMS, message)
+        }
+    }
+
     /// The one place a refusal becomes a response.
     pub fn into_response(self) -> Response<Body> {
-        let mut res = reply::error(self.status, self.id.as_ref(), self.code, &self.message);
+        let body = jsonrpc::error_response_with_data(
+            self.id.as_ref(),
+            self.code,
+            &self.message,
+            self.data.as_deref(),
+        );
+        let mut res = reply::json(self.status, body);
         if let Some(allow) = self.allow {
             res.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
