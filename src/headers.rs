@@ -13,6 +13,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 pub const SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 pub const PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 pub const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+/// 2026-07-28 routing headers, which repeat what the body says.
+pub const MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+pub const MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",

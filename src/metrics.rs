@@ -174,6 +174,32 @@ impl Dropped {
     }
 }
 
+/// How a task ended (or paused for input), as the metric labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskEnd {
+    Completed,
+    Failed,
+    Cancelled,
+    InputRequired,
+}
+
+impl TaskEnd {
+    pub const ALL: &'static [Self] = &[
+        TaskEnd::Completed,
+        TaskEnd::Failed,
+        TaskEnd::Cancelled,
+        TaskEnd::InputRequired,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskEnd::Completed => "completed",
+            TaskEnd::Failed => "failed",
+            TaskEnd::Cancelled => "cancelled",
+            TaskEnd::InputRequired => "input_required",
+        }
+    }
+}
+
 /// Label values are written as their `as_str`.
 macro_rules! label_value {
     ($($t:ty),*) => {$(
@@ -184,7 +210,7 @@ macro_rules! label_value {
         }
     )*};
 }
-label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped);
+label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DialectLabel {
@@ -206,6 +232,11 @@ struct ReasonLabel {
     reason: Dropped,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StatusLabel {
+    status: TaskEnd,
+}
+
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
@@ -219,6 +250,8 @@ pub struct Metrics {
     recovered: Counter,
     upstream_resumes: Family<AfterLabel, Counter>,
     upstream_dropped: Family<ReasonLabel, Counter>,
+    tasks_created: Counter,
+    tasks_ended: Family<StatusLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -298,6 +331,18 @@ impl Metrics {
             "Upstream messages kept out of the stream they arrived on and of every other, by reason",
             upstream_dropped.clone(),
         );
+        let tasks_created = Counter::default();
+        registry.register(
+            "tasks_created",
+            "Tasks the proxy made of modern tools/call requests (2026-07-28 tasks extension)",
+            tasks_created.clone(),
+        );
+        let tasks_ended = labelled(TaskEnd::ALL.iter().map(|&status| StatusLabel { status }));
+        registry.register(
+            "tasks_ended",
+            "Upstream requests of tasks that ended, by the status they left the task in",
+            tasks_ended.clone(),
+        );
         Self {
             registry,
             sessions_open,
@@ -310,6 +355,8 @@ impl Metrics {
             recovered,
             upstream_resumes,
             upstream_dropped,
+            tasks_created,
+            tasks_ended,
         }
     }
 
@@ -371,6 +418,16 @@ impl Metrics {
     pub fn upstream_dropped(&self, reason: Dropped) {
         self.upstream_dropped
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn task_created(&self) {
+        self.tasks_created.inc();
+    }
+
+    pub fn task_ended(&self, status: TaskEnd) {
+        self.tasks_ended
+            .get_or_create(&StatusLabel { status })
             .inc();
     }
 

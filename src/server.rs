@@ -92,6 +92,7 @@ impl App {
                     path: up.path.trim_end_matches('/').to_owned(),
                     upstream,
                     dialects,
+                    tasks: Default::default(),
                     shared: shared.clone(),
                 })
             })

@@ -11,6 +11,7 @@ mod present;
 mod quota;
 mod rejection;
 mod renew;
+pub mod tasks;
 
 use std::sync::Arc;
 
@@ -48,6 +49,8 @@ pub struct Route {
     /// The dialects offered on this route: the global settings with this
     /// upstream's resume-token table.
     pub dialects: DialectsConfig,
+    /// Tasks made for modern clients, and what the upstream knows of them.
+    pub tasks: Arc<tasks::Tasks>,
     pub shared: Arc<Shared>,
 }
 

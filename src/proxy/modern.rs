@@ -1,10 +1,14 @@
-//! Modern era (2026-07-28 and later): no sessions, no replay. Requests go to
-//! the upstream byte for byte with every header (`MCP-Protocol-Version`,
+//! Modern era (2026-07-28 and later): no sessions, no replay. What the tasks
+//! dialect claims (a declaring client's `tools/call`, `tasks/*`,
+//! `server/discover`; see [`super::tasks`]) is answered there; everything
+//! else goes to the upstream byte for byte with every header (`MCP-Protocol-Version`,
 //! `Mcp-Method`, `Mcp-Name`, `Mcp-Param-*`), and the answer streams back
 //! unbuffered. Closing the response stream is cancellation in this era, so the
 //! upstream body is tied to the client's: when the client goes away, hyper
 //! drops the response, the upstream body with it, and the upstream connection
 //! closes — which the upstream sees as the cancellation.
+
+use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -16,11 +20,14 @@ use crate::upstream::http::HttpUpstream;
 
 pub async fn forward(
     route: &Route,
-    upstream: &HttpUpstream,
+    upstream: &Arc<HttpUpstream>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, &route.shared.config).await?;
+    if let Some(answer) = super::tasks::claim(route, upstream, &parts, &bytes).await? {
+        return Ok(answer);
+    }
     // A stray session id is the upstream's business (the spec tells modern
     // servers to ignore it): pass it through as it came.
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);

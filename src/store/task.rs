@@ -34,6 +34,11 @@ pub struct TaskRecord {
     /// template every re-issue starts from, so name and arguments stay
     /// byte-equal.
     pub request: String,
+    /// The routing headers of the call (`Mcp-Name`, `Mcp-Param-*`), sent
+    /// again with every re-issue: the upstream checks them against the
+    /// arguments. Never credentials — those come with each client request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<(String, String)>,
     /// One stream per upstream request, oldest first; the last is current.
     pub legs: Vec<StreamId>,
     /// The input the current leg's `input_required` answer asked for, while
