@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
-pub use task::{PendingInput, TaskRecord};
 use crate::jsonrpc::RequestId;
+pub use task::{PendingInput, TaskRecord};
 
 /// Errors are the backend's (I/O, corruption); "not found" is `Ok(None)`.
 #[derive(Debug, thiserror::Error)]
