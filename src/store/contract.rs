@@ -13,9 +13,9 @@ use bytes::Bytes;
 use super::commit::SyncMode;
 use super::{
     now_ms, Change, Finish, Outcome, SessionRecord, SharedStore, Store, StoreError, StreamKind,
-    StreamMeta, StreamStatus, UpstreamMark,
+    StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
 };
-use crate::id::{SessionId, StreamId};
+use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 
 pub type Opener = fn(&Path, SyncMode) -> SharedStore;
@@ -51,6 +51,32 @@ pub fn session(id: SessionId) -> SessionRecord {
         last_seen_ms: now_ms(),
         closed_ms: None,
         dialects: vec!["streams".into()],
+    }
+}
+
+/// A task created at `created_ms`, kept `ttl_ms`, with no legs yet.
+pub fn task(id: TaskId, created_ms: u64, ttl_ms: u64) -> TaskRecord {
+    TaskRecord {
+        id,
+        route: "/mcp".into(),
+        principal: "p".into(),
+        created_ms,
+        updated_ms: created_ms,
+        ttl_ms,
+        poll_interval_ms: 1_000,
+        request: r#"{"name":"slow","arguments":{"n":1}}"#.into(),
+        legs: Vec::new(),
+        input: None,
+        cancelled_ms: None,
+        version: 1,
+    }
+}
+
+/// A leg of `task`: an ordinary request stream of the tasks' session.
+pub fn leg(task: TaskId) -> StreamMeta {
+    StreamMeta {
+        task: Some(task),
+        ..meta(SessionId::TASKS)
     }
 }
 

@@ -1,5 +1,5 @@
-//! The journal's in-memory index: every session and stream record, and where
-//! each entry's bytes sit on disk.
+//! The journal's in-memory index: every session, stream and task record, and
+//! where each entry's bytes sit on disk.
 //!
 //! The index is the journal's source of truth for *metadata* (it is small,
 //! and a snapshot of it opens every segment), while entries stay on disk and
@@ -7,14 +7,16 @@
 //! decides when a segment file may be deleted: the number of streams with
 //! entries in it. It performs no I/O.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
-use crate::store::{Change, Finish, SessionRecord, StreamMeta, UpstreamMark, Watermark};
+use crate::store::{
+    Change, Finish, SessionRecord, StreamMeta, TaskRecord, UpstreamMark, Watermark,
+};
 
 /// Segment files are numbered from 1; the number orders them.
 pub type SegmentNo = u32;
@@ -61,16 +63,22 @@ impl StreamState {
 pub struct Index {
     pub sessions: HashMap<SessionId, SessionRecord>,
     pub streams: HashMap<StreamId, StreamState>,
+    pub tasks: HashMap<TaskId, TaskRecord>,
     /// Streams per session, for `streams_of_session` and session deletion.
-    by_session: HashMap<SessionId, Vec<StreamId>>,
+    /// A set: every task leg has the one session [`SessionId::TASKS`], and
+    /// removing one of thousands must not walk them all.
+    by_session: HashMap<SessionId, HashSet<StreamId>>,
     /// For each segment, how many streams have entries in it.
     users: BTreeMap<SegmentNo, u32>,
     /// (session, request id) → the newest stream answering it.
     by_request: HashMap<(SessionId, RequestId), StreamId>,
     /// Abandonment deadlines, soonest first.
     abandon_at: BTreeSet<(u64, StreamId)>,
-    /// When finished streams finished, oldest first (retention).
+    /// When finished streams finished, oldest first (retention). Task legs
+    /// are not in it: they are deleted with their task.
     finished_at: BTreeSet<(u64, StreamId)>,
+    /// When tasks expire (`expires_ms`), soonest first.
+    task_expiry: BTreeSet<(u64, TaskId)>,
 }
 
 impl Index {
@@ -79,7 +87,7 @@ impl Index {
         self.by_session
             .entry(state.meta.session)
             .or_default()
-            .push(id);
+            .insert(id);
         let segments = distinct_segments(&state.locs);
         for s in &segments {
             *self.users.entry(*s).or_default() += 1;
@@ -223,14 +231,9 @@ impl Index {
                 self.by_request.remove(&key);
             }
         }
-        if let Some(at) = meta.abandon_at_ms {
-            self.abandon_at.remove(&(at, id));
-        }
-        if let Some(at) = meta.finished_ms {
-            self.finished_at.remove(&(at, id));
-        }
+        self.index_deadlines(id, Deadlines::of(meta), Deadlines::default());
         if let Some(list) = self.by_session.get_mut(&state.meta.session) {
-            list.retain(|s| *s != id);
+            list.remove(&id);
             if list.is_empty() {
                 self.by_session.remove(&state.meta.session);
             }
@@ -248,8 +251,35 @@ impl Index {
         unused
     }
 
+    /// The session's streams, in no particular order.
     pub fn streams_of(&self, session: SessionId) -> Vec<StreamId> {
-        self.by_session.get(&session).cloned().unwrap_or_default()
+        self.by_session
+            .get(&session)
+            .map(|set| set.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Creates or replaces a task record, moving its expiry.
+    pub fn put_task(&mut self, task: TaskRecord) {
+        if let Some(old) = self.tasks.get(&task.id) {
+            self.task_expiry.remove(&(old.expires_ms(), old.id));
+        }
+        self.task_expiry.insert((task.expires_ms(), task.id));
+        self.tasks.insert(task.id, task);
+    }
+
+    /// Forgets a task record (its legs are the caller's to remove).
+    pub fn remove_task(&mut self, id: TaskId) -> Option<TaskRecord> {
+        let task = self.tasks.remove(&id)?;
+        self.task_expiry.remove(&(task.expires_ms(), id));
+        Some(task)
+    }
+
+    pub fn tasks_expired_by(&self, now_ms: u64) -> Vec<TaskId> {
+        self.task_expiry
+            .range(..=(now_ms, TaskId([0xff; 16])))
+            .map(|(_, id)| *id)
+            .collect()
     }
 
     /// Whether any stream still has entries in `segment`.
@@ -259,7 +289,7 @@ impl Index {
 }
 
 /// The times a stream is due at: abandonment, and retention (counted from
-/// when it finished).
+/// when it finished; never for a task leg, which its task's expiry deletes).
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
 struct Deadlines {
     abandon_at: Option<u64>,
@@ -270,7 +300,7 @@ impl Deadlines {
     fn of(meta: &StreamMeta) -> Self {
         Self {
             abandon_at: meta.abandon_at_ms,
-            finished: meta.finished_ms,
+            finished: meta.finished_ms.filter(|_| meta.task.is_none()),
         }
     }
 }

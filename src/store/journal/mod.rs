@@ -13,8 +13,8 @@
 //! Metadata lives in memory (`index.rs`) and is written as a snapshot at the
 //! head of every new segment, so recovery (`recover.rs`) needs only the newest
 //! segment's metadata plus the entries of older segments. A segment file is
-//! deleted as soon as no stream has entries in it — retention and session
-//! deletion therefore give disk space back; the few entries long-lived
+//! deleted as soon as no stream has entries in it — retention, session
+//! deletion and task expiry therefore give disk space back; the few entries long-lived
 //! streams keep in mostly dead segments are copied forward at rollover. Entries are
 //! read with positioned reads straight from the files (the page cache keeps
 //! recent ones hot); the index holds 16 bytes per entry, never the messages.
@@ -45,9 +45,9 @@ use self::segment::Writer;
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
     Along, Change, Counts, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
-    StreamMeta, Subscription, UpstreamMark, Watermark,
+    StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,
 };
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 
 /// Size at which the active segment is sealed and a new one started.
@@ -201,12 +201,15 @@ impl Journal {
         self.drop_unused_segments(inner)
     }
 
-    /// Writes every session and stream record and the snapshot's end into
-    /// the (new) active segment, durably.
+    /// Writes every session, task and stream record and the snapshot's end
+    /// into the (new) active segment, durably.
     fn write_snapshot(&self, writer: &mut Writer, index: &Index, buf: &mut Vec<u8>) -> Result<()> {
         buf.clear();
         for session in index.sessions.values() {
             record::session(buf, session);
+        }
+        for task in index.tasks.values() {
+            record::task(buf, task);
         }
         for state in index.streams.values() {
             record::stream(buf, &state.meta);
@@ -359,6 +362,32 @@ impl Journal {
         };
         self.durable().await?;
         Ok(watermark)
+    }
+}
+
+impl Journal {
+    /// Writes a task record and puts it in the index, if `admit` accepts
+    /// the record stored now (`None`: there is none); waits for durability
+    /// only when it wrote. Returns whether it wrote.
+    async fn write_task(
+        &self,
+        task: &TaskRecord,
+        admit: impl FnOnce(Option<&TaskRecord>) -> bool,
+    ) -> Result<bool> {
+        {
+            let mut inner = self.lock();
+            // Decided under the lock that orders the journal's writes: two
+            // updates of one version cannot both pass.
+            if !admit(inner.index.tasks.get(&task.id)) {
+                return Ok(false);
+            }
+            record::task(&mut inner.buf, task);
+            self.write(&mut inner)?;
+            inner.index.put_task(task.clone());
+            self.wrote(&mut inner);
+        }
+        self.durable().await?;
+        Ok(true)
     }
 }
 
@@ -616,6 +645,54 @@ impl Store for Journal {
         self.forget_streams(&mut inner, &[id])?;
         self.wrote(&mut inner);
         Ok(())
+    }
+
+    async fn put_task(&self, task: &TaskRecord) -> Result<()> {
+        self.write_task(task, |_| true).await.map(|_| ())
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
+        Ok(self.lock().index.tasks.get(&id).cloned())
+    }
+
+    async fn update_task(&self, task: &TaskRecord) -> Result<bool> {
+        let follows = |stored: Option<&TaskRecord>| {
+            stored.is_some_and(|s| Some(s.version) == task.version.checked_sub(1))
+        };
+        self.write_task(task, follows).await
+    }
+
+    async fn delete_task(&self, id: TaskId) -> Result<()> {
+        {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            let Some(task) = inner.index.tasks.get(&id) else {
+                return Ok(());
+            };
+            let legs: Vec<StreamId> = task
+                .legs
+                .iter()
+                .copied()
+                .filter(|leg| inner.index.streams.contains_key(leg))
+                .collect();
+            for leg in &legs {
+                record::stream_gone(&mut inner.buf, *leg);
+            }
+            // After its legs' tombstones, in the same write: a torn write can
+            // keep the task and lose tombstones (the next sweep deletes it
+            // again), never keep legs whose task is gone — retention does
+            // not delete legs, so nothing else would.
+            record::task_gone(&mut inner.buf, id);
+            self.write(inner)?;
+            inner.index.remove_task(id);
+            self.forget_streams(inner, &legs)?;
+            self.wrote(inner);
+        }
+        self.durable().await
+    }
+
+    async fn tasks_expired_by(&self, now_ms: u64) -> Result<Vec<TaskId>> {
+        Ok(self.lock().index.tasks_expired_by(now_ms))
     }
 
     fn size_on_disk(&self) -> u64 {

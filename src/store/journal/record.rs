@@ -10,9 +10,9 @@
 
 use bytes::Bytes;
 
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::store::{
-    Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus, UpstreamMark,
+    Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
 };
 
 /// Bytes before the first record of every segment: a foreign or truncated
@@ -39,6 +39,8 @@ const STREAM_GONE: u8 = 6;
 const SNAPSHOT_END: u8 = 7;
 const CHANGE: u8 = 8;
 const UPSTREAM: u8 = 9;
+const TASK: u8 = 10;
+const TASK_GONE: u8 = 11;
 
 /// One decoded change. Entries carry where their messages sit in the record
 /// (offsets from the record's start), not the messages: recovery rebuilds an
@@ -70,6 +72,10 @@ pub enum Record {
         messages: Vec<(u64, u32)>,
     },
     StreamGone(StreamId),
+    /// A task's whole record: written when it is created or updated, and in
+    /// snapshots.
+    Task(Box<TaskRecord>),
+    TaskGone(TaskId),
     /// Closes the snapshot every segment starts with: the metadata before it
     /// is complete, so older segments' metadata records can be ignored.
     SnapshotEnd,
@@ -164,6 +170,14 @@ fn outcome_of(b: u8) -> Option<Option<Outcome>> {
 
 pub fn stream_gone(out: &mut Vec<u8>, id: StreamId) {
     frame(out, STREAM_GONE, |o| o.extend_from_slice(id.as_bytes()));
+}
+
+pub fn task(out: &mut Vec<u8>, record: &TaskRecord) {
+    frame(out, TASK, |o| json(record, o));
+}
+
+pub fn task_gone(out: &mut Vec<u8>, id: TaskId) {
+    frame(out, TASK_GONE, |o| o.extend_from_slice(id.as_bytes()));
 }
 
 pub fn snapshot_end(out: &mut Vec<u8>) {
@@ -324,6 +338,8 @@ fn parse(kind: u8, p: &[u8]) -> Option<Record> {
             }
         }
         STREAM_GONE if p.len() == 16 => Record::StreamGone(StreamId(id16(p)?)),
+        TASK => Record::Task(serde_json::from_slice(p).ok()?),
+        TASK_GONE if p.len() == 16 => Record::TaskGone(TaskId(id16(p)?)),
         SNAPSHOT_END if p.is_empty() => Record::SnapshotEnd,
         _ => return None,
     })
@@ -405,6 +421,23 @@ mod tests {
         out.clear();
         snapshot_end(&mut out);
         assert_eq!(one(&out), Record::SnapshotEnd);
+    }
+
+    #[test]
+    fn task_records_and_their_tombstones_round_trip() {
+        let mut record = crate::store::contract::task(TaskId::random(), 1_000, 60_000);
+        record.legs = vec![StreamId::random(), StreamId::random()];
+        record.input = Some(crate::store::PendingInput {
+            request_state: Some(r#"{"s":1}"#.into()),
+            asked: vec!["name".into()],
+            answered: [("name".to_owned(), r#""Ada""#.to_owned())].into(),
+        });
+        let mut out = Vec::new();
+        task(&mut out, &record);
+        assert_eq!(one(&out), Record::Task(Box::new(record.clone())));
+        out.clear();
+        task_gone(&mut out, record.id);
+        assert_eq!(one(&out), Record::TaskGone(record.id));
     }
 
     proptest! {

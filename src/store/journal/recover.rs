@@ -1,7 +1,7 @@
 //! Rebuilding the index from the segment files at start.
 //!
 //! Metadata comes from the newest complete segment alone: every segment opens
-//! with a snapshot of all sessions and streams, and the records after it are
+//! with a snapshot of all sessions, tasks and streams, and the records after it are
 //! the changes since, so older segments' metadata records are superseded.
 //! Entries come from every segment, kept only for streams that still exist;
 //! where two records hold the same seq (an entry copied forward), the later
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use super::index::{Index, Loc, SegmentNo, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
 use super::segment;
-use crate::id::{SessionId, StreamId};
-use crate::store::{Result, SessionRecord, StoreError, StreamMeta};
+use crate::id::{SessionId, StreamId, TaskId};
+use crate::store::{Result, SessionRecord, StoreError, StreamMeta, TaskRecord};
 
 pub struct Recovered {
     pub index: Index,
@@ -29,11 +29,12 @@ pub struct Recovered {
     pub last: SegmentNo,
 }
 
-/// Sessions and streams as a segment's metadata records leave them.
+/// Sessions, tasks and streams as a segment's metadata records leave them.
 #[derive(Default)]
 pub struct Metadata {
     pub sessions: HashMap<SessionId, SessionRecord>,
     pub streams: HashMap<StreamId, StreamMeta>,
+    pub tasks: HashMap<TaskId, TaskRecord>,
 }
 
 impl Metadata {
@@ -65,6 +66,12 @@ impl Metadata {
             }
             Record::StreamGone(id) => {
                 self.streams.remove(id);
+            }
+            Record::Task(task) => {
+                self.tasks.insert(task.id, (**task).clone());
+            }
+            Record::TaskGone(id) => {
+                self.tasks.remove(id);
             }
             Record::Entries { .. } | Record::SnapshotEnd => {}
         }
@@ -137,6 +144,9 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
 
     let mut index = Index::default();
     index.sessions = metadata.sessions;
+    for task in metadata.tasks.into_values() {
+        index.put_task(task);
+    }
     for (meta, locs) in streams(metadata.streams, entries) {
         index.add_stream(StreamState::new(meta, locs));
     }

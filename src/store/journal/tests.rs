@@ -2,8 +2,8 @@
 //! rollover, copying forward, recovery from torn and damaged files.
 
 use super::*;
-use crate::store::contract::{meta, session, Churn};
-use crate::store::SharedStore;
+use crate::store::contract::{leg, meta, session, task, Churn};
+use crate::store::{now_ms, SharedStore};
 
 crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
     Journal::open(dir, sync).unwrap()
@@ -293,4 +293,72 @@ async fn a_snapshot_larger_than_a_segment_does_not_make_every_write_roll_over() 
         "20 small appends rolled over {} times",
         after - before
     );
+}
+
+#[tokio::test]
+async fn a_task_record_outlives_the_segment_it_was_written_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = task(TaskId::random(), now_ms(), 60_000);
+    {
+        let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+        store.put_task(&t).await.unwrap();
+        let mut churn = Churn::new(10);
+        for i in 1..=2_000u32 {
+            churn.step(&*store, progress(i)).await;
+        }
+        // Carried by each new segment's snapshot, so the first could go.
+        assert!(!segments(dir.path()).contains(&1));
+    }
+    let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+    assert_eq!(store.get_task(t.id).await.unwrap(), Some(t.clone()));
+    assert_eq!(store.tasks_expired_by(u64::MAX).await.unwrap(), vec![t.id]);
+}
+
+/// Cuts the last 5 bytes off the active segment: its last record is torn,
+/// as a crash in the middle of its write leaves it.
+fn tear_last_record(store: &Journal) {
+    let inner = store.lock();
+    inner.writer.file.set_len(inner.writer.len - 5).unwrap();
+}
+
+#[tokio::test]
+async fn a_task_update_a_crash_tore_is_lost_whole_and_the_version_before_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = task(TaskId::random(), now_ms(), 60_000);
+    let before = t.clone();
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store.put_task(&t).await.unwrap();
+        t.legs.push(StreamId::random());
+        t.version += 1;
+        assert!(store.update_task(&t).await.unwrap());
+        tear_last_record(&store);
+    }
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    assert_eq!(store.get_task(t.id).await.unwrap(), Some(before));
+    // The next writer's compare-and-set goes on from there.
+    assert!(store.update_task(&t).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_task_deletion_a_crash_tore_keeps_the_task_to_delete_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = task(TaskId::random(), now_ms(), 60_000);
+    let leg = leg(t.id);
+    t.legs.push(leg.id);
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store.create_stream(&leg).await.unwrap();
+        store.append(leg.id, &[progress(1)]).await.unwrap();
+        store.put_task(&t).await.unwrap();
+        store.delete_task(t.id).await.unwrap();
+        // The task's tombstone is the write's last record: torn, it goes,
+        // and the legs' tombstones before it stay.
+        tear_last_record(&store);
+    }
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    assert_eq!(store.stream_meta(leg.id).await.unwrap(), None);
+    assert_eq!(store.tasks_expired_by(u64::MAX).await.unwrap(), vec![t.id]);
+    store.delete_task(t.id).await.unwrap();
+    assert_eq!(store.get_task(t.id).await.unwrap(), None);
 }
