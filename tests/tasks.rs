@@ -1,0 +1,306 @@
+//! Tasks for modern (2026-07-28) clients in front of an upstream that knows
+//! nothing of them: a declaring client's long call becomes a task the proxy
+//! serves from its log; a quick one gets its plain answer; the `tasks/*`
+//! methods answer as a native server's would, errors included.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use mcp_resume_proxy::config::{Config, UpstreamConfig};
+use mcp_resume_proxy::demo::upstream::DemoOptions;
+use serde_json::{json, Value};
+
+const MODERN: &str = "2026-07-28";
+
+/// `_meta` of a modern request; `tasks` declares the extension.
+fn meta(tasks: bool) -> Value {
+    let extensions = if tasks {
+        json!({"io.modelcontextprotocol/tasks": {}})
+    } else {
+        json!({})
+    };
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+    })
+}
+
+fn request(id: u64, method: &str, mut params: Value, tasks: bool) -> Value {
+    params["_meta"] = meta(tasks);
+    json!({"jsonrpc":"2.0","id":id,"method":method,"params":params})
+}
+
+fn modern(body: &Value) -> Call {
+    let method = body["method"].as_str().unwrap_or_default();
+    Call::post(body)
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", method)
+}
+
+fn slow(id: u64, steps: u64, interval_ms: u64, tasks: bool) -> Value {
+    request(
+        id,
+        "tools/call",
+        json!({"name":"slow","arguments":{"steps":steps,"interval_ms":interval_ms}}),
+        tasks,
+    )
+}
+
+/// A proxy in front of the modern demo upstream; calls become tasks after
+/// 100 ms.
+async fn rig() -> Rig {
+    Rig::with(
+        DemoOptions {
+            modern: true,
+            ..Default::default()
+        },
+        |config| {
+            config.upstream[0].tasks.task_after_ms = 100;
+            config.upstream[0].tasks.poll_interval_ms = 50;
+        },
+    )
+    .await
+}
+
+/// The messages of an answer, JSON or SSE.
+async fn said(res: http::Response<hyper::body::Incoming>) -> Vec<Value> {
+    let json = res
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json {
+        vec![body_json(res).await]
+    } else {
+        messages(res).await
+    }
+}
+
+/// The last JSON-RPC message of a response, with its status.
+async fn answer(rig: &Rig, call: Call) -> (StatusCode, Value) {
+    let res = rig.client.send(call).await;
+    let status = res.status();
+    let mut all = said(res).await;
+    (status, all.pop().expect("one message"))
+}
+
+async fn create_task(rig: &Rig, id: u64, steps: u64) -> String {
+    let (status, created) = answer(rig, modern(&slow(id, steps, 50, true))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    created["result"]["taskId"].as_str().unwrap().to_owned()
+}
+
+fn tasks_call(id: u64, method: &str, task: &str) -> Call {
+    modern(&request(id, method, json!({"taskId": task}), true))
+}
+
+/// Polls `tasks/get` until the task leaves `working`.
+async fn settled(rig: &Rig, task: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let (status, got) = answer(rig, tasks_call(90, "tasks/get", task)).await;
+        assert_eq!(status, StatusCode::OK, "{got}");
+        if got["result"]["status"] != "working" {
+            return got["result"].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "task never settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_long_call_of_a_declaring_client_becomes_a_task_that_completes_with_the_upstreams_result()
+{
+    let rig = rig().await;
+    let (_, created) = answer(&rig, modern(&slow(1, 6, 50, true))).await;
+    let result = &created["result"];
+    assert_eq!(created["id"], 1);
+    assert_eq!(result["resultType"], "task");
+    assert_eq!(result["status"], "working");
+    for field in ["createdAt", "lastUpdatedAt"] {
+        assert!(
+            result[field].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{result}"
+        );
+    }
+    assert_eq!(result["ttlMs"], 3_600_000);
+    assert_eq!(result["pollIntervalMs"], 50);
+    assert!(result.get("result").is_none());
+
+    let task = result["taskId"].as_str().unwrap();
+    let done = settled(&rig, task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["resultType"], "complete");
+    assert_eq!(done["taskId"], task);
+    // What the upstream answers the same call directly.
+    let direct = McpClient::new(rig.upstream.url());
+    let plain = said(direct.send(modern(&slow(2, 6, 1, false))).await).await;
+    assert_eq!(done["result"], plain.last().unwrap()["result"]);
+}
+
+#[tokio::test]
+async fn a_call_that_ends_before_task_after_ms_gets_its_plain_answer() {
+    let rig = rig().await;
+    let echo = request(
+        3,
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":"hi"}}),
+        true,
+    );
+    let (status, got) = answer(&rig, modern(&echo)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(got["result"]["content"][0]["text"], "hi");
+    assert!(got["result"].get("taskId").is_none());
+}
+
+#[tokio::test]
+async fn a_call_without_the_declaration_passes_through_and_never_becomes_a_task() {
+    let rig = rig().await;
+    let res = rig.client.send(modern(&slow(4, 4, 50, false))).await;
+    let all = said(res).await;
+    let last = all.last().unwrap();
+    assert_eq!(last["id"], 4);
+    assert!(last["result"]["content"].is_array(), "{last}");
+    assert!(last["result"].get("taskId").is_none());
+}
+
+#[tokio::test]
+async fn cancelling_a_task_stops_the_upstream_call() {
+    let rig = rig().await;
+    let task = create_task(&rig, 5, 100).await;
+    let (status, ack) = answer(&rig, tasks_call(6, "tasks/cancel", &task)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ack["result"], json!({"resultType":"complete"}));
+    let stats = rig.upstream.stats.clone();
+    eventually("the upstream saw the cancellation", || {
+        stats.calls_cancelled.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(settled(&rig, &task).await["status"], "cancelled");
+    // Cancelling again changes nothing and says so the same way.
+    let (_, again) = answer(&rig, tasks_call(7, "tasks/cancel", &task)).await;
+    assert_eq!(again["result"], json!({"resultType":"complete"}));
+}
+
+#[tokio::test]
+async fn a_client_gone_before_its_answer_cancels_the_call() {
+    let rig = Rig::with(
+        DemoOptions {
+            modern: true,
+            ..Default::default()
+        },
+        |config| config.upstream[0].tasks.task_after_ms = 400,
+    )
+    .await;
+    let client = McpClient::new(rig.client.url.clone());
+    let sent = tokio::spawn(async move { client.send(modern(&slow(8, 100, 50, true))).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    sent.abort();
+    let stats = rig.upstream.stats.clone();
+    eventually("the upstream saw the cancellation", || {
+        stats.calls_cancelled.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn another_principals_task_is_unknown_not_forbidden() {
+    let rig = rig().await;
+    let task = create_task(&rig, 9, 40).await;
+    let (status, got) = answer(
+        &rig,
+        tasks_call(10, "tasks/get", &task).header("authorization", "Bearer mallory"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["code"], -32602);
+    let (_, unknown) = answer(&rig, tasks_call(11, "tasks/get", "no-such-task")).await;
+    assert_eq!(
+        got["error"], unknown["error"],
+        "indistinguishable from unknown"
+    );
+}
+
+#[tokio::test]
+async fn an_mcp_name_that_is_not_the_task_id_is_refused() {
+    let rig = rig().await;
+    let task = create_task(&rig, 12, 40).await;
+    let (status, got) = answer(
+        &rig,
+        tasks_call(13, "tasks/get", &task).header("mcp-name", "another-task"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["code"], -32020);
+    let (status, _) = answer(
+        &rig,
+        tasks_call(14, "tasks/get", &task).header("mcp-name", &task),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "a matching Mcp-Name is fine");
+}
+
+#[tokio::test]
+async fn tasks_methods_without_the_declaration_are_refused() {
+    let rig = rig().await;
+    let task = create_task(&rig, 15, 40).await;
+    let get = request(16, "tasks/get", json!({"taskId": task}), false);
+    let (status, got) = answer(&rig, modern(&get)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(got["error"]["code"], -32021);
+    assert!(
+        got["error"]["data"]["requiredCapabilities"]["extensions"]["io.modelcontextprotocol/tasks"]
+            .is_object(),
+        "{got}"
+    );
+}
+
+#[tokio::test]
+async fn methods_the_extension_removed_are_not_found() {
+    let rig = rig().await;
+    for (id, method) in [(17, "tasks/result"), (18, "tasks/list")] {
+        let (status, got) = answer(&rig, tasks_call(id, method, "x")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method}");
+        assert_eq!(got["error"]["code"], -32601, "{method}");
+    }
+}
+
+#[tokio::test]
+async fn discover_offers_the_extension_of_an_upstream_without_it() {
+    let rig = rig().await;
+    let discover = request(19, "server/discover", json!({}), false);
+    let (status, got) = answer(&rig, modern(&discover)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        got["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"].is_object(),
+        "{got}"
+    );
+}
+
+#[tokio::test]
+async fn a_completed_task_is_still_served_after_a_restart_of_the_proxy() {
+    let mut rig = rig().await;
+    let task = create_task(&rig, 20, 4).await;
+    let before = settled(&rig, &task).await;
+    assert_eq!(before["status"], "completed");
+    rig.proxy.take().unwrap().shutdown().await;
+    let mut upstream = UpstreamConfig::new(rig.upstream.url());
+    upstream.tasks.poll_interval_ms = 50;
+    let config = Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: rig.dir.path().to_path_buf(),
+        upstream: vec![upstream],
+        ..Config::default()
+    };
+    let proxy = mcp_resume_proxy::Server::start(config)
+        .await
+        .expect("restarts");
+    rig.client = McpClient::new(format!("http://{}/mcp", proxy.addr));
+    rig.proxy = Some(proxy);
+    let after = settled(&rig, &task).await;
+    assert_eq!(after["result"], before["result"]);
+}
