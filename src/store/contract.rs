@@ -65,6 +65,7 @@ pub fn task(id: TaskId, created_ms: u64, ttl_ms: u64) -> TaskRecord {
         ttl_ms,
         poll_interval_ms: 1_000,
         request: r#"{"name":"slow","arguments":{"n":1}}"#.into(),
+        headers: Vec::new(),
         legs: Vec::new(),
         input: None,
         cancelled_ms: None,
