@@ -81,10 +81,7 @@ async fn said(res: http::Response<hyper::body::Incoming>) -> Vec<Value> {
 
 /// The last JSON-RPC message of a response, with its status.
 async fn answer(rig: &Rig, call: Call) -> (StatusCode, Value) {
-    let res = rig.client.send(call).await;
-    let status = res.status();
-    let mut all = said(res).await;
-    (status, all.pop().expect("one message"))
+    answer_from(&rig.client, call).await
 }
 
 async fn create_task(rig: &Rig, id: u64, steps: u64) -> String {
@@ -100,16 +97,7 @@ fn tasks_call(id: u64, method: &str, task: &str) -> Call {
 
 /// Polls `tasks/get` until the task leaves `working`.
 async fn settled(rig: &Rig, task: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let (status, got) = answer(rig, tasks_call(90, "tasks/get", task)).await;
-        assert_eq!(status, StatusCode::OK, "{got}");
-        if got["result"]["status"] != "working" {
-            return got["result"].clone();
-        }
-        assert!(tokio::time::Instant::now() < deadline, "task never settled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settled_on(&rig.client, task).await
 }
 
 #[tokio::test]
@@ -303,4 +291,53 @@ async fn a_completed_task_is_still_served_after_a_restart_of_the_proxy() {
     rig.proxy = Some(proxy);
     let after = settled(&rig, &task).await;
     assert_eq!(after["result"], before["result"]);
+}
+
+/// The proxy as a real process, `kill -9`ed mid-task.
+#[tokio::test]
+async fn a_task_running_when_the_proxy_is_killed_ends_failed_with_a_clear_error() {
+    use common::process::Crashable;
+    let mut rig = Crashable::start(DemoOptions {
+        modern: true,
+        ..Default::default()
+    })
+    .await;
+    // Calls become tasks after the default second.
+    let (_, created) = answer_from(&rig.client(), modern(&slow(21, 60, 50, true))).await;
+    let task = created["result"]["taskId"].as_str().unwrap().to_owned();
+    let (_, done_first) = answer_from(&rig.client(), modern(&slow(22, 25, 50, true))).await;
+    let done = done_first["result"]["taskId"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    rig.kill9_and_restart().await;
+
+    let client = rig.client();
+    let failed = settled_on(&client, &task).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let message = failed["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the proxy restarted"), "{failed}");
+    let completed = settled_on(&client, &done).await;
+    assert_eq!(completed["status"], "completed", "{completed}");
+}
+
+async fn answer_from(client: &McpClient, call: Call) -> (StatusCode, Value) {
+    let res = client.send(call).await;
+    let status = res.status();
+    let mut all = said(res).await;
+    (status, all.pop().expect("one message"))
+}
+
+async fn settled_on(client: &McpClient, task: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let (status, got) = answer_from(client, tasks_call(91, "tasks/get", task)).await;
+        assert_eq!(status, StatusCode::OK, "{got}");
+        if got["result"]["status"] != "working" {
+            return got["result"].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task never settled: {got}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
