@@ -8,8 +8,8 @@
 //! proxy — with every message it missed, exactly once, in order.
 //!
 //! One log, many dialects: the log knows streams of opaque entries; the
-//! dialects (`Last-Event-ID`, resume tokens, resumable requests, streams;
-//! tasks next) are thin adapters over append / read-after-cursor / status.
+//! dialects (`Last-Event-ID`, resume tokens, resumable requests, streams,
+//! tasks) are thin adapters over append / read-after-cursor / status.
 //!
 //! # Layout
 //!
@@ -27,7 +27,9 @@
 //!   exchanges with HTTP and stdio upstreams (renewing an upstream session
 //!   the upstream lost; admitting new streams under the session, principal
 //!   and disk caps), answers from the log, the one error type
-//!   [`proxy::Rejection`], and [`proxy::modern`] (stateless pass-through).
+//!   [`proxy::Rejection`], [`proxy::modern`] (stateless pass-through) and
+//!   [`proxy::tasks`] (durable tasks for modern clients of task-unaware
+//!   upstreams: the call that becomes a task, the `tasks/*` methods).
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
@@ -47,7 +49,8 @@
 //!   (negotiation, command router, presentation);
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
 //!   [`dialect::resumable_request`] (seed 002), [`dialect::streams`]
-//!   (seed 003).
+//!   (seed 003), [`dialect::tasks`] (the 2026-07-28 tasks extension's wire
+//!   shapes).
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its

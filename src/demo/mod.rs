@@ -18,7 +18,12 @@ use upstream::{DemoOptions, DemoUpstream};
 /// Starts the demo upstream on a free loopback port and the proxy in front of
 /// it, prints a walkthrough, and serves until Ctrl-C.
 pub async fn run(mut config: Config) -> anyhow::Result<()> {
-    let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default()).await?;
+    // Modern requests too, so that step 5 (tasks) has a modern upstream.
+    let options = DemoOptions {
+        modern: true,
+        ..DemoOptions::default()
+    };
+    let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options).await?;
     config.upstream = vec![UpstreamConfig::new(demo.url())];
     config.validate()?;
     let server = Server::start(config).await?;
@@ -81,6 +86,20 @@ mcp-resume-proxy demo
    -d '{{"jsonrpc":"2.0","id":2,"method":"requests/resume","params":{{"resumeToken":"<token>"}}}}'
    -d '{{"jsonrpc":"2.0","id":4,"method":"stream/poll","params":{{"streamId":"<streamId>"}}}}'
    -d '{{"jsonrpc":"2.0","id":5,"method":"stream/resume","params":{{"streamId":"<streamId>"}}}}'
+
+5. Tasks, for modern (2026-07-28) clients: no session, and the request
+   declares the tasks extension in its own _meta. A call still running after
+   a second becomes a task the proxy keeps, even across a kill -9:
+
+   curl -s {proxy} -H 'MCP-Protocol-Version: 2026-07-28' -H 'Mcp-Method: tools/call' \
+     -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
+     -d '{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"slow","arguments":{{"steps":20,"interval_ms":1000}},"_meta":{{"io.modelcontextprotocol/clientCapabilities":{{"extensions":{{"io.modelcontextprotocol/tasks":{{}}}}}}}}}}}}'
+
+   The answer has resultType "task" and a taskId. Poll it (working, then
+   completed with the tool's result), or cancel it, with the same headers
+   but Mcp-Method: tasks/get (or tasks/cancel):
+
+   -d '{{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{{"taskId":"<taskId>","_meta":{{"io.modelcontextprotocol/clientCapabilities":{{"extensions":{{"io.modelcontextprotocol/tasks":{{}}}}}}}}}}}}'
 
 Ctrl-C stops the demo.
 "#
