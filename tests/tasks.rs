@@ -341,3 +341,34 @@ async fn settled_on(client: &McpClient, task: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_listen_for_a_task_gets_each_change_of_it_as_notifications_tasks() {
+    let rig = rig().await;
+    let task = create_task(&rig, 23, 6).await;
+    let listen = request(
+        24,
+        "subscriptions/listen",
+        json!({"notifications": {"taskIds": [task, "not-a-task"]}}),
+        true,
+    );
+    let mut reader = SseReader::new(rig.client.send(modern(&listen)).await);
+    let (_, ack) = reader.next_message().await.unwrap();
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([task]));
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        24
+    );
+    let mut statuses = Vec::new();
+    while statuses.last().map(String::as_str) != Some("completed") {
+        let (_, note) = tokio::time::timeout(LIMIT, reader.next_message())
+            .await
+            .expect("a notification in time")
+            .expect("the stream stays open");
+        assert_eq!(note["method"], "notifications/tasks", "{note}");
+        assert_eq!(note["params"]["taskId"], task.as_str());
+        statuses.push(note["params"]["status"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(statuses, ["working", "completed"]);
+}

@@ -6,10 +6,12 @@
 //!
 //! [`call`] turns a call into a task once it runs past `task_after_ms`;
 //! [`methods`] answers `tasks/get`, `tasks/update` and `tasks/cancel` from
-//! the log, so any instance sharing it answers any task. The wire shapes are
+//! the log, so any instance sharing it answers any task; [`listen`] serves
+//! `notifications/tasks` on `subscriptions/listen`. The wire shapes are
 //! `dialect::tasks`'; this module does the I/O.
 
 mod call;
+mod listen;
 mod methods;
 mod view;
 
@@ -118,9 +120,15 @@ pub async fn claim(
         return discover_through(route, upstream, &request).await.map(Some);
     }
     let is_tasks_method = request.method.starts_with("tasks/");
-    if !is_tasks_method && request.method != "tools/call" {
-        return Ok(None);
-    }
+    let listen = match request.method.as_str() {
+        "subscriptions/listen" => match listen::Listen::of(&request.body) {
+            listen::Listen::Tasks(ids) => Some(ids),
+            listen::Listen::Upstream => return Ok(None),
+        },
+        "tools/call" => None,
+        _ if is_tasks_method => None,
+        _ => return Ok(None),
+    };
     // A native server keeps its own tasks: everything passes through.
     if route
         .tasks
@@ -128,6 +136,11 @@ pub async fn claim(
         .await
     {
         return Ok(None);
+    }
+    if let Some(ids) = listen {
+        return listen::serve(route, &request, ids, config.poll_interval_ms)
+            .await
+            .map(Some);
     }
     if is_tasks_method {
         check_header(&request, &crate::headers::MCP_METHOD, &request.method)?;
