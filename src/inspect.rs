@@ -245,6 +245,9 @@ struct Line<'a> {
     status: StreamStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<Outcome>,
+    /// The task the stream is a leg of (its session is then no session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
     method: Option<&'a str>,
     origin_ids: Vec<Value>,
     entries: u64,
@@ -267,6 +270,7 @@ impl<'a> Line<'a> {
             kind: meta.kind,
             status: meta.status,
             outcome: meta.outcome,
+            task: meta.task.map(|t| t.to_string()),
             method: meta.method.as_deref(),
             // Ids are kept as their raw JSON text: shown as the JSON they are.
             origin_ids: meta
@@ -346,9 +350,7 @@ fn write_table(out: &mut dyn Write, streams: &[StreamMeta], now: u64) -> std::io
         .map(|m| {
             [
                 m.id.to_string(),
-                // The table stays readable with a short session; `--session`
-                // takes a prefix, and `--json` has the whole id.
-                m.session.to_string().chars().take(8).collect(),
+                session_cell(m),
                 kind(m.kind).into(),
                 status(m.status).into(),
                 m.method.clone().unwrap_or_else(|| "-".into()),
@@ -374,6 +376,16 @@ fn write_table(out: &mut dyn Write, streams: &[StreamMeta], now: u64) -> std::io
         write_row(out, row, &widths)?;
     }
     Ok(())
+}
+
+/// The table stays readable with a short session; `--session` takes a
+/// prefix, and `--json` has the whole id. A task leg has no session (its
+/// session is the all-zero one every leg shares): its task is shown instead.
+fn session_cell(m: &StreamMeta) -> String {
+    match m.task {
+        Some(task) => format!("task:{}", &task.to_string()[..8]),
+        None => m.session.to_string().chars().take(8).collect(),
+    }
 }
 
 fn write_row(
@@ -404,9 +416,10 @@ fn write_detail(
         Some(Outcome::Error) => format!("{} (error)", status(m.status)),
         None => status(m.status).to_owned(),
     };
-    let fields: [(&str, String); 16] = [
+    let fields: [(&str, String); 17] = [
         ("stream", m.id.to_string()),
         ("session", m.session.to_string()),
+        ("task", m.task.map_or("-".into(), |t| t.to_string())),
         ("kind", kind(m.kind).into()),
         ("status", status),
         ("method", m.method.clone().unwrap_or_else(|| "-".into())),
@@ -575,6 +588,71 @@ mod tests {
         assert_eq!(relative(1_000, 13_000), "12s ago");
         assert_eq!(relative(250_000, 10_000), "in 4m");
         assert_eq!(relative(0, 2 * 86_400_000), "2d ago");
+    }
+
+    #[tokio::test]
+    async fn a_task_leg_shows_its_task_in_the_table_the_json_and_the_detail() {
+        use crate::store::contract::leg;
+        use crate::store::journal::Journal;
+        let dir = tempfile::tempdir().unwrap();
+        let task = crate::id::TaskId::random();
+        let m = leg(task);
+        {
+            let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+            store.create_stream(&m).await.unwrap();
+            store
+                .append(m.id, &[bytes::Bytes::from_static(b"{}")])
+                .await
+                .unwrap();
+            // Task records in the journal's metadata are read past.
+            let mut record = crate::store::contract::task(task, now_ms(), 60_000);
+            record.legs.push(m.id);
+            store.put_task(&record).await.unwrap();
+        }
+        let config = StoreConfig::default();
+        let source = Source {
+            data_dir: dir.path(),
+            backend: None,
+            store: &config,
+        };
+        let run = |json| {
+            let (source, options) = (
+                &source,
+                ListOptions {
+                    live: false,
+                    session: None,
+                    json,
+                },
+            );
+            async move {
+                let mut out = Vec::new();
+                list(source, &options, &mut out, &mut std::io::sink())
+                    .await
+                    .unwrap();
+                String::from_utf8(out).unwrap()
+            }
+        };
+        let table = run(false).await;
+        assert!(
+            table.contains(&format!("task:{}", &task.to_string()[..8])),
+            "{table}"
+        );
+        let line: Value = serde_json::from_str(run(true).await.trim()).unwrap();
+        assert_eq!(line["task"], Value::String(task.to_string()));
+        let options = ShowOptions {
+            id: m.id.to_string(),
+            entries: 1,
+            json: false,
+        };
+        let mut out = Vec::new();
+        show(&source, &options, &mut out, &mut std::io::sink())
+            .await
+            .unwrap();
+        let detail = String::from_utf8(out).unwrap();
+        assert!(
+            detail.contains(&format!("task          {task}")),
+            "{detail}"
+        );
     }
 
     #[test]

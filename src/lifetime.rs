@@ -1,6 +1,8 @@
 //! Lifetimes of what the log holds: recovery of streams orphaned by a crash,
 //! abandonment of streams a dialect announced and nobody came back for,
-//! retention of finished streams, and expiry of idle sessions.
+//! retention of finished streams, expiry of idle sessions, and expiry of
+//! tasks, whose legs go with them (retention never deletes a task leg: a
+//! task answers from its legs for as long as it lives).
 //!
 //! Recovery runs once before the proxy serves: a stream still `live` in the
 //! log lost its relay with the previous process. A [`Resumer`] takes it over
@@ -20,6 +22,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
+use crate::id::TaskId;
 use crate::session::Sessions;
 use crate::store::{now_ms, Result, StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
@@ -100,10 +103,11 @@ pub struct Swept {
     pub abandoned: usize,
     pub expired_streams: usize,
     pub expired_sessions: usize,
+    pub expired_tasks: usize,
 }
 
 /// Abandons streams past their deadline, deletes finished streams past
-/// retention and sessions idle too long.
+/// retention, sessions idle too long and tasks past their expiry.
 pub async fn sweep(
     log: &Log,
     sessions: &Sessions,
@@ -126,6 +130,7 @@ pub async fn sweep(
         log.delete(stream).await?;
         swept.expired_streams += 1;
     }
+    swept.expired_tasks = expire_tasks(log, now).await?;
     let idle = config.session_idle_secs.saturating_mul(1000);
     for record in log.store().list_sessions().await? {
         // The newer of what this process saw and what is stored: with a
@@ -143,6 +148,17 @@ pub async fn sweep(
         }
     }
     Ok(swept)
+}
+
+/// Deletes the tasks whose expiry passed, with their legs; a live leg's
+/// readers learn it is gone, as with any deleted stream. Returns how many.
+async fn expire_tasks(log: &Log, now: u64) -> Result<usize> {
+    let expired: Vec<TaskId> = log.store().tasks_expired_by(now).await?;
+    for task in &expired {
+        log.delete_task(*task).await?;
+        tracing::info!(%task, "task expired");
+    }
+    Ok(expired.len())
 }
 
 /// Abandons one stream whose deadline passed: the upstream is told to stop,
@@ -235,4 +251,79 @@ pub fn spawn_sweeper(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::SessionId;
+    use crate::store::commit::SyncMode;
+    use crate::store::contract::{leg, meta, task};
+    use crate::store::journal::Journal;
+    use crate::store::{Finish, SharedStore};
+
+    struct NoUpstream;
+
+    #[async_trait::async_trait]
+    impl Canceller for NoUpstream {
+        async fn cancel(&self, _stream: &StreamMeta, _why: &str) {}
+    }
+
+    /// A sweep over a fresh journal, with retention over as soon as a
+    /// stream finished.
+    async fn sweep_now(store: &SharedStore) -> Swept {
+        let log = Log::new(store.clone());
+        let sessions = Sessions::new(store.clone());
+        let config = StoreConfig {
+            retention_secs: 0,
+            ..StoreConfig::default()
+        };
+        sweep(&log, &sessions, &config, &NoUpstream).await.unwrap()
+    }
+
+    async fn finished(store: &SharedStore, stream: &StreamMeta) {
+        store.create_stream(stream).await.unwrap();
+        let end = Finish::new(StreamStatus::Completed, None);
+        store.append_final(stream.id, &[], end).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_sweep_deletes_an_expired_task_with_its_legs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: SharedStore = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        let mut expired = task(TaskId::random(), now_ms() - 2_000, 1_000);
+        let mut alive = task(TaskId::random(), now_ms(), 60_000);
+        let (done, live, kept) = (leg(expired.id), leg(expired.id), leg(alive.id));
+        finished(&store, &done).await;
+        store.create_stream(&live).await.unwrap();
+        store.create_stream(&kept).await.unwrap();
+        expired.legs = vec![done.id, live.id];
+        alive.legs = vec![kept.id];
+        store.put_task(&expired).await.unwrap();
+        store.put_task(&alive).await.unwrap();
+        let swept = sweep_now(&store).await;
+        assert_eq!((swept.expired_tasks, swept.expired_streams), (1, 0));
+        assert_eq!(store.get_task(expired.id).await.unwrap(), None);
+        for gone in [done.id, live.id] {
+            assert_eq!(store.stream_meta(gone).await.unwrap(), None);
+        }
+        assert_eq!(store.get_task(alive.id).await.unwrap(), Some(alive));
+        assert!(store.stream_meta(kept.id).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_sweep_past_retention_keeps_the_finished_legs_of_a_living_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: SharedStore = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        let mut alive = task(TaskId::random(), now_ms(), 60_000);
+        let (answered, plain) = (leg(alive.id), meta(SessionId::random()));
+        finished(&store, &answered).await;
+        finished(&store, &plain).await;
+        alive.legs = vec![answered.id];
+        store.put_task(&alive).await.unwrap();
+        let swept = sweep_now(&store).await;
+        assert_eq!((swept.expired_streams, swept.expired_tasks), (1, 0));
+        assert_eq!(store.stream_meta(plain.id).await.unwrap(), None);
+        assert!(store.stream_meta(answered.id).await.unwrap().is_some());
+    }
 }

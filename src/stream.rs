@@ -26,7 +26,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::watch;
 
-use crate::id::{Seq, StreamId};
+use crate::id::{Seq, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
@@ -413,10 +413,28 @@ impl Log {
     }
 
     pub async fn delete(&self, stream: StreamId) -> Result<()> {
+        self.forget(stream);
+        self.store.delete_stream(stream).await
+    }
+
+    /// Deletes a task and its legs (see [`crate::store::Store::delete_task`]),
+    /// forgetting what this process keeps about each leg, as
+    /// [`Log::delete`] does for one stream.
+    pub async fn delete_task(&self, task: TaskId) -> Result<()> {
+        if let Some(record) = self.store.get_task(task).await? {
+            for leg in &record.legs {
+                self.forget(*leg);
+            }
+        }
+        self.store.delete_task(task).await
+    }
+
+    /// Drops this process's bookkeeping of a stream being deleted: its
+    /// written mark, its exclusive reader, its place in the live gauge.
+    fn forget(&self, stream: StreamId) {
         self.written.remove(&stream);
         self.retire(stream);
         self.live.ended(stream);
-        self.store.delete_stream(stream).await
     }
 
     /// Ends whichever exclusive reader is attached to `stream`.

@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use super::commit::SyncMode;
 use super::{
-    now_ms, Change, Finish, Outcome, SessionRecord, SharedStore, Store, StoreError, StreamKind,
-    StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
+    now_ms, Change, Finish, Outcome, PendingInput, SessionRecord, SharedStore, Store, StoreError,
+    StreamKind, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
 };
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -426,6 +426,257 @@ pub async fn deadline_queries_name_only_the_streams_that_are_due(open: Opener) {
     assert!(store.abandoned_by(u64::MAX).await.unwrap().is_empty());
 }
 
+/// A task with legs and a pending MRTR round, as the tasks dialect leaves
+/// one mid-way.
+fn task_with_input(id: TaskId) -> TaskRecord {
+    let mut t = task(id, now_ms(), 60_000);
+    t.legs = vec![StreamId::random(), StreamId::random()];
+    t.input = Some(PendingInput {
+        request_state: Some(r#"{"opaque":[1,2]}"#.into()),
+        asked: vec!["name".into(), "age".into()],
+        answered: [("name".to_owned(), r#"{"action":"accept"}"#.to_owned())].into(),
+    });
+    t.cancelled_ms = Some(t.created_ms + 5);
+    t
+}
+
+pub async fn a_task_record_reads_back_as_written_after_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let t = task_with_input(TaskId::random());
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        assert_eq!(store.get_task(t.id).await.unwrap(), None);
+        store.put_task(&t).await.unwrap();
+        assert_eq!(store.get_task(t.id).await.unwrap(), Some(t.clone()));
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.get_task(t.id).await.unwrap(), Some(t.clone()));
+    assert_eq!(store.get_task(TaskId::random()).await.unwrap(), None);
+}
+
+pub async fn a_task_update_with_the_next_version_replaces_it_durably(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = task(TaskId::random(), now_ms(), 60_000);
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store.put_task(&t).await.unwrap();
+        t.legs.push(StreamId::random());
+        t.updated_ms += 1;
+        t.version += 1;
+        assert!(store.update_task(&t).await.unwrap());
+        assert_eq!(store.get_task(t.id).await.unwrap(), Some(t.clone()));
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.get_task(t.id).await.unwrap(), Some(t.clone()));
+}
+
+pub async fn a_task_update_with_a_stale_version_changes_nothing(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let mut stored = task(TaskId::random(), now_ms(), 60_000);
+    stored.version = 3;
+    store.put_task(&stored).await.unwrap();
+    // Another writer came first (same version), or one skipped ahead: only
+    // `stored.version + 1` replaces the record.
+    for version in [0, 1, 3, 5, u64::MAX] {
+        let late = TaskRecord {
+            legs: vec![StreamId::random()],
+            version,
+            ..stored.clone()
+        };
+        assert!(
+            !store.update_task(&late).await.unwrap(),
+            "version {version}"
+        );
+        assert_eq!(
+            store.get_task(stored.id).await.unwrap(),
+            Some(stored.clone())
+        );
+    }
+}
+
+pub async fn a_deleted_task_is_not_brought_back_by_an_update(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let mut t = task(TaskId::random(), now_ms(), 60_000);
+    store.put_task(&t).await.unwrap();
+    store.delete_task(t.id).await.unwrap();
+    t.version += 1;
+    assert!(!store.update_task(&t).await.unwrap());
+    assert_eq!(store.get_task(t.id).await.unwrap(), None);
+    // Never written at all: the same.
+    let never = TaskRecord {
+        version: 2,
+        ..task(TaskId::random(), now_ms(), 60_000)
+    };
+    assert!(!store.update_task(&never).await.unwrap());
+    assert_eq!(store.get_task(never.id).await.unwrap(), None);
+}
+
+pub async fn deleting_a_task_deletes_its_legs(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = task(TaskId::random(), now_ms(), 60_000);
+    let (first, current) = (leg(t.id), leg(t.id));
+    let other = leg(TaskId::random());
+    let plain = meta(SessionId::random());
+    t.legs = vec![first.id, current.id];
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        for m in [&first, &current, &other, &plain] {
+            store.create_stream(m).await.unwrap();
+            store.append(m.id, &bytes(&["x"])).await.unwrap();
+        }
+        store
+            .set_status(
+                first.id,
+                finish(StreamStatus::Completed, Some(Outcome::Result), now_ms()),
+            )
+            .await
+            .unwrap();
+        store.put_task(&t).await.unwrap();
+        let sub = store.subscribe(current.id);
+        store.delete_task(t.id).await.unwrap();
+        assert!(sub.borrow().finished, "the live leg's readers are told");
+        assert_eq!(store.get_task(t.id).await.unwrap(), None);
+        for leg in [first.id, current.id] {
+            assert_eq!(store.stream_meta(leg).await.unwrap(), None);
+            assert!(messages(&store, leg, 0).await.is_empty());
+        }
+        // Deleting it again finds nothing to do.
+        store.delete_task(t.id).await.unwrap();
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.get_task(t.id).await.unwrap(), None);
+    for gone in [first.id, current.id] {
+        assert_eq!(store.stream_meta(gone).await.unwrap(), None);
+        assert!(messages(&store, gone, 0).await.is_empty());
+    }
+    for kept in [other.id, plain.id] {
+        assert_eq!(messages(&store, kept, 0).await, bytes(&["x"]));
+    }
+    let legs: Vec<StreamId> = store
+        .streams_of_session(SessionId::TASKS)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(legs, vec![other.id]);
+}
+
+pub async fn expired_tasks_are_found_by_their_deadline_only(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let now = now_ms();
+    let soon = task(TaskId::random(), now, 1_000);
+    let mut later = task(TaskId::random(), now, 2_000);
+    let gone = task(TaskId::random(), now, 500);
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        for t in [&soon, &later, &gone] {
+            store.put_task(t).await.unwrap();
+        }
+        store.delete_task(gone.id).await.unwrap();
+        assert!(store.tasks_expired_by(now + 999).await.unwrap().is_empty());
+        assert_eq!(
+            store.tasks_expired_by(now + 1_000).await.unwrap(),
+            vec![soon.id]
+        );
+        // An update that changes the lifetime moves the deadline.
+        later.ttl_ms = 3_000;
+        later.version += 1;
+        assert!(store.update_task(&later).await.unwrap());
+        assert_eq!(
+            store.tasks_expired_by(now + 2_999).await.unwrap(),
+            vec![soon.id]
+        );
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(
+        store.tasks_expired_by(now + 2_999).await.unwrap(),
+        vec![soon.id]
+    );
+    let mut all = store.tasks_expired_by(now + 3_000).await.unwrap();
+    all.sort();
+    let mut want = vec![soon.id, later.id];
+    want.sort();
+    assert_eq!(all, want);
+}
+
+pub async fn a_task_leg_outlives_retention(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let t = task(TaskId::random(), now_ms(), 60_000);
+    let (leg, plain) = (leg(t.id), meta(SessionId::random()));
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store
+            .put_task(&TaskRecord {
+                legs: vec![leg.id],
+                ..t.clone()
+            })
+            .await
+            .unwrap();
+        for m in [&leg, &plain] {
+            store.create_stream(m).await.unwrap();
+            store
+                .append_final(
+                    m.id,
+                    &bytes(&["r"]),
+                    finish(StreamStatus::Completed, Some(Outcome::Result), 3_000),
+                )
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.finished_by(u64::MAX).await.unwrap(), vec![plain.id]);
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    assert_eq!(store.finished_by(u64::MAX).await.unwrap(), vec![plain.id]);
+    let kept = store.stream_meta(leg.id).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.task, kept.status, kept.finished_ms),
+        (Some(t.id), StreamStatus::Completed, Some(3_000))
+    );
+}
+
+pub async fn the_legs_of_many_tasks_share_the_tasks_session_without_meeting(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Never);
+    let one = RequestId("1".into());
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let mut t = task(TaskId::random(), now_ms(), 60_000);
+        // Every task's first call is a client's request 1.
+        let m = StreamMeta {
+            origin_ids: vec![one.clone()],
+            ..leg(t.id)
+        };
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &bytes(&["x"])).await.unwrap();
+        t.legs.push(m.id);
+        store.put_task(&t).await.unwrap();
+        tasks.push(t);
+    }
+    let legs = store.streams_of_session(SessionId::TASKS).await.unwrap();
+    assert_eq!(legs.len(), 50);
+    assert!(legs.iter().all(|m| m.task.is_some()));
+    for t in tasks.iter().step_by(2) {
+        store.delete_task(t.id).await.unwrap();
+    }
+    let mut left: Vec<StreamId> = store
+        .streams_of_session(SessionId::TASKS)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    left.sort();
+    let mut want: Vec<StreamId> = tasks.iter().skip(1).step_by(2).map(|t| t.legs[0]).collect();
+    want.sort();
+    assert_eq!(left, want);
+    for t in tasks.iter().skip(1).step_by(2) {
+        assert_eq!(messages(&store, t.legs[0], 0).await, bytes(&["x"]));
+    }
+}
+
 /// The orphans a store is handed once their writer is gone: at once for a
 /// log one process opens, after the dead writer's lease for a shared one.
 async fn orphans_of_a_dead_writer(store: &SharedStore) -> Vec<StreamMeta> {
@@ -565,6 +816,54 @@ macro_rules! contract_tests {
             async fn deadline_queries_name_only_the_streams_that_are_due() {
                 let _guard = ($guard)();
                 c::deadline_queries_name_only_the_streams_that_are_due(open).await
+            }
+
+            #[tokio::test]
+            async fn a_task_record_reads_back_as_written_after_reopen() {
+                let _guard = ($guard)();
+                c::a_task_record_reads_back_as_written_after_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn a_task_update_with_the_next_version_replaces_it_durably() {
+                let _guard = ($guard)();
+                c::a_task_update_with_the_next_version_replaces_it_durably(open).await
+            }
+
+            #[tokio::test]
+            async fn a_task_update_with_a_stale_version_changes_nothing() {
+                let _guard = ($guard)();
+                c::a_task_update_with_a_stale_version_changes_nothing(open).await
+            }
+
+            #[tokio::test]
+            async fn a_deleted_task_is_not_brought_back_by_an_update() {
+                let _guard = ($guard)();
+                c::a_deleted_task_is_not_brought_back_by_an_update(open).await
+            }
+
+            #[tokio::test]
+            async fn deleting_a_task_deletes_its_legs() {
+                let _guard = ($guard)();
+                c::deleting_a_task_deletes_its_legs(open).await
+            }
+
+            #[tokio::test]
+            async fn expired_tasks_are_found_by_their_deadline_only() {
+                let _guard = ($guard)();
+                c::expired_tasks_are_found_by_their_deadline_only(open).await
+            }
+
+            #[tokio::test]
+            async fn a_task_leg_outlives_retention() {
+                let _guard = ($guard)();
+                c::a_task_leg_outlives_retention(open).await
+            }
+
+            #[tokio::test]
+            async fn the_legs_of_many_tasks_share_the_tasks_session_without_meeting() {
+                let _guard = ($guard)();
+                c::the_legs_of_many_tasks_share_the_tasks_session_without_meeting(open).await
             }
         }
     };

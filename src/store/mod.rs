@@ -2,8 +2,9 @@
 //! sled, Redis for several instances) must offer, and the records it keeps.
 //! `contract.rs` states the contract as tests every backend runs.
 //!
-//! The store knows sessions, streams and entries, and nothing of dialects,
-//! HTTP or JSON-RPC: an entry is opaque bytes. Its one promise that everything
+//! The store knows sessions, tasks, streams and entries, and nothing of
+//! dialects, HTTP or JSON-RPC: an entry is opaque bytes (a task record keeps
+//! raw JSON text it does not read). Its one promise that everything
 //! else leans on: when `append` returns, the entries are as durable as the
 //! configured `sync` mode says, and only then do readers see them (the
 //! subscription's watermark never runs ahead of durability). Readers therefore
@@ -46,9 +47,6 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
-
-/// Transitional: the backends learn task records next.
-const NO_TASKS_YET: &str = "this backend does not store tasks yet";
 
 /// What a legacy session maps to upstream. Persisted so a restarted proxy
 /// still routes the client's `Mcp-Session-Id` to the same upstream session.
@@ -409,6 +407,7 @@ pub trait Store: Send + Sync + 'static {
     /// Streams whose abandonment deadline is at or before `now_ms`.
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>>;
     /// Finished streams that finished at or before `at_ms` (retention).
+    /// Never a task leg: legs are deleted with their task.
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>>;
 
     /// Appends messages in order, with what goes along (the upstream's mark,
@@ -502,27 +501,22 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Creates a task record; durable on return.
-    async fn put_task(&self, _task: &TaskRecord) -> Result<()> {
-        Err(StoreError::Backend(NO_TASKS_YET.into()))
-    }
-    async fn get_task(&self, _id: TaskId) -> Result<Option<TaskRecord>> {
-        Err(StoreError::Backend(NO_TASKS_YET.into()))
-    }
+    /// Creates (or replaces) a task record; durable on return. Any process
+    /// sharing the log may read and update any task: tasks have no owner
+    /// (their legs do, as every stream).
+    async fn put_task(&self, task: &TaskRecord) -> Result<()>;
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>>;
     /// Replaces a task record whose stored `version` is `task.version - 1`
     /// (compare-and-set); `false`, changing nothing, when it is not (another
     /// writer came first) or the task is gone. Durable on return.
-    async fn update_task(&self, _task: &TaskRecord) -> Result<bool> {
-        Err(StoreError::Backend(NO_TASKS_YET.into()))
-    }
-    /// Deletes a task record and every leg stream it names.
-    async fn delete_task(&self, _id: TaskId) -> Result<()> {
-        Err(StoreError::Backend(NO_TASKS_YET.into()))
-    }
+    async fn update_task(&self, task: &TaskRecord) -> Result<bool>;
+    /// Deletes a task record and every leg stream it names, with their
+    /// entries and indexes; durable on return. Legs go first: a deletion
+    /// cut short leaves the task to be deleted again, never legs without
+    /// a task (retention does not delete legs).
+    async fn delete_task(&self, id: TaskId) -> Result<()>;
     /// Tasks whose `expires_ms` is at or before `now_ms` (an index, no scan).
-    async fn tasks_expired_by(&self, _now_ms: u64) -> Result<Vec<TaskId>> {
-        Err(StoreError::Backend(NO_TASKS_YET.into()))
-    }
+    async fn tasks_expired_by(&self, now_ms: u64) -> Result<Vec<TaskId>>;
 
     /// Says goodbye at a graceful shutdown: a shared log hands this
     /// process's live streams to the other instances now, rather than when

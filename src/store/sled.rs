@@ -6,6 +6,9 @@
 //! - `streams`: stream id → JSON `StreamMeta`
 //! - `session_streams`: session id ‖ stream id → () (index for deletion)
 //! - `entries`: stream id ‖ seq (big-endian) → the message bytes
+//! - `tasks`: task id → JSON `TaskRecord`
+//! - `task_expiry`: `expires_ms` (big-endian) ‖ task id → () (the index
+//!   `tasks_expired_by` reads; written in one transaction with `tasks`)
 //!
 //! sled keeps recent inserts in process memory until a flush, so durability is
 //! the group commit's job (`commit.rs`). Appends to one stream are serialized
@@ -13,8 +16,13 @@
 //! never shown an entry that `kill -9` could take back (except in
 //! `sync = "never"`, which says so).
 //!
-//! The lookups the journal indexes (request ids, deadlines) are scans here:
-//! sled is kept for comparison and old data directories, not for scale.
+//! The lookups the journal indexes (request ids, stream deadlines) are scans
+//! here: sled is kept for comparison and old data directories, not for
+//! scale. Task expiry has its index tree all the same: the trait promises
+//! no scan there.
+//!
+//! Task legs (`StreamMeta::task`) are never due for retention: they are
+//! deleted with their task.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,11 +33,14 @@ use dashmap::DashMap;
 use tokio::sync::{watch, Mutex};
 
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
 use super::{
     Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
-    StreamMeta, Subscription, UpstreamMark, Watermark,
+    StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,
 };
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 
 /// The write end of one stream: serializes its appends and publishes its
@@ -48,6 +59,8 @@ pub struct SledStore {
     streams: sled::Tree,
     session_streams: sled::Tree,
     entries: sled::Tree,
+    tasks: sled::Tree,
+    task_expiry: sled::Tree,
     commit: GroupCommit,
     tails: DashMap<StreamId, Arc<Tail>>,
     orphans: OrphansOnce,
@@ -68,6 +81,13 @@ fn pair_key(session: SessionId, stream: StreamId) -> [u8; 32] {
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(session.as_bytes());
     key[16..].copy_from_slice(stream.as_bytes());
+    key
+}
+
+fn expiry_key(expires_ms: u64, task: TaskId) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..8].copy_from_slice(&expires_ms.to_be_bytes());
+    key[8..].copy_from_slice(task.as_bytes());
     key
 }
 
@@ -132,6 +152,8 @@ impl SledStore {
             streams: db.open_tree("streams").map_err(backend)?,
             session_streams: db.open_tree("session_streams").map_err(backend)?,
             entries: db.open_tree("entries").map_err(backend)?,
+            tasks: db.open_tree("tasks").map_err(backend)?,
+            task_expiry: db.open_tree("task_expiry").map_err(backend)?,
             db,
             commit,
             tails: DashMap::new(),
@@ -274,6 +296,56 @@ impl SledStore {
             .collect())
     }
 
+    /// Replaces a task record (and its expiry key) if `admit` accepts the
+    /// record stored now, in one transaction, so a concurrent writer sees
+    /// both or neither; waits for durability only when it wrote. Returns
+    /// whether it wrote.
+    async fn write_task(
+        &self,
+        task: &TaskRecord,
+        admit: impl Fn(Option<&TaskRecord>) -> bool,
+    ) -> Result<bool> {
+        let encoded = encode(task)?;
+        let wrote = (&self.tasks, &self.task_expiry)
+            .transaction(|(tasks, expiry)| {
+                let stored = match tasks.get(task.id.as_bytes())? {
+                    Some(bytes) => Some(
+                        decode::<TaskRecord>("task", &bytes)
+                            .map_err(ConflictableTransactionError::Abort)?,
+                    ),
+                    None => None,
+                };
+                if !admit(stored.as_ref()) {
+                    return Ok(false);
+                }
+                if let Some(old) = &stored {
+                    expiry.remove(&expiry_key(old.expires_ms(), old.id)[..])?;
+                }
+                tasks.insert(task.id.as_bytes(), encoded.as_slice())?;
+                expiry.insert(&expiry_key(task.expires_ms(), task.id)[..], &[])?;
+                Ok(true)
+            })
+            .map_err(transaction_error)?;
+        if wrote {
+            self.durable().await?;
+        }
+        Ok(wrote)
+    }
+
+    /// Removes a task record and its expiry key, in one transaction.
+    fn remove_task(&self, id: TaskId) -> Result<()> {
+        (&self.tasks, &self.task_expiry)
+            .transaction(|(tasks, expiry)| {
+                if let Some(bytes) = tasks.remove(id.as_bytes())? {
+                    let old = decode::<TaskRecord>("task", &bytes)
+                        .map_err(ConflictableTransactionError::Abort)?;
+                    expiry.remove(&expiry_key(old.expires_ms(), id)[..])?;
+                }
+                Ok(())
+            })
+            .map_err(transaction_error)
+    }
+
     /// Tells readers of a deleted stream that it will say nothing more.
     fn finish_tail(&self, stream: StreamId) {
         if let Some((_, tail)) = self.tails.remove(&stream) {
@@ -293,6 +365,13 @@ impl SledStore {
             .map_err(backend)?;
         self.finish_tail(stream);
         Ok(())
+    }
+}
+
+fn transaction_error(e: TransactionError<StoreError>) -> StoreError {
+    match e {
+        TransactionError::Abort(e) => e,
+        TransactionError::Storage(e) => backend(e),
     }
 }
 
@@ -416,7 +495,8 @@ impl Store for SledStore {
     }
 
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
-        self.due(at_ms, |m| m.finished_ms).await
+        self.due(at_ms, |m| m.finished_ms.filter(|_| m.task.is_none()))
+            .await
     }
 
     async fn delete_stream(&self, id: StreamId) -> Result<()> {
@@ -424,6 +504,54 @@ impl Store for SledStore {
             self.remove_stream_data(meta.session, id)?;
         }
         Ok(())
+    }
+
+    async fn put_task(&self, task: &TaskRecord) -> Result<()> {
+        self.write_task(task, |_| true).await.map(|_| ())
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
+        match self.tasks.get(id.as_bytes()).map_err(backend)? {
+            Some(bytes) => decode("task", &bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn update_task(&self, task: &TaskRecord) -> Result<bool> {
+        let expected = task.version.checked_sub(1);
+        self.write_task(task, |stored| {
+            stored.is_some_and(|s| Some(s.version) == expected)
+        })
+        .await
+    }
+
+    async fn delete_task(&self, id: TaskId) -> Result<()> {
+        let Some(task) = self.get_task(id).await? else {
+            return Ok(());
+        };
+        // The legs first: should this stop half-way, the task is still
+        // there to be deleted again, and retention never deletes legs.
+        for leg in &task.legs {
+            self.delete_stream(*leg).await?;
+        }
+        self.remove_task(id)?;
+        self.durable().await
+    }
+
+    async fn tasks_expired_by(&self, now_ms: u64) -> Result<Vec<TaskId>> {
+        let last = expiry_key(now_ms, TaskId([0xff; 16]));
+        self.task_expiry
+            .range(..=&last[..])
+            .keys()
+            .map(|key| {
+                let key = key.map_err(backend)?;
+                let id = key
+                    .get(8..24)
+                    .and_then(|id| id.try_into().ok())
+                    .ok_or_else(|| StoreError::Corrupt("task expiry key length".into()))?;
+                Ok(TaskId(id))
+            })
+            .collect()
     }
 
     fn size_on_disk(&self) -> u64 {

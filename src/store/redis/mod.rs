@@ -16,15 +16,20 @@
 //!   `outcome`, `acked`, `touched_ms`, `abandon_after_ms`, `abandon_at_ms`,
 //!   `last_request`, `coalesced`, `up_event`/`up_seq`, `owner`) and the
 //!   counts the store keeps (`entries`, `bytes`), overlaid on the record
-//!   when read;
+//!   when read; a task leg's also has `task`, its task's id, so that the
+//!   scripts know a leg (never due for retention) when they see one;
 //! - `{P:<stream>}:log`: a Redis Stream, entry `<seq>` has the id `0-<seq>`
 //!   (so seq ↔ entry id is exact) and one field `m`, the message;
 //! - `{P:<session>}:session`: the `SessionRecord` JSON;
 //!   `{P:<session>}:streams`: set of its stream ids;
 //!   `{P:<session>}:requests`: hash request id → `"<created_ms> <stream>"`
 //!   (the newest stream by `created_ms` wins);
+//! - `{P:<task>}:task`: hash — `record` (the `TaskRecord` JSON) and
+//!   `version` (its version, which compare-and-set checks);
 //! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
-//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms`;
+//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms` (task
+//!   legs are never in `P:finished`: they are deleted with their task);
+//!   `P:tasks`: sorted set of task ids by `expires_ms`;
 //! - `P:feed`: a capped Redis Stream of changes (appends, status, deletes,
 //!   reader claims, session updates) that instances follow (`follow.rs`);
 //! - `P:instances`: sorted set of instances by lease expiry;
@@ -44,8 +49,8 @@
 //!
 //! Limits:
 //! - The scripts that also update the global indexes (create, finish,
-//!   touch, delete, claims) name keys of several slots: fine on one Redis
-//!   primary (with replicas), refused (`CROSSSLOT`) by Redis Cluster.
+//!   touch, delete, claims, tasks) name keys of several slots: fine on one
+//!   Redis primary (with replicas), refused (`CROSSSLOT`) by Redis Cluster.
 //! - `size_on_disk` is 0 (the log is not on this machine), so the disk
 //!   quota does not apply; Redis' `maxmemory` is the bound.
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
@@ -64,10 +69,10 @@ use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire
 use self::scripts::{Scripts, FEED_LENGTH};
 pub use self::ttl::Lifetimes;
 use super::{
-    Along, Change, Entry, Finish, ReaderLease, Result, SessionNews, SessionRecord, Store,
-    StoreError, StreamMeta, Subscription, Watermark,
+    now_ms, Along, Change, Entry, Finish, ReaderLease, Result, SessionNews, SessionRecord, Store,
+    StoreError, StreamMeta, Subscription, TaskRecord, Watermark,
 };
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 
 /// How long one command may take before it fails (the client's default,
@@ -211,6 +216,10 @@ impl RedisStore {
         format!("{{{}:{id}}}:{what}", self.prefix)
     }
 
+    fn task_key(&self, id: TaskId) -> String {
+        format!("{{{}:{id}}}:task", self.prefix)
+    }
+
     fn global_key(&self, what: &str) -> String {
         format!("{}:{what}", self.prefix)
     }
@@ -273,7 +282,8 @@ impl RedisStore {
             .map_err(backend)
     }
 
-    async fn due(&self, index: &str, at: u64) -> Result<Vec<StreamId>> {
+    /// The ids in sorted set `index` whose score is at or before `at`.
+    async fn due<T: std::str::FromStr>(&self, index: &str, at: u64) -> Result<Vec<T>> {
         let raw: Vec<String> = redis::cmd("ZRANGEBYSCORE")
             .arg(self.global_key(index))
             .arg("-inf")
@@ -350,6 +360,31 @@ impl RedisStore {
             });
         }
         Ok(seq)
+    }
+
+    /// Runs the task script: writes `task`, over a stored record of version
+    /// `expected` only, if one is named. Returns whether it wrote.
+    async fn write_task(&self, task: &TaskRecord, expected: Option<u64>) -> Result<bool> {
+        let ttl = ttl::task(task.expires_ms(), now_ms());
+        let mut invocation = self.scripts.task.prepare_invoke();
+        invocation
+            .key(self.task_key(task.id))
+            .key(self.global_key("tasks"))
+            .arg(task.id.to_string())
+            .arg(expected.map(|v| v.to_string()).unwrap_or_default())
+            .arg(task.version.to_string())
+            .arg(encode(task)?)
+            .arg(task.expires_ms())
+            .arg(ttl.as_millis() as u64)
+            .arg(&self.prefix);
+        for leg in &task.legs {
+            invocation.arg(leg.to_string());
+        }
+        let wrote: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(wrote == 1)
     }
 
     async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
@@ -460,6 +495,9 @@ impl Store for RedisStore {
         if meta.status.is_live() {
             fields.push(("owner", self.instance.clone()));
         }
+        if let Some(task) = meta.task {
+            fields.push(("task", task.to_string()));
+        }
         let mut invocation = self.scripts.create.prepare_invoke();
         invocation
             .key(self.stream_key(meta.id, "meta"))
@@ -469,7 +507,11 @@ impl Store for RedisStore {
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
             .key(self.owned_key(&self.instance))
-            .key(self.global_key("instances"))
+            .key(self.global_key("instances"));
+        if let Some(task) = meta.task {
+            invocation.key(self.task_key(task));
+        }
+        invocation
             .arg(meta.id.to_string())
             .arg(meta.created_ms)
             .arg(
@@ -659,6 +701,55 @@ impl Store for RedisStore {
             .tails
             .get(&stream)
             .map(|t| *t.watermark.borrow())
+    }
+
+    async fn put_task(&self, task: &TaskRecord) -> Result<()> {
+        self.write_task(task, None).await.map(|_| ())
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
+        let raw: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(self.task_key(id))
+            .arg("record")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        raw.map(|r| decode("task", &r)).transpose()
+    }
+
+    async fn update_task(&self, task: &TaskRecord) -> Result<bool> {
+        match task.version.checked_sub(1) {
+            Some(expected) => self.write_task(task, Some(expected)).await,
+            // No stored version precedes 0.
+            None => Ok(false),
+        }
+    }
+
+    async fn delete_task(&self, id: TaskId) -> Result<()> {
+        // A record its TTL took has left its legs to theirs (the same).
+        if let Some(task) = self.get_task(id).await? {
+            for leg in &task.legs {
+                self.delete_stream(*leg).await?;
+            }
+        }
+        // After the legs: should this stop half-way, the task is still
+        // indexed to be deleted again, and retention never deletes legs.
+        redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(self.task_key(id))
+            .ignore()
+            .cmd("ZREM")
+            .arg(self.global_key("tasks"))
+            .arg(id.to_string())
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(backend)
+    }
+
+    async fn tasks_expired_by(&self, now_ms: u64) -> Result<Vec<TaskId>> {
+        self.due("tasks", now_ms).await
     }
 
     /// The log is not on this machine's disk.

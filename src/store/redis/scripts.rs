@@ -16,6 +16,7 @@ pub(super) struct Scripts {
     pub append: Script,
     pub change: Script,
     pub delete: Script,
+    pub task: Script,
     pub renew: Script,
     pub claim: Script,
 }
@@ -52,9 +53,10 @@ end
 /// Creates (or replaces) a stream's metadata and indexes it; a live stream
 /// is owned by the instance that creates it, whose lease is extended with
 /// it (so no new stream has an owner nobody knows, nor one whose lease ran
-/// out a moment ago).
+/// out a moment ago). A task leg is never indexed for retention, and its
+/// keys live as long as its task's (when the task is stored already).
 /// KEYS: meta, session streams, all streams, abandon, finished, requests,
-/// the creator's owned set, instances.
+/// the creator's owned set, instances, and for a task leg its task.
 /// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
 /// instance, lease ms, number of field/value pairs, the pairs, then the
 /// request ids.
@@ -69,8 +71,13 @@ end
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1]) end
+local task = KEYS[9]
+if task then
+  local ttl = redis.call('PTTL', task)
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+end
 if ARGV[4] ~= '' then
-  redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1])
+  if not task then redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1]) end
 else
   redis.call('SADD', KEYS[7], ARGV[1])
   renew_lease(KEYS[8], ARGV[5], ARGV[6])
@@ -97,6 +104,8 @@ return 0
 /// over).
 /// A finished stream's keys expire a while after its retention (a backstop:
 /// the sweeper deletes it first, indexes and all, while any instance runs).
+/// A task leg (its metadata has `task`) is deleted with its task instead:
+/// never indexed for retention, its keys keep the TTL its task gave them.
 /// KEYS: meta, log, finished, feed.
 /// ARGV: stream id, has mark ('1'/'0'), mark event id, status ('' none),
 /// finished_ms ('' when live), outcome ('' none), instance, prefix, TTL ms
@@ -105,6 +114,7 @@ const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= ARGV[7] and (#ARGV > 9 or ARGV[2] == '1') then return -2 end
+local leg = redis.call('HEXISTS', KEYS[1], 'task') == 1
 local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
 local added = 0
 for i = 10, #ARGV do
@@ -113,7 +123,15 @@ for i = 10, #ARGV do
   added = added + string.len(ARGV[i])
 end
 local fields = {'entries', string.format('%d', seq)}
-if added > 0 then redis.call('HINCRBY', KEYS[1], 'bytes', added) end
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], 'bytes', added)
+  if leg then
+    -- The log may have been made just now by XADD, without the TTL the
+    -- leg's metadata has from its task.
+    local ttl = redis.call('PTTL', KEYS[1])
+    if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+  end
+end
 if ARGV[2] == '1' then
   table.insert(fields, 'up_event'); table.insert(fields, ARGV[3])
   table.insert(fields, 'up_seq'); table.insert(fields, string.format('%d', seq))
@@ -124,16 +142,20 @@ if ARGV[4] ~= '' then
   if ARGV[5] ~= '' then
     finished = '1'
     table.insert(fields, 'finished_ms'); table.insert(fields, ARGV[5])
-    redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
     if owner then redis.call('SREM', owned(ARGV[8], owner), ARGV[1]) end
-    redis.call('PEXPIRE', KEYS[1], ARGV[9])
-    redis.call('PEXPIRE', KEYS[2], ARGV[9])
+    if not leg then
+      redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+      redis.call('PEXPIRE', KEYS[1], ARGV[9])
+      redis.call('PEXPIRE', KEYS[2], ARGV[9])
+    end
   else
     finished = '0'
     redis.call('HDEL', KEYS[1], 'finished_ms')
     redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('PERSIST', KEYS[1])
-    redis.call('PERSIST', KEYS[2])
+    if not leg then
+      redis.call('PERSIST', KEYS[1])
+      redis.call('PERSIST', KEYS[2])
+    end
   end
   if ARGV[6] ~= '' then table.insert(fields, 'outcome'); table.insert(fields, ARGV[6]) end
 end
@@ -196,6 +218,31 @@ feed(KEYS[8], 'i', ARGV[2], 's', ARGV[1], 'g', '1')
 return 0
 "#;
 
+/// Writes a task record; with an expected version, only over a stored
+/// record of that version (compare-and-set: versions are compared as the
+/// caller's decimal strings, never as Lua numbers). The record's key, and
+/// the keys of the legs it names, expire at the task's expiry plus slack (a
+/// backstop: the sweeper deletes the task and its legs first). No owner is
+/// checked: any instance may update any task.
+/// KEYS: task, tasks (the expiry index).
+/// ARGV: task id, expected version ('' for none: create or replace),
+/// version, record, expires_ms, TTL ms, prefix, then the legs' stream ids.
+/// Returns 1 when written, 0 when not.
+const TASK: &str = r#"
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'record', ARGV[4], 'version', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
+for i = 8, #ARGV do
+  local tag = '{' .. ARGV[7] .. ':' .. ARGV[i] .. '}'
+  redis.call('PEXPIRE', tag .. ':meta', ARGV[6])
+  redis.call('PEXPIRE', tag .. ':log', ARGV[6])
+end
+return 1
+"#;
+
 /// Renews an instance's lease: it is alive until Redis' clock passes the
 /// returned time; -1 for a retired instance, which never renews. (An
 /// instance whose lease ran out while it could not reach Redis renews like
@@ -247,6 +294,7 @@ impl Scripts {
             append: script(APPEND),
             change: script(CHANGE),
             delete: script(DELETE),
+            task: script(TASK),
             renew: script(RENEW),
             claim: script(CLAIM),
         }

@@ -334,3 +334,132 @@ async fn a_finished_streams_keys_expire_after_its_retention_and_a_sessions_after
         assert!((90_000..=100_000).contains(&left), "{left}");
     }
 }
+
+#[tokio::test]
+async fn another_instance_reads_and_compare_and_sets_the_same_task() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_instances(dir.path());
+    let mut t = crate::store::contract::task(TaskId::random(), now_ms(), 60_000);
+    a.put_task(&t).await.unwrap();
+    assert_eq!(b.get_task(t.id).await.unwrap(), Some(t.clone()));
+    // Both read version 1 and race to write version 2: B comes first.
+    t.version = 2;
+    let by_b = TaskRecord {
+        cancelled_ms: Some(t.created_ms + 1),
+        ..t.clone()
+    };
+    let by_a = TaskRecord {
+        legs: vec![StreamId::random()],
+        ..t.clone()
+    };
+    assert!(b.update_task(&by_b).await.unwrap());
+    assert!(!a.update_task(&by_a).await.unwrap(), "A lost the race");
+    assert_eq!(a.get_task(t.id).await.unwrap(), Some(by_b.clone()));
+    // A goes on from what B wrote.
+    let next = TaskRecord { version: 3, ..by_b };
+    assert!(a.update_task(&next).await.unwrap());
+    assert_eq!(b.get_task(t.id).await.unwrap(), Some(next));
+}
+
+#[tokio::test]
+async fn another_instance_deletes_a_task_with_the_live_leg_this_one_owns() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = prefix_of(dir.path());
+    let (a, b) = two_instances(dir.path());
+    let mut t = crate::store::contract::task(TaskId::random(), now_ms(), 60_000);
+    let leg = crate::store::contract::leg(t.id);
+    t.legs.push(leg.id);
+    a.create_stream(&leg).await.unwrap();
+    a.append(leg.id, &[Bytes::from_static(b"x")]).await.unwrap();
+    a.put_task(&t).await.unwrap();
+    b.delete_task(t.id).await.unwrap();
+    assert_eq!(a.stream_meta(leg.id).await.unwrap(), None);
+    assert!(matches!(
+        a.append(leg.id, &[Bytes::from_static(b"late")]).await,
+        Err(StoreError::NoSuchStream(_))
+    ));
+    // Nothing of the task or its leg is left, its owner's set included.
+    let mut conn = connection();
+    let left: Vec<String> = keys_of(&mut conn, &prefix)
+        .into_iter()
+        .filter(|k| k.contains(&t.id.to_string()) || k.contains(&leg.id.to_string()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let owned: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:owned:*"))
+        .query::<Vec<String>>(&mut conn)
+        .unwrap()
+        .into_iter()
+        .flat_map(|key| {
+            redis::cmd("SMEMBERS")
+                .arg(key)
+                .query::<Vec<String>>(&mut conn)
+                .unwrap()
+        })
+        .collect();
+    assert!(!owned.contains(&leg.id.to_string()), "{owned:?}");
+}
+
+#[tokio::test]
+async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_retention() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = prefix_of(dir.path());
+    OPENED.with(|o| o.borrow_mut().push(prefix.clone()));
+    let lifetimes = Lifetimes {
+        finished_stream: Duration::from_secs(100),
+        session: Duration::from_secs(200),
+    };
+    let store = RedisStore::new(&url(), &prefix, TEST_LEASE)
+        .unwrap()
+        .with_lifetimes(lifetimes);
+    // Expires in 10,000 s: its keys live that long plus the slack.
+    let mut t = crate::store::contract::task(TaskId::random(), now_ms(), 10_000_000);
+    let (first, second) = (
+        crate::store::contract::leg(t.id),
+        crate::store::contract::leg(t.id),
+    );
+    // The first leg is named once it exists, the second exists once named.
+    store.create_stream(&first).await.unwrap();
+    t.legs.push(first.id);
+    store.put_task(&t).await.unwrap();
+    t.legs.push(second.id);
+    t.version += 1;
+    assert!(store.update_task(&t).await.unwrap());
+    store.create_stream(&second).await.unwrap();
+    for m in [&first, &second] {
+        store
+            .append_final(
+                m.id,
+                &[Bytes::from_static(b"r")],
+                Finish::new(crate::store::StreamStatus::Completed, None),
+            )
+            .await
+            .unwrap();
+    }
+    let mut conn = connection();
+    let ttl = |conn: &mut redis::Connection, key: String| -> i64 {
+        redis::cmd("PTTL").arg(&key).query(conn).unwrap()
+    };
+    let lifetime = 10_000_000 + ttl::task(0, 0).as_millis() as i64;
+    let mut keys = vec![format!("{{{prefix}:{}}}:task", t.id)];
+    for m in [&first, &second] {
+        keys.push(format!("{{{prefix}:{}}}:meta", m.id));
+        keys.push(format!("{{{prefix}:{}}}:log", m.id));
+    }
+    for key in keys {
+        let left = ttl(&mut conn, key.clone());
+        assert!(
+            (lifetime - 10_000..=lifetime).contains(&left),
+            "{key}: {left}"
+        );
+    }
+    let version: String = redis::cmd("HGET")
+        .arg(format!("{{{prefix}:{}}}:task", t.id))
+        .arg("version")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(version, "2");
+}

@@ -1,7 +1,8 @@
 //! How long Redis keeps what the proxy no longer needs, should no instance be
 //! left to delete it: TTLs that mirror the proxy's own lifetimes (retention
-//! of finished streams, expiry of idle sessions) plus slack. A backstop only:
-//! while any instance runs, its sweeper deletes first, indexes and all.
+//! of finished streams, expiry of idle sessions, a task's own expiry) plus
+//! slack. A backstop only: while any instance runs, its sweeper deletes
+//! first, indexes and all.
 
 use std::time::Duration;
 
@@ -32,4 +33,11 @@ impl Default for Lifetimes {
     fn default() -> Self {
         Self::mirror(Duration::from_secs(900), Duration::from_secs(86_400))
     }
+}
+
+/// The TTL of a task's keys (its record and its legs'), written at `now_ms`:
+/// until the task's expiry, plus slack. Never less than the slack, so a
+/// task written after its expiry still lives until a sweeper deletes it.
+pub fn task(expires_ms: u64, now_ms: u64) -> Duration {
+    Duration::from_millis(expires_ms.saturating_sub(now_ms)) + TTL_SLACK
 }
