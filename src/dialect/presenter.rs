@@ -79,7 +79,10 @@ impl Presenter {
 
     /// When the answer must end with an interim if the stream is not over.
     pub fn deadline(&self) -> Option<Instant> {
-        self.call.as_ref().map(Call::deadline)
+        self.call
+            .as_ref()
+            .filter(|call| !call.answered())
+            .map(Call::deadline)
     }
 
     /// The interim that ends an answer at its deadline, for a client that

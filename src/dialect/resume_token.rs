@@ -112,6 +112,9 @@ pub struct Call {
     seal: Seal,
     /// The latest progress the client was shown, for the interim's text.
     last_progress: Option<Value>,
+    /// The final response went into this answer: the deadline no longer
+    /// applies (an interim after it would carry a token past the end).
+    answered: bool,
 }
 
 /// What sealing the next token needs.
@@ -155,11 +158,17 @@ impl Call {
             deadline: started + Duration::from_millis(config.interim_after_ms),
             seal: Seal::new(cx, stream)?,
             last_progress: None,
+            answered: false,
         })
     }
 
     pub fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// Whether the final response is in this answer already.
+    pub fn answered(&self) -> bool {
+        self.answered
     }
 
     /// One entry as this answer shows it; `None` skips it.
@@ -177,13 +186,11 @@ impl Call {
                 }
             };
         }
-        if self.answer_id == self.origin_id {
-            return Some(message);
-        }
         let answers_origin = jsonrpc::classify(&message).is_ok_and(|e| {
             e.kind == jsonrpc::Kind::Response && e.id.as_ref() == Some(&self.origin_id)
         });
-        if answers_origin {
+        self.answered |= answers_origin;
+        if answers_origin && self.answer_id != self.origin_id {
             return jsonrpc::with_id(&message, &self.answer_id).or(Some(message));
         }
         Some(message)
@@ -311,6 +318,7 @@ impl Continue {
                 + Duration::from_millis(cx.config.resume_tokens.interim_after_ms),
             seal: Seal::new(cx, &stream).ok_or_else(unknown)?,
             last_progress: None,
+            answered: false,
         };
         Ok(Answer::Replay(Box::new(Replay {
             reader: cx.log.watch(stream.id, token.cursor),
@@ -318,5 +326,50 @@ impl Continue {
             closing: Vec::new(),
             call: Some(call),
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn continuation() -> Call {
+        Call {
+            answer_id: RequestId("7".into()),
+            origin_id: RequestId("2".into()),
+            progress: Progress::Skip,
+            deadline: Instant::now(),
+            seal: Seal {
+                keyring: Keyring::from_secret(&[1; 32]),
+                session: SessionId::random(),
+                principal: "p".into(),
+                digest: "d".into(),
+                stream: StreamId::random(),
+                placement: Placement::Meta,
+                idle_expiry_ms: 1_000,
+            },
+            last_progress: None,
+            answered: false,
+        }
+    }
+
+    /// Under load the deadline can pass right after the final response was
+    /// written: an interim then would carry a token past the stream's end,
+    /// which fetches nothing.
+    #[test]
+    fn an_answer_holding_the_final_response_is_answered_and_takes_no_interim() {
+        let mut call = continuation();
+        let progress = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1}}"#,
+        );
+        assert!(call.entry(progress).is_none(), "skipped: not asked for");
+        assert!(!call.answered());
+        let last = call
+            .entry(Bytes::from_static(
+                br#"{"jsonrpc":"2.0","id":2,"result":{}}"#,
+            ))
+            .unwrap();
+        assert!(call.answered());
+        assert_eq!(jsonrpc::response_ids(&last), [RequestId("7".into())]);
     }
 }
