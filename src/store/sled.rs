@@ -30,12 +30,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
 use tokio::sync::{watch, Mutex};
 
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
-
 use super::{
     Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
     StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,

@@ -14,10 +14,11 @@
 //! head of every new segment, so recovery (`recover.rs`) needs only the newest
 //! segment's metadata plus the entries of older segments. A segment file is
 //! deleted as soon as no stream has entries in it — retention, session
-//! deletion and task expiry therefore give disk space back; the few entries long-lived
-//! streams keep in mostly dead segments are copied forward at rollover. Entries are
-//! read with positioned reads straight from the files (the page cache keeps
-//! recent ones hot); the index holds 16 bytes per entry, never the messages.
+//! deletion and task expiry therefore give disk space back; the few entries
+//! long-lived streams keep in mostly dead segments are copied forward at
+//! rollover. Entries are read with positioned reads straight from the files
+//! (the page cache keeps recent ones hot); the index holds 16 bytes per
+//! entry, never the messages.
 //!
 //! This module owns the locking and the order of operations; it must not
 //! move a stream's watermark before the entries below it are durable.
