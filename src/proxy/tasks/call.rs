@@ -297,7 +297,12 @@ impl Call {
             cancelled_ms: None,
             version: 1,
         };
-        self.log.store().put_task(&record).await?;
+        if let Err(e) = self.log.store().put_task(&record).await {
+            // A leg no task names would outlive everything (retention
+            // leaves legs to their task).
+            let _ = self.log.delete(leg.id).await;
+            return Err(e);
+        }
         self.log.metrics().task_created();
         Ok((record, leg))
     }

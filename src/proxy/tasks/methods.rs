@@ -184,7 +184,14 @@ async fn reissue(
         r.input = None;
         true
     })
-    .await?;
+    .await;
+    let moved_on = match moved_on {
+        Ok(moved_on) => moved_on,
+        Err(e) => {
+            let _ = log.delete(leg.id).await;
+            return Err(e.into());
+        }
+    };
     if moved_on.is_none_or(|r| r.current_leg() != Some(leg.id)) {
         // Another update re-issued first: this leg is nobody's.
         log.delete(leg.id).await?;
