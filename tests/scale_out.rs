@@ -360,3 +360,34 @@ async fn an_instance_stopped_with_sigterm_hands_its_calls_over_at_once() {
         .expect("B carries the call on well before A's lease would have run out");
     assert_whole_call(&before, &after, 14, 30);
 }
+
+/// Tasks live in the shared log: any instance answers any task, and a
+/// cancellation on one stops the upstream call the other runs.
+#[tokio::test]
+async fn a_task_created_on_a_is_polled_and_cancelled_on_b() {
+    use common::tasks::{answer_from, modern, settled_on, slow, tasks_call};
+    use std::sync::atomic::Ordering;
+    let cluster = Cluster::start(DemoOptions {
+        modern: true,
+        ..DemoOptions::default()
+    })
+    .await;
+    // Calls become tasks after the default second.
+    let (_, created) = answer_from(&cluster.a.client(), modern(&slow(1, 200, 50, true))).await;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    let (status, seen) = answer_from(&cluster.b.client(), tasks_call(2, "tasks/get", &task)).await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["result"]["status"], "working");
+    let (_, ack) = answer_from(&cluster.b.client(), tasks_call(3, "tasks/cancel", &task)).await;
+    assert_eq!(ack["result"], json!({"resultType":"complete"}));
+    let stats = cluster.upstream.stats.clone();
+    eventually("A dropped the upstream call", || {
+        stats.calls_cancelled.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let on_a = settled_on(&cluster.a.client(), &task).await;
+    assert_eq!(on_a["status"], "cancelled", "{on_a}");
+}

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::tasks::*;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -13,42 +15,6 @@ use http::StatusCode;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::DemoOptions;
 use serde_json::{json, Value};
-
-const MODERN: &str = "2026-07-28";
-
-/// `_meta` of a modern request; `tasks` declares the extension.
-fn meta(tasks: bool) -> Value {
-    let extensions = if tasks {
-        json!({"io.modelcontextprotocol/tasks": {}})
-    } else {
-        json!({})
-    };
-    json!({
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
-    })
-}
-
-fn request(id: u64, method: &str, mut params: Value, tasks: bool) -> Value {
-    params["_meta"] = meta(tasks);
-    json!({"jsonrpc":"2.0","id":id,"method":method,"params":params})
-}
-
-fn modern(body: &Value) -> Call {
-    let method = body["method"].as_str().unwrap_or_default();
-    Call::post(body)
-        .header("mcp-protocol-version", MODERN)
-        .header("mcp-method", method)
-}
-
-fn slow(id: u64, steps: u64, interval_ms: u64, tasks: bool) -> Value {
-    request(
-        id,
-        "tools/call",
-        json!({"name":"slow","arguments":{"steps":steps,"interval_ms":interval_ms}}),
-        tasks,
-    )
-}
 
 /// A proxy in front of the modern demo upstream; calls become tasks after
 /// 100 ms.
@@ -66,19 +32,6 @@ async fn rig() -> Rig {
     .await
 }
 
-/// The messages of an answer, JSON or SSE.
-async fn said(res: http::Response<hyper::body::Incoming>) -> Vec<Value> {
-    let json = res
-        .headers()
-        .get("content-type")
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if json {
-        vec![body_json(res).await]
-    } else {
-        messages(res).await
-    }
-}
-
 /// The last JSON-RPC message of a response, with its status.
 async fn answer(rig: &Rig, call: Call) -> (StatusCode, Value) {
     answer_from(&rig.client, call).await
@@ -89,10 +42,6 @@ async fn create_task(rig: &Rig, id: u64, steps: u64) -> String {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     created["result"]["taskId"].as_str().unwrap().to_owned()
-}
-
-fn tasks_call(id: u64, method: &str, task: &str) -> Call {
-    modern(&request(id, method, json!({"taskId": task}), true))
 }
 
 /// Polls `tasks/get` until the task leaves `working`.
@@ -319,29 +268,6 @@ async fn a_task_running_when_the_proxy_is_killed_ends_failed_with_a_clear_error(
     assert_eq!(completed["status"], "completed", "{completed}");
 }
 
-async fn answer_from(client: &McpClient, call: Call) -> (StatusCode, Value) {
-    let res = client.send(call).await;
-    let status = res.status();
-    let mut all = said(res).await;
-    (status, all.pop().expect("one message"))
-}
-
-async fn settled_on(client: &McpClient, task: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let (status, got) = answer_from(client, tasks_call(91, "tasks/get", task)).await;
-        assert_eq!(status, StatusCode::OK, "{got}");
-        if got["result"]["status"] != "working" {
-            return got["result"].clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task never settled: {got}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_listen_for_a_task_gets_each_change_of_it_as_notifications_tasks() {
     let rig = rig().await;
@@ -371,4 +297,25 @@ async fn a_listen_for_a_task_gets_each_change_of_it_as_notifications_tasks() {
         statuses.push(note["params"]["status"].as_str().unwrap().to_owned());
     }
     assert_eq!(statuses, ["working", "completed"]);
+}
+
+#[tokio::test]
+async fn a_task_past_its_ttl_is_unknown() {
+    let rig = Rig::with(
+        DemoOptions {
+            modern: true,
+            ..Default::default()
+        },
+        |config| {
+            config.upstream[0].tasks.task_after_ms = 0;
+            config.upstream[0].tasks.ttl_ms = 400;
+        },
+    )
+    .await;
+    let task = create_task(&rig, 25, 2).await;
+    assert_eq!(settled(&rig, &task).await["ttlMs"], 400);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, gone) = answer(&rig, tasks_call(26, "tasks/get", &task)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(gone["error"]["code"], -32602, "{gone}");
 }

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod dialects;
 pub mod process;
 pub mod redis_server;
+pub mod tasks;
 pub mod tls;
 
 use std::sync::Arc;
