@@ -201,10 +201,14 @@ impl Call {
             (Some("ping"), _) => Ok(json!({})),
             (Some("tools/list"), _) => Ok(tools_list()),
             (Some("tools/call"), _) => Ok(self.call_tool(params).await?),
+            // The spec's DiscoverResult: server info under `_meta`, and a
+            // cache hint (`ttlMs` 0: do not cache), as the SDK servers send.
             (Some("server/discover"), None) => Ok(json!({
                 "supportedVersions": [MODERN_VERSION],
                 "capabilities": {"tools": {}},
-                "serverInfo": server_info(),
+                "ttlMs": 0,
+                "cacheScope": "private",
+                "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
             })),
             _ => Err(json!({"code": -32601, "message": "Method not found"})),
         };
