@@ -282,9 +282,15 @@ impl Call {
         }
     }
 
-    /// A tool result, or None when cancelled (counted here).
+    /// A tool result, or None when cancelled (counted here, and so is a
+    /// call whose future is dropped before it ends: a JSON-mode response
+    /// whose client went away).
     async fn call_tool(&self, params: &Value) -> Option<Value> {
         DemoStats::bump(&self.stats.calls_started);
+        let mut tally = Tally {
+            stats: &self.stats,
+            completed: false,
+        };
         let args = &params["arguments"];
         let result = match params["name"].as_str().unwrap_or_default() {
             "echo" => match args["text"].as_str() {
@@ -301,11 +307,7 @@ impl Call {
             "paged" => Some(paged(params)),
             other => Some(tool_error(&format!("unknown tool: {other:?}"))),
         };
-        let counter = match result {
-            Some(_) => &self.stats.calls_completed,
-            None => &self.stats.calls_cancelled,
-        };
-        DemoStats::bump(counter);
+        tally.completed = result.is_some();
         result
     }
 
@@ -434,6 +436,24 @@ impl Call {
         }
         session.standalone.push(&message);
         Some(text_result("queued"))
+    }
+}
+
+/// Counts how a tool call ended when it goes out of scope, so that a call
+/// dropped mid-way (never `completed`) counts as cancelled too.
+struct Tally<'a> {
+    stats: &'a DemoStats,
+    completed: bool,
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        let counter = if self.completed {
+            &self.stats.calls_completed
+        } else {
+            &self.stats.calls_cancelled
+        };
+        DemoStats::bump(counter);
     }
 }
 

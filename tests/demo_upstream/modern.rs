@@ -107,3 +107,25 @@ async fn closing_a_streamed_call_cancels_it_and_counts_it() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn leaving_before_a_json_answer_cancels_the_call_and_counts_it() {
+    bounded(async {
+        let h = modern(DemoOptions {
+            json_response: true,
+            ..DemoOptions::default()
+        })
+        .await;
+        let slow = call(2, "slow", json!({"steps": 500, "interval_ms": 20}), None);
+        let left = tokio::time::timeout(Duration::from_millis(200), post_modern(&h, &slow)).await;
+        assert!(left.is_err(), "the answer came before the client left");
+
+        let stats = &h.upstream.stats;
+        until("the call counted as cancelled", || {
+            stats.calls_cancelled.load(Ordering::Relaxed) == 1
+        })
+        .await;
+        assert_eq!(stats.calls_completed.load(Ordering::Relaxed), 0);
+    })
+    .await;
+}
