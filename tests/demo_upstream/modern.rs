@@ -1,10 +1,10 @@
 //! The `modern` mode: stateless 2026-07-28 requests as the Python SDK's
 //! server answers them (the spec's `server/discover`, progress on a streamed
-//! call, a closed response as cancellation), which is what the proxy's tasks
-//! stand in front of.
+//! call, a closed response as cancellation, and multi-round-trip input with a
+//! sealed `requestState`), which is what the proxy's tasks stand in front of.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
@@ -27,6 +27,14 @@ async fn post_modern(h: &Harness, body: &Value) -> Response<Incoming> {
     h.send(Method::POST, &MODERN, Some(body)).await
 }
 
+/// The one JSON-RPC message of a modern answer, streamed or JSON.
+async fn answer(resp: Response<Incoming>) -> Value {
+    if resp.headers()["content-type"] == "text/event-stream" {
+        return Events::new(resp).rest().await.pop().expect("a message");
+    }
+    serde_json::from_slice(&read_all(resp).await).unwrap()
+}
+
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     for _ in 0..500 {
         if done() {
@@ -35,6 +43,24 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("never happened: {what}");
+}
+
+/// A `confirm` call; `state` and `answer` make it the re-issue of round 2.
+fn confirm(id: u64, arguments: Value, state: Option<&str>, answer: Option<Value>) -> Value {
+    let mut body = call(id, "confirm", arguments, None);
+    if let Some(answer) = answer {
+        body["params"]["inputResponses"] = json!({"confirm": answer});
+    }
+    if let Some(state) = state {
+        body["params"]["requestState"] = json!(state);
+    }
+    body
+}
+
+/// Round 1 of `confirm`: its `requestState`.
+async fn round_one(h: &Harness, arguments: Value) -> String {
+    let first = answer(post_modern(h, &confirm(1, arguments, None, None)).await).await;
+    first["result"]["requestState"].as_str().unwrap().to_owned()
 }
 
 #[tokio::test]
@@ -126,6 +152,113 @@ async fn leaving_before_a_json_answer_cancels_the_call_and_counts_it() {
         })
         .await;
         assert_eq!(stats.calls_completed.load(Ordering::Relaxed), 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn confirm_answers_input_required_with_one_elicitation_and_a_request_state() {
+    bounded(async {
+        let h = modern(DemoOptions::default()).await;
+        let args = json!({"text": "Delete a.txt?"});
+        let first = answer(post_modern(&h, &confirm(1, args, None, None)).await).await;
+        let result = &first["result"];
+        assert_eq!(result["resultType"], "input_required");
+        let requests = result["inputRequests"].as_object().unwrap();
+        assert_eq!(requests.keys().collect::<Vec<_>>(), ["confirm"]);
+        assert_eq!(requests["confirm"]["method"], "elicitation/create");
+        assert_eq!(requests["confirm"]["params"]["message"], "Delete a.txt?");
+        assert!(result["requestState"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn confirm_reissued_with_the_answer_and_its_state_echoes_the_answer() {
+    bounded(async {
+        let h = modern(DemoOptions::default()).await;
+        let args = json!({"text": "Delete a.txt?"});
+        let state = round_one(&h, args.clone()).await;
+        let reply = json!({"action": "accept", "content": {"confirm": true}});
+        let reissue = confirm(2, args, Some(&state), Some(reply.clone()));
+        let done = answer(post_modern(&h, &reissue).await).await;
+        assert_eq!(done["id"], 2);
+        assert_eq!(done["result"]["resultType"], "complete");
+        let text = done["result"]["content"][0]["text"].as_str().unwrap();
+        assert_eq!(text, format!("confirmed: {reply}"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reissue_with_other_arguments_is_refused_as_an_invalid_request_state() {
+    bounded(async {
+        let h = modern(DemoOptions::default()).await;
+        let state = round_one(&h, json!({"text": "Delete a.txt?"})).await;
+        let reply = json!({"action": "accept", "content": {"confirm": true}});
+        let other = confirm(
+            2,
+            json!({"text": "Delete b.txt?"}),
+            Some(&state),
+            Some(reply),
+        );
+        let resp = post_modern(&h, &other).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body: Value = serde_json::from_slice(&read_all(resp).await).unwrap();
+        assert_eq!(
+            body,
+            json!({"jsonrpc": "2.0", "id": 2, "error": {
+                "code": -32602,
+                "message": "Invalid or expired requestState",
+                "data": {"reason": "invalid_request_state"},
+            }})
+        );
+        assert_eq!(h.upstream.stats.calls_started.load(Ordering::Relaxed), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_state_sealed_by_another_server_is_refused() {
+    bounded(async {
+        let args = json!({"text": "Delete a.txt?"});
+        let earlier = modern(DemoOptions::default()).await;
+        let state = round_one(&earlier, args.clone()).await;
+        // A restarted upstream has a new key, as the Python SDK's default.
+        let restarted = modern(DemoOptions::default()).await;
+        let reply = json!({"action": "accept", "content": {"confirm": true}});
+        let reissue = confirm(2, args, Some(&state), Some(reply));
+        let resp = post_modern(&restarted, &reissue).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn confirm_asks_only_after_ask_after_ms() {
+    bounded(async {
+        let h = modern(DemoOptions::default()).await;
+        let started = Instant::now();
+        let args = json!({"ask_after_ms": 300});
+        let first = answer(post_modern(&h, &confirm(1, args, None, None)).await).await;
+        assert_eq!(first["result"]["resultType"], "input_required");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn confirm_in_a_legacy_session_is_a_tool_error() {
+    bounded(async {
+        let h = modern(DemoOptions::default()).await;
+        let session = h.initialize("2025-11-25").await;
+        let resp = h
+            .post(Some(&session), &confirm(1, json!({}), None, None))
+            .await;
+        let done = Events::new(resp).rest().await.pop().unwrap();
+        assert_eq!(done["result"]["isError"], true, "{done}");
     })
     .await;
 }
