@@ -3,6 +3,7 @@
 //! same server ([`upstream::DemoUpstream`]) is the upstream of the integration
 //! tests, so what newcomers see is what the tests check.
 
+mod mrtr;
 mod responses;
 mod session;
 mod session_wide_replay;

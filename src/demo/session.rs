@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::mrtr::{self, StateSeal};
 use super::session_wide_replay::Journal;
 use super::stats::{DemoStats, MODERN_VERSION};
 use super::stream_log::StreamLog;
@@ -151,6 +152,9 @@ pub(super) struct Call {
     cancel: watch::Receiver<bool>,
     /// Key in the session's `in_flight`, removed on drop.
     key: Option<String>,
+    /// Seals the `requestState` of MRTR answers; only stateless (2026-07-28)
+    /// calls have one.
+    seal: Option<Arc<StateSeal>>,
 }
 
 impl Drop for Call {
@@ -182,7 +186,14 @@ impl Call {
             sink,
             cancel,
             key,
+            seal: None,
         }
+    }
+
+    /// Lets the call answer MRTR (`input_required`) with states `seal` signs.
+    pub(super) fn with_seal(mut self, seal: Arc<StateSeal>) -> Call {
+        self.seal = Some(seal);
+        self
     }
 
     /// The JSON-RPC response, or None when the request was cancelled.
@@ -199,12 +210,16 @@ impl Call {
                 "instructions": format!("client capabilities: {}", params["capabilities"]),
             })),
             (Some("ping"), _) => Ok(json!({})),
-            (Some("tools/list"), _) => Ok(tools_list()),
+            (Some("tools/list"), session) => Ok(tools_list(session.is_none())),
             (Some("tools/call"), _) => Ok(self.call_tool(params).await?),
+            // The spec's DiscoverResult: server info under `_meta`, and a
+            // cache hint (`ttlMs` 0: do not cache), as the SDK servers send.
             (Some("server/discover"), None) => Ok(json!({
                 "supportedVersions": [MODERN_VERSION],
                 "capabilities": {"tools": {}},
-                "serverInfo": server_info(),
+                "ttlMs": 0,
+                "cacheScope": "private",
+                "_meta": {"io.modelcontextprotocol/serverInfo": server_info()},
             })),
             _ => Err(json!({"code": -32601, "message": "Method not found"})),
         };
@@ -212,7 +227,10 @@ impl Call {
             Ok(mut result) => {
                 if self.session.is_none() {
                     if let Some(result) = result.as_object_mut() {
-                        result.insert("resultType".into(), "complete".into());
+                        // An MRTR answer carries its own (`input_required`).
+                        result
+                            .entry("resultType")
+                            .or_insert_with(|| "complete".into());
                     }
                 }
                 json!({"jsonrpc": "2.0", "id": id, "result": result})
@@ -271,16 +289,22 @@ impl Call {
     }
 
     /// Sleeps; false if cancelled meanwhile.
-    async fn pause(&self, duration: Duration) -> bool {
+    pub(super) async fn pause(&self, duration: Duration) -> bool {
         tokio::select! {
             () = tokio::time::sleep(duration) => true,
             () = self.cancelled() => false,
         }
     }
 
-    /// A tool result, or None when cancelled (counted here).
+    /// A tool result, or None when cancelled (counted here, and so is a
+    /// call whose future is dropped before it ends: a JSON-mode response
+    /// whose client went away).
     async fn call_tool(&self, params: &Value) -> Option<Value> {
         DemoStats::bump(&self.stats.calls_started);
+        let mut tally = Tally {
+            stats: &self.stats,
+            completed: false,
+        };
         let args = &params["arguments"];
         let result = match params["name"].as_str().unwrap_or_default() {
             "echo" => match args["text"].as_str() {
@@ -293,15 +317,12 @@ impl Call {
                     .await
             }
             "notify" => self.notify(&args["text"]).await,
+            "confirm" => mrtr::confirm(self, self.seal.as_deref(), params).await,
             "spoof" => self.spoof().await,
             "paged" => Some(paged(params)),
             other => Some(tool_error(&format!("unknown tool: {other:?}"))),
         };
-        let counter = match result {
-            Some(_) => &self.stats.calls_completed,
-            None => &self.stats.calls_cancelled,
-        };
-        DemoStats::bump(counter);
+        tally.completed = result.is_some();
         result
     }
 
@@ -433,6 +454,24 @@ impl Call {
     }
 }
 
+/// Counts how a tool call ended when it goes out of scope, so that a call
+/// dropped mid-way (never `completed`) counts as cancelled too.
+struct Tally<'a> {
+    stats: &'a DemoStats,
+    completed: bool,
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        let counter = if self.completed {
+            &self.stats.calls_completed
+        } else {
+            &self.stats.calls_cancelled
+        };
+        DemoStats::bump(counter);
+    }
+}
+
 /// A tool that issues its own resume tokens (seed 000): the first call
 /// answers part 1 with `_meta.nextResumeToken`, the call re-sent with that
 /// token answers the rest without one.
@@ -452,17 +491,19 @@ fn server_info() -> Value {
     json!({"name": "demo-upstream", "version": "1.0.0"})
 }
 
-fn text_result(text: &str) -> Value {
+pub(super) fn text_result(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}]})
 }
 
-fn tool_error(text: &str) -> Value {
+pub(super) fn tool_error(text: &str) -> Value {
     json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
-fn tools_list() -> Value {
+/// The tools; `confirm` only for stateless (2026-07-28) requests, the only
+/// ones it can answer.
+fn tools_list(stateless: bool) -> Value {
     let object = |properties: Value, required: &[&str]| json!({"type": "object", "properties": properties, "required": required});
-    json!({"tools": [
+    let mut tools = json!([
         {
             "name": "echo",
             "description": "Returns its text.",
@@ -498,5 +539,19 @@ fn tools_list() -> Value {
             "description": "Sends a log message on the session's standalone GET stream.",
             "inputSchema": object(json!({"text": {"type": "string"}}), &["text"]),
         },
-    ]})
+    ]);
+    if stateless {
+        if let Some(tools) = tools.as_array_mut() {
+            tools.push(json!({
+                "name": "confirm",
+                "description": "Asks the client to confirm through MRTR: input_required with a requestState, then the re-issued call echoes the answer.",
+                "inputSchema": object(json!({
+                    "text": {"type": "string"},
+                    "ask_after_ms": {"type": "integer", "minimum": 0, "default": 0},
+                    "answer_after_ms": {"type": "integer", "minimum": 0, "default": 0},
+                }), &[]),
+            }));
+        }
+    }
+    json!({"tools": tools})
 }

@@ -4,14 +4,15 @@
 //! their in-memory event logs, and four tools (`echo`, `slow`, `ask`,
 //! `notify`) chosen to exercise everything a resuming proxy has to get right:
 //! progress, server-to-client requests, the standalone GET stream,
-//! cancellation, batches, JSON responses and SEP-1699 stream cuts. The proxy's
+//! cancellation, batches, JSON responses and SEP-1699 stream cuts; for
+//! 2026-07-28 requests also `confirm`, multi-round-trip input. The proxy's
 //! `demo` command runs it for newcomers and the integration tests run it
 //! in-process, so it speaks the wire format exactly. This file is the HTTP
 //! side (routing, status codes, headers, which response shape a request
 //! gets); `responses` builds the answers, `session` runs the methods and
-//! tools, `stream_log` keeps the resumable SSE logs, and
-//! `session_wide_replay` answers resumptions the way server-everything does
-//! when that option is on.
+//! tools, `mrtr` seals and checks the MRTR `requestState`, `stream_log` keeps
+//! the resumable SSE logs, and `session_wide_replay` answers resumptions the
+//! way server-everything does when that option is on.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use super::mrtr::StateSeal;
 use super::responses::{
     json_response, plain, response, rpc_error_response, sse_response, with_session, NoSession,
     SESSION_HEADER,
@@ -88,11 +90,15 @@ impl DemoUpstream {
         let addr = listener.local_addr()?;
         let stats = Arc::new(DemoStats::default());
         let (shutdown, stop) = watch::channel(false);
+        let random = SystemRandom::new();
+        let seal = StateSeal::generate(&random)
+            .ok_or_else(|| std::io::Error::other("no randomness for the requestState key"))?;
         let server = Arc::new(Server {
             opts,
             stats: stats.clone(),
             sessions: DashMap::new(),
-            random: SystemRandom::new(),
+            random,
+            seal: Arc::new(seal),
         });
         tokio::spawn(accept_loop(listener, server, stop));
         Ok(DemoUpstream {
@@ -163,6 +169,9 @@ struct Server {
     stats: Arc<DemoStats>,
     sessions: DashMap<String, Arc<Session>>,
     random: SystemRandom,
+    /// This server's `requestState` key: a restarted server opens no state
+    /// an earlier one sealed, as with the Python SDK's default key.
+    seal: Arc<StateSeal>,
 }
 
 impl Server {
@@ -302,7 +311,12 @@ impl Server {
     }
 
     fn start_call(&self, session: Option<Arc<Session>>, sink: Sink, request: &Value) -> Call {
-        Call::start(self.stats.clone(), session, sink, request)
+        let stateless = session.is_none();
+        let call = Call::start(self.stats.clone(), session, sink, request);
+        match stateless {
+            true => call.with_seal(self.seal.clone()),
+            false => call,
+        }
     }
 
     /// Answers the requests of one legacy POST.
@@ -400,6 +414,9 @@ impl Server {
     async fn post_modern(&self, message: Value) -> Response<Body> {
         if !is_request(&message) {
             return response(StatusCode::ACCEPTED, None, reply::empty());
+        }
+        if let Some(refusal) = self.seal.refusal(&message) {
+            return refusal;
         }
         if message["method"] != "tools/call" || self.opts.json_response {
             return self.respond_json(None, vec![message], false).await;

