@@ -319,3 +319,48 @@ async fn a_task_past_its_ttl_is_unknown() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(gone["error"]["code"], -32602, "{gone}");
 }
+
+#[tokio::test]
+async fn input_the_upstream_asks_for_is_answered_through_the_task_and_the_call_reissued() {
+    let rig = rig().await;
+    let confirm = request(
+        27,
+        "tools/call",
+        json!({"name":"confirm","arguments":{"text":"Delete a.txt?","ask_after_ms":300,"answer_after_ms":200}}),
+        true,
+    );
+    let (_, created) = answer(&rig, modern(&confirm)).await;
+    let task = created["result"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    let asked = settled(&rig, &task).await;
+    assert_eq!(asked["status"], "input_required", "{asked}");
+    let requests = asked["inputRequests"].as_object().unwrap();
+    let keys: Vec<&String> = requests.keys().collect();
+    assert_eq!(keys, ["1.confirm"], "keys carry their round");
+    assert_eq!(requests["1.confirm"]["method"], "elicitation/create");
+    assert!(
+        asked.get("requestState").is_none(),
+        "the state stays the proxy's"
+    );
+
+    let answers = json!({
+        "taskId": task,
+        "inputResponses": {
+            "0.confirm": {"action": "decline"},
+            "1.confirm": {"action": "accept", "content": {"confirm": true}},
+        },
+    });
+    let update = request(28, "tasks/update", answers, true);
+    let (status, ack) = answer(&rig, modern(&update)).await;
+    assert_eq!(status, StatusCode::OK, "{ack}");
+    assert_eq!(ack["result"], json!({"resultType":"complete"}));
+    let done = settled(&rig, &task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("confirmed:") && text.contains("accept"),
+        "{text}"
+    );
+}
