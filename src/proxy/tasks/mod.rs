@@ -129,6 +129,13 @@ pub async fn claim(
         _ if is_tasks_method => None,
         _ => return Ok(None),
     };
+    // A call that cannot become a task needs no word from the upstream.
+    let plain_call = request.method == "tools/call"
+        && config.required_tools.is_empty()
+        && !wire::declared(&request.body);
+    if plain_call {
+        return Ok(None);
+    }
     // A native server keeps its own tasks: everything passes through.
     if route
         .tasks
