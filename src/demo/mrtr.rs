@@ -20,8 +20,7 @@ use ring::hmac;
 use ring::rand::SystemRandom;
 use serde_json::{json, Value};
 
-use super::responses::json_response;
-use super::session::{text_result, Call};
+use super::responses::{json_response, text_result, tool_error};
 use crate::reply::Body;
 
 /// The one input request key `confirm` asks under.
@@ -86,18 +85,22 @@ fn bound(params: &Value) -> Vec<u8> {
     out
 }
 
+/// What the `confirm` tool answers, after how long a pause (the caller
+/// pauses, so that a cancellation during it ends the call).
+pub(super) struct Confirm {
+    pub pause: Duration,
+    pub answer: Value,
+}
+
 /// The `confirm` tool. Arguments: `text` (the question, default "Proceed?"),
 /// `ask_after_ms` (pause before round 1 answers), `answer_after_ms` (pause
-/// before the re-issue answers). None when cancelled during a pause.
-pub(super) async fn confirm(
-    call: &Call,
-    seal: Option<&StateSeal>,
-    params: &Value,
-) -> Option<Value> {
+/// before the re-issue answers).
+pub(super) fn confirm(seal: Option<&StateSeal>, params: &Value) -> Confirm {
     let Some(seal) = seal else {
-        return Some(super::session::tool_error(
-            "confirm asks through MRTR, which needs a 2026-07-28 request",
-        ));
+        return Confirm {
+            pause: Duration::ZERO,
+            answer: tool_error("confirm asks through MRTR, which needs a 2026-07-28 request"),
+        };
     };
     let args = &params["arguments"];
     let answer = params.pointer("/inputResponses/confirm");
@@ -107,10 +110,7 @@ pub(super) async fn confirm(
         "ask_after_ms"
     };
     let pause = Duration::from_millis(args[pause].as_u64().unwrap_or(0).min(60_000));
-    if !call.pause(pause).await {
-        return None;
-    }
-    Some(match answer {
+    let answer = match answer {
         Some(answer) => text_result(&format!("confirmed: {answer}")),
         // Round 1, or a re-issue that answered other keys only: ask (again).
         None => json!({
@@ -129,5 +129,6 @@ pub(super) async fn confirm(
             }},
             "requestState": seal.seal(params),
         }),
-    })
+    };
+    Confirm { pause, answer }
 }

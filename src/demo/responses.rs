@@ -6,7 +6,6 @@ use http::header::{self, HeaderName};
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::Value;
 
-use super::session::Session;
 use crate::reply::{self, Body};
 
 pub(super) const SESSION_HEADER: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -73,10 +72,20 @@ pub(super) fn sse_response(body: Body) -> Response<Body> {
     resp
 }
 
-pub(super) fn with_session(mut resp: Response<Body>, session: &Session) -> Response<Body> {
+pub(super) fn with_session(mut resp: Response<Body>, session: &str) -> Response<Body> {
     // Our ids are hex, so this cannot fail; the check costs nothing.
-    if let Ok(id) = HeaderValue::from_str(&session.id) {
+    if let Ok(id) = HeaderValue::from_str(session) {
         resp.headers_mut().insert(SESSION_HEADER, id);
     }
     resp
+}
+
+/// A tool's result with one text.
+pub(super) fn text_result(text: &str) -> Value {
+    serde_json::json!({"content": [{"type": "text", "text": text}]})
+}
+
+/// A tool's error result (`isError: true`) with one text.
+pub(super) fn tool_error(text: &str) -> Value {
+    serde_json::json!({"content": [{"type": "text", "text": text}], "isError": true})
 }

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::mrtr::{self, StateSeal};
+use super::responses::{text_result, tool_error};
 use super::session_wide_replay::Journal;
 use super::stats::{DemoStats, MODERN_VERSION};
 use super::stream_log::StreamLog;
@@ -317,7 +318,10 @@ impl Call {
                     .await
             }
             "notify" => self.notify(&args["text"]).await,
-            "confirm" => mrtr::confirm(self, self.seal.as_deref(), params).await,
+            "confirm" => {
+                let confirm = mrtr::confirm(self.seal.as_deref(), params);
+                self.pause(confirm.pause).await.then_some(confirm.answer)
+            }
             "spoof" => self.spoof().await,
             "paged" => Some(paged(params)),
             other => Some(tool_error(&format!("unknown tool: {other:?}"))),
@@ -489,14 +493,6 @@ fn paged(params: &Value) -> Value {
 
 fn server_info() -> Value {
     json!({"name": "demo-upstream", "version": "1.0.0"})
-}
-
-pub(super) fn text_result(text: &str) -> Value {
-    json!({"content": [{"type": "text", "text": text}]})
-}
-
-pub(super) fn tool_error(text: &str) -> Value {
-    json!({"content": [{"type": "text", "text": text}], "isError": true})
 }
 
 /// The tools; `confirm` only for stateless (2026-07-28) requests, the only

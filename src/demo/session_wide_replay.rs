@@ -19,14 +19,18 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::sync::{mpsc, oneshot};
 
-use super::stream_log::KEEP_ALIVE_EVERY;
 use crate::reply::{self, Body};
 use crate::sse;
+
+/// How often an idle standalone GET stream gets a comment, so that
+/// intermediaries do not time the connection out.
+pub(crate) const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
 
 /// What the SDK stores for a priming event, and so what a replay sends for
 /// one: a message event with data `{}` (live it had empty data).

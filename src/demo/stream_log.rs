@@ -10,17 +10,12 @@
 //! log takes its ids from the session's journal, which answers those GETs.)
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, watch};
 
-use super::session_wide_replay::Journal;
+use super::session_wide_replay::{Journal, KEEP_ALIVE_EVERY};
 use crate::sse;
-
-/// How often an idle standalone GET stream gets a comment, so that
-/// intermediaries do not time the connection out.
-pub(crate) const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
 
 /// One logged event. `data == None` is a priming event (id, empty data).
 #[derive(Clone)]

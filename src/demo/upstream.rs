@@ -276,7 +276,7 @@ impl Server {
         if requests.is_empty() {
             return with_session(
                 response(StatusCode::ACCEPTED, None, reply::empty()),
-                &session,
+                &session.id,
             );
         }
         self.respond(session, requests, batch, http11).await
@@ -355,7 +355,7 @@ impl Server {
 
         let limit = self.opts.close_after_events;
         let retry = limit.map(|_| POLL_RETRY_MS);
-        let sse = |body| with_session(sse_response(body), &session);
+        let sse = |body| with_session(sse_response(body), &session.id);
         let opts = PumpOptions {
             limit,
             keep_alive: false,
@@ -404,7 +404,7 @@ impl Server {
             None => response(StatusCode::ACCEPTED, None, reply::empty()),
         };
         match &session {
-            Some(session) => with_session(resp, session),
+            Some(session) => with_session(resp, &session.id),
             None => resp,
         }
     }
@@ -455,7 +455,7 @@ impl Server {
             DemoStats::bump(&self.stats.resumed_gets);
             let last = String::from_utf8_lossy(last.as_bytes());
             let body = session_wide_replay::replay(journal.clone(), &last);
-            return with_session(sse_response(body), &session);
+            return with_session(sse_response(body), &session.id);
         }
         // Our ids are `{stream_key}-{index}`; anything else is not ours.
         let found = last.to_str().ok().and_then(|last| {
@@ -487,7 +487,7 @@ impl Server {
                     ids: true,
                 };
                 tokio::spawn(async move { pump(&log, from, tx, opts, |_| {}).await });
-                with_session(sse_response(body), &session)
+                with_session(sse_response(body), &session.id)
             }
         }
     }
@@ -511,7 +511,7 @@ impl Server {
             DemoStats::bump(&self.stats.resumed_gets);
         }
         let (tx, body) = reply::streamed(16);
-        let resp = with_session(sse_response(body), &session);
+        let resp = with_session(sse_response(body), &session.id);
         tokio::spawn(async move {
             let opts = PumpOptions {
                 limit: None,
