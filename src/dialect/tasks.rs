@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::jsonrpc::RequestId;
+use crate::store::rfc3339;
 
 /// The extension's identifier, in `_meta` declarations and capabilities.
 pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -278,45 +279,9 @@ pub fn with_extension(message: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&value).ok()
 }
 
-/// Unix milliseconds as RFC 3339 UTC (`2026-11-23T19:04:03.537Z`).
-pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, day_secs) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days as i64);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        day_secs / 3600,
-        day_secs % 3600 / 60,
-        day_secs % 60,
-        ms % 1000
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day): Howard Hinnant's
-/// `civil_from_days`, exact for the proleptic Gregorian calendar.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc_with_milliseconds() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(1_795_460_643_537), "2026-11-23T19:04:03.537Z");
-        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    }
 
     #[test]
     fn the_declaration_is_read_from_the_requests_own_meta() {
