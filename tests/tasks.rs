@@ -12,23 +12,27 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::config::{Config, UpstreamConfig};
+use mcp_resume_proxy::config::{Config, TasksConfig, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::DemoOptions;
 use serde_json::{json, Value};
 
 /// A proxy in front of the modern demo upstream; calls become tasks after
 /// 100 ms.
 async fn rig() -> Rig {
-    Rig::with(
-        DemoOptions {
-            modern: true,
-            ..Default::default()
-        },
-        |config| {
-            config.upstream[0].tasks.task_after_ms = 100;
-            config.upstream[0].tasks.poll_interval_ms = 50;
-        },
-    )
+    rig_with(|tasks| tasks.task_after_ms = 100).await
+}
+
+/// The same with other task settings (`poll_interval_ms` 50 unless set).
+async fn rig_with(tweak: impl FnOnce(&mut TasksConfig)) -> Rig {
+    let options = DemoOptions {
+        modern: true,
+        ..Default::default()
+    };
+    Rig::with(options, |config| {
+        let tasks = &mut config.upstream[0].tasks;
+        tasks.poll_interval_ms = 50;
+        tweak(tasks);
+    })
     .await
 }
 
@@ -125,14 +129,7 @@ async fn cancelling_a_task_stops_the_upstream_call() {
 
 #[tokio::test]
 async fn a_client_gone_before_its_answer_cancels_the_call() {
-    let rig = Rig::with(
-        DemoOptions {
-            modern: true,
-            ..Default::default()
-        },
-        |config| config.upstream[0].tasks.task_after_ms = 400,
-    )
-    .await;
+    let rig = rig_with(|tasks| tasks.task_after_ms = 400).await;
     let client = McpClient::new(rig.client.url.clone());
     let sent = tokio::spawn(async move { client.send(modern(&slow(8, 100, 50, true))).await });
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -301,16 +298,10 @@ async fn a_listen_for_a_task_gets_each_change_of_it_as_notifications_tasks() {
 
 #[tokio::test]
 async fn a_task_past_its_ttl_is_unknown() {
-    let rig = Rig::with(
-        DemoOptions {
-            modern: true,
-            ..Default::default()
-        },
-        |config| {
-            config.upstream[0].tasks.task_after_ms = 0;
-            config.upstream[0].tasks.ttl_ms = 400;
-        },
-    )
+    let rig = rig_with(|tasks| {
+        tasks.task_after_ms = 0;
+        tasks.ttl_ms = 400;
+    })
     .await;
     let task = create_task(&rig, 25, 2).await;
     assert_eq!(settled(&rig, &task).await["ttlMs"], 400);
