@@ -355,3 +355,71 @@ async fn input_the_upstream_asks_for_is_answered_through_the_task_and_the_call_r
         "{text}"
     );
 }
+
+/// Clients poll their tasks through a relay that cuts responses at random
+/// byte positions: a cut poll is asked again; every task's statuses only
+/// move forward, and every task ends completed with the upstream's result.
+#[tokio::test]
+async fn polls_cut_at_random_lose_no_task_and_change_no_result() {
+    use common::chaos::{cuts_wanted, seed, Relay, Rng};
+    use http_body_util::BodyExt;
+    let rig = rig().await;
+    let relay = Relay::start(rig.proxy.as_ref().expect("proxy").addr).await;
+    let through = McpClient::unpooled(relay.url());
+    let seed = seed();
+    eprintln!("task chaos: seed {seed} (replay with CHAOS_SEED={seed})");
+    let mut rng = Rng::new(seed);
+    let wanted = cuts_wanted(40);
+    let mut tasks = Vec::new();
+    for id in 0..8 {
+        tasks.push((create_task(&rig, 100 + id, 4 + id % 5).await, Vec::new()));
+    }
+    let direct = McpClient::new(rig.upstream.url());
+    let expected = |steps: u64| {
+        let direct = &direct;
+        async move { said(direct.send(modern(&slow(1, steps, 1, false))).await).await }
+    };
+    let mut polls = 0;
+    while tasks.iter().any(|(_, seen): &(String, Vec<Value>)| {
+        seen.last().is_none_or(|s| s["status"] != "completed")
+    }) || relay.cuts() < wanted
+    {
+        polls += 1;
+        assert!(polls < 20_000, "seed {seed}: polling never ended");
+        let n = rng.below(tasks.len() as u64) as usize;
+        if rng.below(2) == 0 {
+            relay.arm(rng.below(400) as usize);
+        } else {
+            relay.disarm();
+        }
+        let call = tasks_call(200, "tasks/get", &tasks[n].0);
+        let Ok(res) = through.try_send(call).await else {
+            continue; // cut in the head
+        };
+        let Ok(body) = res.into_body().collect().await else {
+            continue; // cut in the body
+        };
+        let Ok(got) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+            continue;
+        };
+        tasks[n].1.push(got["result"].clone());
+    }
+    for (i, (task, seen)) in tasks.iter().enumerate() {
+        let statuses: Vec<&str> = seen.iter().filter_map(|s| s["status"].as_str()).collect();
+        let first_done = statuses.iter().position(|s| *s == "completed").unwrap();
+        assert!(
+            statuses[..first_done].iter().all(|s| *s == "working")
+                && statuses[first_done..].iter().all(|s| *s == "completed"),
+            "seed {seed}: task {task} went {statuses:?}"
+        );
+        let want = expected(4 + i as u64 % 5).await;
+        for done in &seen[first_done..] {
+            assert_eq!(
+                done["result"],
+                want.last().unwrap()["result"],
+                "seed {seed}"
+            );
+        }
+    }
+    assert!(relay.cuts() >= wanted, "seed {seed}: {} cuts", relay.cuts());
+}
