@@ -113,6 +113,84 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     IgnoredAny::deserialize(d).map(|_| true)
 }
 
+/// What routing an upstream message needs, from one parse: its envelope
+/// and, for progress, the token (raw JSON) and value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Glance {
+    pub envelope: Envelope,
+    pub progress: Option<Progress>,
+}
+
+/// A `notifications/progress`'s token (raw JSON text) and `progress`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    pub token: String,
+    pub value: Option<f64>,
+}
+
+/// [`Peek`] with the params progress lives in (no `flatten`: it cannot
+/// borrow raw values).
+#[derive(Deserialize)]
+struct Look<'a> {
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    method: Option<Cow<'a, str>>,
+    #[serde(default, deserialize_with = "present")]
+    result: bool,
+    error: Option<IgnoredAny>,
+    #[serde(borrow)]
+    params: Option<ProgressParams<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ProgressParams<'a> {
+    #[serde(rename = "progressToken", borrow)]
+    token: Option<&'a RawValue>,
+    #[serde(borrow)]
+    progress: Option<&'a RawValue>,
+    #[serde(rename = "_meta", borrow)]
+    meta: Option<ProgressMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ProgressMeta<'a> {
+    #[serde(rename = "progressToken", borrow)]
+    token: Option<&'a RawValue>,
+}
+
+/// Classifies one message and reads its progress, in one parse (the
+/// relay's look at every upstream message).
+pub fn glance(bytes: &[u8]) -> Result<Glance, ParseError> {
+    // Cheap check first: most messages carry no params worth reading.
+    if memchr::memmem::find(bytes, b"notifications/progress").is_none() {
+        return classify(bytes).map(|envelope| Glance {
+            envelope,
+            progress: None,
+        });
+    }
+    let look: Look<'_> =
+        serde_json::from_slice(bytes).map_err(|e| ParseError::Json(e.to_string()))?;
+    let params = look.params;
+    let envelope = envelope(Peek {
+        jsonrpc: look.jsonrpc,
+        id: look.id,
+        method: look.method,
+        result: look.result,
+        error: look.error,
+    })?;
+    let progress = params
+        .filter(|_| envelope.is_method("notifications/progress"))
+        .and_then(|p| {
+            let token = p.token.or(p.meta.and_then(|m| m.token))?;
+            Some(Progress {
+                token: token.get().to_owned(),
+                value: p.progress.and_then(|v| v.get().parse().ok()),
+            })
+        });
+    Ok(Glance { envelope, progress })
+}
+
 /// Classifies one message (an object, not an array).
 pub fn classify(bytes: &[u8]) -> Result<Envelope, ParseError> {
     let peek: Peek<'_> =
@@ -274,21 +352,6 @@ pub fn progress_of(bytes: &[u8]) -> Option<String> {
         return None;
     }
     progress_token(bytes)
-}
-
-/// The `progress` value of a `notifications/progress` (seed 004: it
-/// increases with every notification of one token), or `None`.
-pub fn progress_value(bytes: &[u8]) -> Option<f64> {
-    #[derive(Deserialize)]
-    struct Params {
-        progress: Option<f64>,
-    }
-    #[derive(Deserialize)]
-    struct Note {
-        params: Option<Params>,
-    }
-    let note: Note = serde_json::from_slice(bytes).ok()?;
-    note.params?.progress
 }
 
 /// Progress tokens of the requests in a POST body.
@@ -504,6 +567,24 @@ pub fn error_response_with_data(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_glance_reads_the_envelope_and_progress_in_one_parse() {
+        let note = glance(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"t","progress":3.5}}"#).unwrap();
+        assert_eq!(note.envelope.kind, Kind::Notification);
+        let progress = note.progress.unwrap();
+        assert_eq!(
+            (progress.token.as_str(), progress.value),
+            ("\"t\"", Some(3.5))
+        );
+        let meta = glance(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"progressToken":7},"progress":1}}"#).unwrap();
+        assert_eq!(meta.progress.unwrap().token, "7");
+        let answer =
+            glance(br#"{"jsonrpc":"2.0","id":4,"result":{"text":"notifications/progress"}}"#)
+                .unwrap();
+        assert_eq!(answer.envelope.id, Some(RequestId("4".into())));
+        assert!(answer.progress.is_none());
+    }
 
     #[test]
     fn classifies_every_message_kind() {

@@ -74,7 +74,7 @@ impl Relay {
     /// Logs every message of `messages` and then finishes the stream.
     pub async fn run(self, messages: Messages) {
         let pending = self.stream.origin_ids.iter().cloned().collect();
-        let reading = Reading::new(pending, Replayed::default(), Sorter::new(&self.stream));
+        let reading = Reading::new(Replayed::default(), Sorter::new(&self.stream, pending));
         self.supervise(Source::Open(Box::new(messages)), reading)
             .await
     }
@@ -105,7 +105,7 @@ impl Relay {
             .collect();
         // What the previous run logged teaches the sorter which progress is
         // old news; what it logged after the mark is skipped when replayed.
-        let mut sorter = Sorter::new(&self.stream);
+        let mut sorter = Sorter::new(&self.stream, pending);
         for entry in &logged {
             sorter.logged(&entry.message);
         }
@@ -115,7 +115,7 @@ impl Relay {
                 .map(|e| e.message)
                 .collect(),
         );
-        let reading = Reading::new(pending, replayed, sorter);
+        let reading = Reading::new(replayed, sorter);
         self.supervise(Source::Resume(mark.event_id), reading).await
     }
 

@@ -14,7 +14,6 @@
 //!
 //! Nothing here writes to the log: batches go to the writing half.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -23,7 +22,7 @@ use tokio::time::Instant;
 use super::sort::{Belongs, Sorter};
 use super::{Feed, Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
 use crate::ingest::Batch;
-use crate::jsonrpc::{self, RequestId};
+
 use crate::metrics::ResumedAfter;
 use crate::session::Stray;
 use crate::store::{StreamKind, StreamStatus};
@@ -52,8 +51,6 @@ pub enum Source {
 
 /// What the reading half knows of the upstream stream it follows.
 pub struct Reading {
-    /// Requests of the stream not answered yet.
-    pub pending: HashSet<RequestId>,
     /// Entries a previous run logged after its last mark (skipped once).
     pub replayed: Replayed,
     pub sorter: Sorter,
@@ -88,10 +85,9 @@ enum Heard {
 }
 
 impl Reading {
-    pub fn new(pending: HashSet<RequestId>, replayed: Replayed, sorter: Sorter) -> Self {
+    pub fn new(replayed: Replayed, sorter: Sorter) -> Self {
         let now = Instant::now();
         Self {
-            pending,
             replayed,
             sorter,
             mark: None,
@@ -296,14 +292,10 @@ impl Relay {
     /// One batch for the writing half: complete when it answers the last
     /// pending request, and carrying the stream's upstream mark.
     fn batch(&self, reading: &mut Reading, messages: Vec<bytes::Bytes>) -> Batch {
-        for message in &messages {
-            for id in jsonrpc::response_ids(message) {
-                reading.pending.remove(&id);
-            }
-        }
         // The last response in means the stream is complete: the upstream
         // SHOULD end it now, and nothing after it belongs to the client.
-        let complete = self.stream.kind == StreamKind::Request && reading.pending.is_empty();
+        let complete =
+            self.stream.kind == StreamKind::Request && reading.sorter.unanswered().is_empty();
         Batch {
             messages,
             complete,
@@ -313,7 +305,7 @@ impl Relay {
 
     /// Tells the writing half the upstream stream is over.
     async fn ended(&self, reading: Reading, why: &'static str, feed: &mpsc::Sender<Feed>) {
-        let pending = reading.pending;
+        let pending = reading.sorter.unanswered().clone();
         let _ = feed.send(Feed::Ended { pending, why }).await;
     }
 

@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::id::StreamId;
-use crate::jsonrpc::{self, Kind, ParseError, RequestId};
+use crate::jsonrpc::{self, Glance, Kind, ParseError, Progress, RequestId};
 use crate::metrics::Dropped;
 use crate::session::Session;
 use crate::store::StreamMeta;
@@ -51,6 +51,8 @@ pub enum Belongs {
 pub struct Sorter {
     stream: StreamId,
     requests: HashSet<RequestId>,
+    /// The stream's requests not answered yet.
+    unanswered: HashSet<RequestId>,
     tokens: HashSet<String>,
     seen: Seen,
     /// The latest progress value logged per own token.
@@ -58,10 +60,13 @@ pub struct Sorter {
 }
 
 impl Sorter {
-    pub fn new(stream: &StreamMeta) -> Self {
+    /// A sorter for `stream`, whose requests in `unanswered` still wait for
+    /// their responses.
+    pub fn new(stream: &StreamMeta, unanswered: HashSet<RequestId>) -> Self {
         Self {
             stream: stream.id,
             requests: stream.origin_ids.iter().cloned().collect(),
+            unanswered,
             tokens: stream.progress.iter().cloned().collect(),
             seen: Seen::default(),
             progress: HashMap::new(),
@@ -74,35 +79,35 @@ impl Sorter {
         if event.id.as_ref().is_some_and(|id| self.seen.has(id)) {
             return Belongs::Nowhere(Dropped::DuplicateEvent);
         }
-        // One look at the envelope; a batch or anything unparsable stays
+        // One look at the message; a batch or anything unparsable stays
         // where it arrived, as it always did.
-        let owner = match jsonrpc::classify(&event.message) {
-            Ok(envelope) if envelope.kind == Kind::Response => match envelope.id {
-                Some(id) if !self.requests.contains(&id) => {
-                    Some((session.stream_of(&id), Dropped::ForeignResponse))
-                }
-                _ => None,
-            },
-            Ok(envelope) if envelope.is_method("notifications/progress") => {
-                match jsonrpc::progress_token(&event.message) {
-                    Some(token) if !self.tokens.contains(&token) => {
-                        Some((session.progress_stream(&token), Dropped::ForeignProgress))
-                    }
-                    _ => None,
-                }
-            }
+        let glance = match jsonrpc::glance(&event.message) {
+            Ok(glance) => glance,
             // An object that is no JSON-RPC message: server-everything
             // replays its priming events as `data: {}`.
             Err(ParseError::Shape(_)) => return Belongs::Nowhere(Dropped::NotAMessage),
+            Err(ParseError::Json(_)) => return self.take(event, None),
+        };
+        let owner = match (&glance.envelope, &glance.progress) {
+            (envelope, _) if envelope.kind == Kind::Response => match &envelope.id {
+                Some(id) if !self.requests.contains(id) => {
+                    Some((session.stream_of(id), Dropped::ForeignResponse))
+                }
+                _ => None,
+            },
+            (_, Some(progress)) if !self.tokens.contains(&progress.token) => Some((
+                session.progress_stream(&progress.token),
+                Dropped::ForeignProgress,
+            )),
             _ => None,
         };
         match owner {
-            None => self.take(event),
+            None => self.take(event, Some(glance)),
             Some((Some(stream), otherwise)) if stream != self.stream => {
                 Belongs::There { stream, otherwise }
             }
             // Named by the session as this stream's: it is.
-            Some((Some(_), _)) => self.take(event),
+            Some((Some(_), _)) => self.take(event, Some(glance)),
             Some((None, why)) => Belongs::Nowhere(why),
         }
     }
@@ -113,60 +118,95 @@ impl Sorter {
         if event.id.as_ref().is_some_and(|id| self.seen.has(id)) {
             return Belongs::Nowhere(Dropped::DuplicateEvent);
         }
-        if let Some(token) = jsonrpc::progress_of(&event.message) {
-            let value = jsonrpc::progress_value(&event.message);
-            let latest = self.progress.get(&token);
-            if let (Some(value), Some(latest)) = (value, latest) {
+        let glance = jsonrpc::glance(&event.message).ok();
+        if let Some(progress) = glance.as_ref().and_then(|g| g.progress.as_ref()) {
+            let latest = self.progress.get(&progress.token);
+            if let (Some(value), Some(latest)) = (progress.value, latest) {
                 if value <= *latest {
                     return Belongs::Nowhere(Dropped::StaleProgress);
                 }
             }
         }
-        self.take(event)
+        self.take(event, glance)
     }
 
     /// Notes a logged entry of this stream (one a previous run wrote), so
     /// that a replay of it is recognised.
     pub fn logged(&mut self, message: &[u8]) {
-        self.note_progress(message);
+        let progress = jsonrpc::glance(message).ok().and_then(|g| g.progress);
+        self.note_progress(progress);
     }
 
-    fn take(&mut self, event: &UpstreamEvent) -> Belongs {
+    /// The stream's requests still waiting for their responses.
+    pub fn unanswered(&self) -> &HashSet<RequestId> {
+        &self.unanswered
+    }
+
+    /// Takes a message into the stream: its event id is seen, its progress
+    /// noted, the request it answers answered (`glance` is `None` for what
+    /// is no single message, such as a batch of responses).
+    fn take(&mut self, event: &UpstreamEvent, glance: Option<Glance>) -> Belongs {
         if let Some(id) = &event.id {
-            self.seen.add(id.clone());
+            self.seen.add(id);
         }
-        self.note_progress(&event.message);
+        match glance {
+            Some(glance) => {
+                if glance.envelope.kind == Kind::Response {
+                    if let Some(id) = &glance.envelope.id {
+                        self.unanswered.remove(id);
+                    }
+                }
+                self.note_progress(glance.progress);
+            }
+            None => {
+                for id in jsonrpc::response_ids(&event.message) {
+                    self.unanswered.remove(&id);
+                }
+            }
+        }
         Belongs::Here
     }
 
-    fn note_progress(&mut self, message: &[u8]) {
-        let Some(token) = jsonrpc::progress_of(message) else {
+    fn note_progress(&mut self, progress: Option<Progress>) {
+        let Some(Progress {
+            token,
+            value: Some(value),
+        }) = progress
+        else {
             return;
         };
-        if let Some(value) = jsonrpc::progress_value(message) {
-            let latest = self.progress.entry(token).or_insert(value);
-            *latest = latest.max(value);
-        }
+        let latest = self.progress.entry(token).or_insert(value);
+        *latest = latest.max(value);
     }
 }
 
-/// A bounded set of upstream event ids: the newest `SEEN_IDS`.
+/// A bounded set of upstream event ids: the newest `SEEN_IDS`, kept as
+/// 64-bit digests under keys of its own (no allocation per event; a false
+/// match among 4,096 ids is about one in 10^12, and an upstream cannot aim
+/// for one without the keys).
 #[derive(Default)]
 struct Seen {
-    ids: HashSet<String>,
-    order: VecDeque<String>,
+    keys: std::collections::hash_map::RandomState,
+    ids: HashSet<u64>,
+    order: VecDeque<u64>,
 }
 
 impl Seen {
-    fn has(&self, id: &str) -> bool {
-        self.ids.contains(id)
+    fn digest(&self, id: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.keys.hash_one(id)
     }
 
-    fn add(&mut self, id: String) {
-        if !self.ids.insert(id.clone()) {
+    fn has(&self, id: &str) -> bool {
+        self.ids.contains(&self.digest(id))
+    }
+
+    fn add(&mut self, id: &str) {
+        let digest = self.digest(id);
+        if !self.ids.insert(digest) {
             return;
         }
-        self.order.push_back(id);
+        self.order.push_back(digest);
         if self.order.len() > SEEN_IDS {
             if let Some(oldest) = self.order.pop_front() {
                 self.ids.remove(&oldest);
@@ -235,7 +275,7 @@ mod tests {
     #[test]
     fn a_streams_own_response_and_progress_stay_on_it() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         for e in [event("e1", progress("a", 1)), event("e2", result(1))] {
             assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
         }
@@ -244,7 +284,7 @@ mod tests {
     #[test]
     fn another_live_requests_response_goes_to_its_stream() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         let belongs = sorter.sort(&rig.session, &event("e9", result(2)));
         assert_eq!(
             belongs,
@@ -258,7 +298,7 @@ mod tests {
     #[test]
     fn another_live_requests_progress_goes_to_its_stream() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         let belongs = sorter.sort(&rig.session, &event("e9", progress("b", 3)));
         assert_eq!(
             belongs,
@@ -272,7 +312,7 @@ mod tests {
     #[test]
     fn a_response_to_no_live_request_is_dropped() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         let ping = event("e3", result(3));
         assert_eq!(
             sorter.sort(&rig.session, &ping),
@@ -288,7 +328,7 @@ mod tests {
     #[test]
     fn progress_of_no_live_request_is_dropped() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         assert_eq!(
             sorter.sort(&rig.session, &event("e5", progress("zz", 1))),
             Belongs::Nowhere(Dropped::ForeignProgress)
@@ -298,7 +338,7 @@ mod tests {
     #[test]
     fn server_requests_and_other_notifications_stay_where_they_arrived() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         let log = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}"#;
         let ask = r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{}}"#;
         for e in [event("e6", log.into()), event("e7", ask.into())] {
@@ -309,7 +349,7 @@ mod tests {
     #[test]
     fn an_object_that_is_no_json_rpc_message_is_dropped() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         assert_eq!(
             sorter.sort(&rig.session, &event("p1", "{}".into())),
             Belongs::Nowhere(Dropped::NotAMessage)
@@ -319,7 +359,7 @@ mod tests {
     #[test]
     fn an_upstream_event_id_is_taken_once() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.one);
+        let mut sorter = Sorter::new(&rig.one, HashSet::new());
         let e = event("e1", progress("a", 1));
         assert_eq!(sorter.sort(&rig.session, &e), Belongs::Here);
         assert_eq!(
@@ -335,7 +375,7 @@ mod tests {
     #[test]
     fn a_stray_is_welcome_once_and_only_ahead_of_the_streams_progress() {
         let rig = rig();
-        let mut sorter = Sorter::new(&rig.two);
+        let mut sorter = Sorter::new(&rig.two, HashSet::new());
         sorter.logged(progress("b", 4).as_bytes());
         assert_eq!(
             sorter.welcome(&event("x3", progress("b", 3))),

@@ -355,6 +355,9 @@ impl Messages {
             }
         }
         self.id_alone = false;
+        if let Some(id) = self.ready.iter().rev().find_map(|e| e.id.as_ref()) {
+            self.last_event_id = Some(id.clone());
+        }
         Some(Ok(std::mem::take(&mut self.ready)))
     }
 
@@ -396,19 +399,18 @@ impl Messages {
             Framing::Sse(decoder) => {
                 decoder.push(data);
                 while let Some(event) = decoder.next_event() {
-                    if event.id.is_some() {
-                        self.last_event_id.clone_from(&event.id);
-                    }
                     if event.retry.is_some() {
                         self.retry_ms = event.retry;
                     }
-                    // Priming events and empty data carry no message.
+                    // Priming events and empty data carry no message. The
+                    // newest id of those that do is noted once per batch.
                     if !event.data.iter().all(u8::is_ascii_whitespace) {
                         self.ready.push(UpstreamEvent {
                             id: event.id,
                             message: event.data,
                         });
                     } else if event.id.is_some() {
+                        self.last_event_id = event.id;
                         self.id_alone = true;
                     }
                 }
