@@ -281,7 +281,7 @@ impl Call {
         let config = &self.upstream.config.tasks;
         let id = TaskId::random();
         let now = now_ms();
-        let leg = self.log.open(leg_meta(id, self.id.clone(), now)).await?;
+        let leg = leg_meta(id, self.id.clone(), now);
         let record = TaskRecord {
             id,
             route: self.route.clone(),
@@ -297,12 +297,18 @@ impl Call {
             cancelled_ms: None,
             version: 1,
         };
-        if let Err(e) = self.log.store().put_task(&record).await {
-            // A leg no task names would outlive everything (retention
-            // leaves legs to their task).
-            let _ = self.log.delete(leg.id).await;
-            return Err(e);
-        }
+        // The record first: retention leaves legs to their task, so a leg
+        // must never exist without one (a crash between the two writes
+        // leaves a record naming no stream, which reads as unknown and
+        // expires like any task).
+        self.log.store().put_task(&record).await?;
+        let leg = match self.log.open(leg).await {
+            Ok(leg) => leg,
+            Err(e) => {
+                let _ = self.log.store().delete_task(id).await;
+                return Err(e);
+            }
+        };
         self.log.metrics().task_created();
         Ok((record, leg))
     }

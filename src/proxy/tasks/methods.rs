@@ -175,28 +175,22 @@ async fn reissue(
         return Ok(());
     };
     let id = RequestId(format!("\"mcp-resume-proxy-{}-{}\"", record.id, round + 1));
-    let leg = log.open(leg_meta(record.id, id.clone(), now_ms())).await?;
+    let leg = leg_meta(record.id, id.clone(), now_ms());
+    // The record names the leg first (a leg never exists without its task,
+    // see `call::create`); only the update whose change lands re-issues.
     let moved_on = view::change(log, record.id, |r| {
         if r.legs.len() != round {
-            return false;
+            return false; // another update re-issued first
         }
         r.legs.push(leg.id);
         r.input = None;
         true
     })
-    .await;
-    let moved_on = match moved_on {
-        Ok(moved_on) => moved_on,
-        Err(e) => {
-            let _ = log.delete(leg.id).await;
-            return Err(e.into());
-        }
-    };
+    .await?;
     if moved_on.is_none_or(|r| r.current_leg() != Some(leg.id)) {
-        // Another update re-issued first: this leg is nobody's.
-        log.delete(leg.id).await?;
         return Ok(());
     }
+    let leg = log.open(leg).await?;
     let call = Call {
         log: log.clone(),
         keyring: route.shared.keyring.clone(),

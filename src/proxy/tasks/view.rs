@@ -14,6 +14,9 @@ use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
 use crate::stream::Log;
 use crate::token::Keyring;
 
+/// How long a task may name a leg not made yet before it counts as lost.
+const LEG_IN_THE_MAKING_MS: u64 = 10_000;
+
 /// Compare-and-set attempts before a change gives up (each loses only to
 /// another writer's success, so this is never reached in practice).
 const CAS_ATTEMPTS: usize = 16;
@@ -40,7 +43,22 @@ pub async fn read(log: &Log, id: TaskId) -> Result<Option<Seen>> {
         return Ok(None);
     };
     let Some(meta) = log.meta(leg).await? else {
-        return Ok(None);
+        // The record names its next leg before the leg exists (a leg must
+        // never be without its task): being made now, or lost to a crash
+        // in between — then the task failed.
+        let making = now_ms().saturating_sub(record.updated_ms) < LEG_IN_THE_MAKING_MS;
+        let status = if making {
+            TaskStatus::Working
+        } else {
+            TaskStatus::Failed
+        };
+        let updated_ms = record.updated_ms;
+        return Ok(Some(Seen {
+            record,
+            status,
+            answer: None,
+            updated_ms,
+        }));
     };
     let mut updated_ms = record.updated_ms.max(meta.finished_ms.unwrap_or(0));
     let answer = if meta.status.is_live() || meta.entries == 0 {
@@ -145,7 +163,7 @@ pub fn upstream_key(round: usize, surfaced: &str) -> Option<&str> {
 
 fn unreadable_error() -> Box<RawValue> {
     RawValue::from_string(
-        r#"{"code":-32603,"message":"the upstream's answer could not be read"}"#.into(),
+        r#"{"code":-32603,"message":"the proxy holds no answer of the upstream for this task (it could not read one, or the request was lost)"}"#.into(),
     )
     .expect("a JSON literal")
 }
