@@ -97,8 +97,10 @@ pub enum ParseError {
     Shape(&'static str),
 }
 
+/// The envelope fields of a message, and its params as `P` reads them
+/// (`IgnoredAny` when only the envelope matters).
 #[derive(Deserialize)]
-struct Peek<'a> {
+struct Peek<'a, P> {
     jsonrpc: Option<Cow<'a, str>>,
     #[serde(borrow)]
     id: Option<&'a RawValue>,
@@ -107,6 +109,7 @@ struct Peek<'a> {
     #[serde(default, deserialize_with = "present")]
     result: bool,
     error: Option<IgnoredAny>,
+    params: Option<P>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -126,21 +129,6 @@ pub struct Glance {
 pub struct Progress {
     pub token: String,
     pub value: Option<f64>,
-}
-
-/// [`Peek`] with the params progress lives in (no `flatten`: it cannot
-/// borrow raw values).
-#[derive(Deserialize)]
-struct Look<'a> {
-    jsonrpc: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    method: Option<Cow<'a, str>>,
-    #[serde(default, deserialize_with = "present")]
-    result: bool,
-    error: Option<IgnoredAny>,
-    #[serde(borrow)]
-    params: Option<ProgressParams<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -169,16 +157,10 @@ pub fn glance(bytes: &[u8]) -> Result<Glance, ParseError> {
             progress: None,
         });
     }
-    let look: Look<'_> =
+    let mut peek: Peek<'_, ProgressParams<'_>> =
         serde_json::from_slice(bytes).map_err(|e| ParseError::Json(e.to_string()))?;
-    let params = look.params;
-    let envelope = envelope(Peek {
-        jsonrpc: look.jsonrpc,
-        id: look.id,
-        method: look.method,
-        result: look.result,
-        error: look.error,
-    })?;
+    let params = peek.params.take();
+    let envelope = envelope(peek)?;
     let progress = params
         .filter(|_| envelope.is_method("notifications/progress"))
         .and_then(|p| {
@@ -193,12 +175,12 @@ pub fn glance(bytes: &[u8]) -> Result<Glance, ParseError> {
 
 /// Classifies one message (an object, not an array).
 pub fn classify(bytes: &[u8]) -> Result<Envelope, ParseError> {
-    let peek: Peek<'_> =
+    let peek: Peek<'_, IgnoredAny> =
         serde_json::from_slice(bytes).map_err(|e| ParseError::Json(e.to_string()))?;
     envelope(peek)
 }
 
-fn envelope(peek: Peek<'_>) -> Result<Envelope, ParseError> {
+fn envelope<P>(peek: Peek<'_, P>) -> Result<Envelope, ParseError> {
     if peek.jsonrpc.as_deref() != Some("2.0") {
         return Err(ParseError::Shape("\"jsonrpc\" must be \"2.0\""));
     }
