@@ -323,17 +323,9 @@ pub fn progress_token(bytes: &[u8]) -> Option<String> {
 
 /// The token of a `notifications/progress`, or `None` for anything else.
 pub fn progress_of(bytes: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Note<'a> {
-        method: Option<Cow<'a, str>>,
-    }
     // Cheap check first: most entries are not progress.
     memchr::memmem::find(bytes, b"notifications/progress")?;
-    let note: Note<'_> = serde_json::from_slice(bytes).ok()?;
-    if note.method.as_deref() != Some("notifications/progress") {
-        return None;
-    }
-    progress_token(bytes)
+    glance(bytes).ok()?.progress.map(|p| p.token)
 }
 
 /// Progress tokens of the requests in a POST body.

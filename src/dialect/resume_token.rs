@@ -173,21 +173,25 @@ impl Call {
 
     /// One entry as this answer shows it; `None` skips it.
     pub fn entry(&mut self, message: Bytes) -> Option<Bytes> {
-        if let Some(token) = jsonrpc::progress_of(&message) {
+        // One look at the entry serves both questions below.
+        let glance = jsonrpc::glance(&message).ok();
+        if let Some(token) = glance.as_ref().and_then(|g| g.progress.as_ref()) {
+            let token = &token.token;
             let mut note: Value = serde_json::from_slice(&message).ok()?;
             self.last_progress = Some(note["params"].clone());
             return match &self.progress {
                 Progress::AsLogged => Some(message),
                 Progress::Skip => None,
-                Progress::On(wanted) if *wanted == token => Some(message),
+                Progress::On(wanted) if wanted == token => Some(message),
                 Progress::On(wanted) => {
                     note["params"]["progressToken"] = serde_json::from_str(wanted).ok()?;
                     Some(Bytes::from(note.to_string()))
                 }
             };
         }
-        let answers_origin = jsonrpc::classify(&message).is_ok_and(|e| {
-            e.kind == jsonrpc::Kind::Response && e.id.as_ref() == Some(&self.origin_id)
+        let answers_origin = glance.is_some_and(|g| {
+            g.envelope.kind == jsonrpc::Kind::Response
+                && g.envelope.id.as_ref() == Some(&self.origin_id)
         });
         self.answered |= answers_origin;
         if answers_origin && self.answer_id != self.origin_id {
