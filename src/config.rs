@@ -643,8 +643,6 @@ impl Config {
                     up.path, up.resume_poll_ms, up.resume_poll_max_ms
                 ));
             }
-        }
-        for up in &self.upstream {
             let tasks = &up.tasks;
             if tasks.ttl_ms == 0 || tasks.poll_interval_ms == 0 {
                 return fail(format!(

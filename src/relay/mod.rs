@@ -44,8 +44,6 @@ enum Feed {
         pending: HashSet<RequestId>,
         why: &'static str,
     },
-    /// The stream was finished or deleted elsewhere: nothing to write.
-    Stop,
 }
 
 /// Why a stream failed when its upstream stream ended without the answer.
@@ -128,7 +126,8 @@ impl Relay {
                 tracing::debug!(stream = %id, "session ended; relay stopped");
             }
         }
-        // Whatever stopped it, the stream's inlet closes with the relay.
+        // However the relay ended (its stream finished, or the session did),
+        // the session forgets the stream here, once.
         self.release();
     }
 
@@ -158,13 +157,11 @@ impl Relay {
             let (mut batch, mut ended) = match first {
                 Feed::Messages(batch) => (batch, None),
                 Feed::Ended { pending, why } => (Batch::default(), Some((pending, why))),
-                Feed::Stop => return self.release(),
             };
             while !batch.complete && ended.is_none() {
                 match fed.try_recv() {
                     Ok(Feed::Messages(more)) => batch.extend(more),
                     Ok(Feed::Ended { pending, why }) => ended = Some((pending, why)),
-                    Ok(Feed::Stop) => return self.release(),
                     Err(_) => break,
                 }
             }
@@ -182,12 +179,12 @@ impl Relay {
                     // The stream ended with an error entry; the upstream
                     // must stop working for nobody.
                     self.cancel_upstream(why).await;
-                    return self.release();
+                    return;
                 }
-                Recorded::Lost => return self.release(),
+                Recorded::Lost => return,
             }
             if complete {
-                return self.release();
+                return;
             }
             if let Some((pending, why)) = ended {
                 let status = if self.stream.kind == StreamKind::Standalone || pending.is_empty() {
@@ -239,7 +236,6 @@ impl Relay {
         if let Err(e) = finished {
             tracing::error!(stream = %self.stream.id, error = %e, "cannot finish stream");
         }
-        self.release();
     }
 
     /// Forgets what the session tracked for this stream once it ended.

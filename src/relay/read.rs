@@ -52,8 +52,8 @@ pub enum Source {
 /// What the reading half knows of the upstream stream it follows.
 pub struct Reading {
     /// Entries a previous run logged after its last mark (skipped once).
-    pub replayed: Replayed,
-    pub sorter: Sorter,
+    replayed: Replayed,
+    sorter: Sorter,
     /// The newest upstream event id among the stream's own messages: where
     /// a resume starts. Never another stream's id: with a per-stream event
     /// store that would re-attach to the wrong stream.
@@ -68,8 +68,6 @@ pub struct Reading {
     /// When the upstream last said anything (the idle timeout counts from
     /// there, across asks).
     heard_at: Instant,
-    /// Why the stream fails if it ends now.
-    why: &'static str,
 }
 
 /// What one wait on the upstream gave.
@@ -96,7 +94,6 @@ impl Reading {
             poll_at: now,
             poll_every: Duration::ZERO,
             heard_at: now,
-            why: ENDED_EARLY,
         }
     }
 
@@ -156,8 +153,7 @@ impl Relay {
                     let retry_ms = messages.retry_ms;
                     drop(messages);
                     if !resumable || reading.mark.is_none() {
-                        let why = reading.why;
-                        return self.ended(reading, why, &feed).await;
+                        return self.ended(reading, ENDED_EARLY, &feed).await;
                     }
                     match self.resume(&mut reading, retry_ms, ResumedAfter::Cut).await {
                         Ok(next) => messages = next,
@@ -166,11 +162,14 @@ impl Relay {
                     continue;
                 }
                 Heard::Silent => {
-                    if let Some(why) = self.ended_elsewhere().await {
-                        return match why {
-                            Some(why) => self.ended(reading, why, &feed).await,
-                            None => drop(feed.send(Feed::Stop).await),
-                        };
+                    if let Some(ended) = self.ended_elsewhere().await {
+                        // Cancelled: finished so. Finished or deleted by
+                        // someone else: nothing to write, and the writing
+                        // half ends when this half drops its feed.
+                        if let Some(why) = ended {
+                            self.ended(reading, why, &feed).await;
+                        }
+                        return;
                     }
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream silent; asking again");
                     reading.asked(self);
@@ -236,7 +235,7 @@ impl Relay {
         if events.is_empty() && !reading.resumed {
             // A priming event on the POST's own answer: its id is this
             // stream's, and worth logging before any message comes.
-            reading.mark.clone_from(&messages.last_event_id);
+            reading.mark.clone_from(&messages.priming_id);
             marked = true;
         }
         for event in events {
@@ -332,13 +331,13 @@ impl Relay {
         after: ResumedAfter,
     ) -> Result<Messages, &'static str> {
         let Some(last) = reading.mark.clone() else {
-            return Err(reading.why);
+            return Err(ENDED_EARLY);
         };
         let delay = Duration::from_millis(retry_ms.unwrap_or(100)).min(MAX_RESUME_DELAY);
         let failed = if after == ResumedAfter::Restart {
             NOT_RESUMED
         } else {
-            reading.why
+            ENDED_EARLY
         };
         while reading.resumes_left > 0 {
             reading.resumes_left -= 1;

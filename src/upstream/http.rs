@@ -293,8 +293,9 @@ impl UpstreamEvent {
 pub struct Messages {
     body: Incoming,
     framing: Framing,
-    /// The upstream's id of the last event seen, for resuming upstream.
-    pub last_event_id: Option<String>,
+    /// The id of the latest event that carried no message (a priming
+    /// event); messages carry their own ids.
+    pub priming_id: Option<String>,
     /// The upstream's `retry:` advice, in milliseconds.
     pub retry_ms: Option<u64>,
     /// Complete messages not yet handed out.
@@ -318,7 +319,7 @@ impl Messages {
         Self {
             body: res.into_body(),
             framing,
-            last_event_id: None,
+            priming_id: None,
             retry_ms: None,
             ready: Vec::new(),
             broken: None,
@@ -355,9 +356,6 @@ impl Messages {
             }
         }
         self.id_alone = false;
-        if let Some(id) = self.ready.iter().rev().find_map(|e| e.id.as_ref()) {
-            self.last_event_id = Some(id.clone());
-        }
         Some(Ok(std::mem::take(&mut self.ready)))
     }
 
@@ -402,15 +400,14 @@ impl Messages {
                     if event.retry.is_some() {
                         self.retry_ms = event.retry;
                     }
-                    // Priming events and empty data carry no message. The
-                    // newest id of those that do is noted once per batch.
+                    // Priming events and empty data carry no message.
                     if !event.data.iter().all(u8::is_ascii_whitespace) {
                         self.ready.push(UpstreamEvent {
                             id: event.id,
                             message: event.data,
                         });
                     } else if event.id.is_some() {
-                        self.last_event_id = event.id;
+                        self.priming_id = event.id;
                         self.id_alone = true;
                     }
                 }
