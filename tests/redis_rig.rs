@@ -17,7 +17,13 @@ use common::redis_server::{self, MISSING};
 /// unset and `PATH` set to `path`.
 fn run_self(tests: &[&str], path: &str) -> Output {
     Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--exact", "--test-threads", "1", "--nocapture"])
+        .args([
+            "--exact",
+            "--include-ignored",
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
         .args(tests)
         .env_remove("REDIS_URL")
         .env("PATH", path)
@@ -58,6 +64,7 @@ fn the_shared_server_is_private_keeps_nothing_and_is_started_once() {
 /// pid of the child's shared server, then ends the process at once, as a
 /// crashing test binary would (no destructor, no harness epilogue).
 #[test]
+#[ignore = "the child half of the_shared_server_goes_with_the_process, run by it"]
 fn child_prints_its_servers_pid_and_exits() {
     if !is_child() {
         return;
