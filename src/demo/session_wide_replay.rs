@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use ring::rand::{SecureRandom, SystemRandom};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::reply::{self, Body};
@@ -40,7 +39,6 @@ const PRIMING: &[u8] = b"{}";
 /// logged; never pruned (the SDK's in-memory store is not either).
 pub(crate) struct Journal {
     inner: Mutex<Inner>,
-    random: SystemRandom,
 }
 
 #[derive(Default)]
@@ -60,7 +58,6 @@ impl Journal {
     pub(crate) fn new() -> Self {
         Self {
             inner: Mutex::new(Inner::default()),
-            random: SystemRandom::new(),
         }
     }
 
@@ -73,30 +70,9 @@ impl Journal {
     pub(crate) fn record(&self, data: Option<&Bytes>) -> String {
         let data = data.cloned().unwrap_or_else(|| Bytes::from_static(PRIMING));
         let mut inner = self.lock();
-        let id = self.mint(inner.events.len());
+        let id = mint();
         inner.events.push((id.clone(), data));
         id
-    }
-
-    /// A random (version 4) UUID, as the SDK's `randomUUID()`. Should the
-    /// system's source ever fail, the journal index keeps it unique.
-    fn mint(&self, index: usize) -> String {
-        let mut raw = [0u8; 16];
-        if self.random.fill(&mut raw).is_err() {
-            raw = [0; 16];
-            raw[8..].copy_from_slice(&(index as u64).to_be_bytes());
-        }
-        raw[6] = (raw[6] & 0x0f) | 0x40;
-        raw[8] = (raw[8] & 0x3f) | 0x80;
-        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        )
     }
 
     /// Ends every open replay (the session was deleted).
@@ -180,6 +156,22 @@ async fn stay_silent(tx: &mpsc::Sender<Bytes>, ended: &mut oneshot::Receiver<()>
             }
         }
     }
+}
+
+/// A random (version 4) UUID, as the SDK's `randomUUID()`.
+fn mint() -> String {
+    let mut raw = *crate::id::StreamId::random().as_bytes();
+    raw[6] = (raw[6] & 0x0f) | 0x40;
+    raw[8] = (raw[8] & 0x3f) | 0x80;
+    let hex = crate::id::hex(&raw);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 #[cfg(test)]
