@@ -89,6 +89,7 @@ pub mod session;
 pub mod sse;
 pub mod store;
 pub mod stream;
+pub mod task;
 pub mod tls;
 pub mod token;
 pub mod upstream;

@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::{check_header, view, Modern, Tasks};
+use crate::task;
 use crate::dialect::tasks::{self as wire, Answer};
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
@@ -318,7 +319,7 @@ impl Call {
     /// stream closed.
     async fn cancelled_before_answer(&self, record: &TaskRecord, leg: &StreamMeta) {
         tracing::debug!(task = %record.id, "client left before its task was named; cancelled");
-        if let Err(e) = view::cancel(&self.log, record.id).await {
+        if let Err(e) = task::cancel(&self.log, record.id).await {
             tracing::warn!(task = %record.id, error = %e, "cannot cancel a task nobody can name");
         }
         let _ = leg;

@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http::Response;
 use serde_json::Value;
 
-use super::view::{self, Seen};
+use crate::task::{self, Seen};
 use super::Modern;
 use crate::dialect::tasks as wire;
 use crate::id::TaskId;
@@ -84,9 +84,9 @@ pub(super) async fn serve(
         else {
             continue;
         };
-        let mine = view::read(&log, task)
+        let mine = task::read(&log, task)
             .await?
-            .is_some_and(|seen| view::belongs(&seen.record, &route.path, &principal));
+            .is_some_and(|seen| task::belongs(&seen.record, &route.path, &principal));
         if mine {
             watched.push((text, task));
         }
@@ -114,7 +114,7 @@ pub(super) async fn serve(
         let mut quiet_since = tokio::time::Instant::now();
         loop {
             for (_, task) in &watched {
-                let Ok(Some(seen)) = view::read(&log, *task).await else {
+                let Ok(Some(seen)) = task::read(&log, *task).await else {
                     continue;
                 };
                 let now = (seen.status.as_str(), seen.updated_ms);

@@ -10,7 +10,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
 
 use super::call::{leg_meta, Call};
-use super::view::{self, Seen};
+use super::view;
+use crate::task::{self, Seen};
 use super::{check_header, Modern};
 use crate::dialect::tasks::{self as wire, Answer, TaskStatus};
 use crate::id::TaskId;
@@ -60,9 +61,9 @@ pub(super) async fn answer(
         .open_task_handle(&route.path, &principal, &params.task_id)
         .ok_or_else(not_found)?;
     let log = &route.shared.log;
-    let seen = view::read(log, task)
+    let seen = task::read(log, task)
         .await?
-        .filter(|seen| view::belongs(&seen.record, &route.path, &principal))
+        .filter(|seen| task::belongs(&seen.record, &route.path, &principal))
         .ok_or_else(not_found)?;
     match method {
         "tasks/get" => Ok(reply::json(StatusCode::OK, seen.get_result(keyring, &id))),
@@ -70,7 +71,7 @@ pub(super) async fn answer(
             // Cancelling an ended task changes nothing, and says so the
             // same way.
             if !seen.status.is_terminal() {
-                view::cancel(log, task).await?;
+                task::cancel(log, task).await?;
             }
             Ok(ack(&id))
         }
@@ -122,7 +123,7 @@ async fn update(
         return Ok(());
     }
     let log = &route.shared.log;
-    let Some(record) = view::change(log, task, |r| {
+    let Some(record) = task::change(log, task, |r| {
         if r.legs.len() != round {
             return false; // another update already moved the task on
         }
@@ -178,7 +179,7 @@ async fn reissue(
     let leg = leg_meta(record.id, id.clone(), now_ms());
     // The record names the leg first (a leg never exists without its task,
     // see `call::create`); only the update whose change lands re-issues.
-    let moved_on = view::change(log, record.id, |r| {
+    let moved_on = task::change(log, record.id, |r| {
         if r.legs.len() != round {
             return false; // another update re-issued first
         }

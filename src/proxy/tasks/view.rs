@@ -1,94 +1,16 @@
-//! A task as a client sees it, read from the log: the record, its current
-//! leg's status and, once the leg ended, its one entry — nothing about a
-//! task's outcome is stored twice. Also the one place a task changes:
-//! compare-and-set on its record, retried when another writer (another
-//! instance) came first.
+//! A modern task as a client sees it: the `DetailedTask` of `tasks/get`,
+//! the `CreateTaskResult`, MRTR's surfaced input keys and the re-issued
+//! request's params. What a task *is* (read from the log, changed with
+//! compare-and-set) is the core's, `crate::task`.
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use crate::dialect::tasks::{Answer, Detailed, TaskStatus};
-use crate::id::TaskId;
 use crate::jsonrpc::RequestId;
-use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
-use crate::stream::Log;
+use crate::store::TaskRecord;
+use crate::task::Seen;
 use crate::token::Keyring;
-
-/// How long a task may name a leg not made yet before it counts as lost.
-const LEG_IN_THE_MAKING_MS: u64 = 10_000;
-
-/// Compare-and-set attempts before a change gives up (each loses only to
-/// another writer's success, so this is never reached in practice).
-const CAS_ATTEMPTS: usize = 16;
-
-/// A task with what its current leg says.
-pub struct Seen {
-    pub record: TaskRecord,
-    pub status: TaskStatus,
-    /// The current leg's answer, once it ended with one.
-    pub answer: Option<Answer>,
-    /// The last change: to the record, or the current leg's end.
-    pub updated_ms: u64,
-}
-
-/// Reads task `id`; `None` when it is unknown or expired.
-pub async fn read(log: &Log, id: TaskId) -> Result<Option<Seen>> {
-    let Some(record) = log.store().get_task(id).await? else {
-        return Ok(None);
-    };
-    if record.expires_ms() <= now_ms() {
-        return Ok(None);
-    }
-    let Some(leg) = record.current_leg() else {
-        return Ok(None);
-    };
-    let Some(meta) = log.meta(leg).await? else {
-        // The record names its next leg before the leg exists (a leg must
-        // never be without its task): being made now, or lost to a crash
-        // in between — then the task failed.
-        let making = now_ms().saturating_sub(record.updated_ms) < LEG_IN_THE_MAKING_MS;
-        let status = if making {
-            TaskStatus::Working
-        } else {
-            TaskStatus::Failed
-        };
-        let updated_ms = record.updated_ms;
-        return Ok(Some(Seen {
-            record,
-            status,
-            answer: None,
-            updated_ms,
-        }));
-    };
-    let mut updated_ms = record.updated_ms.max(meta.finished_ms.unwrap_or(0));
-    let answer = if meta.status.is_live() || meta.entries == 0 {
-        None
-    } else {
-        let last = log.store().read_after(leg, meta.entries - 1, 1).await?;
-        last.first().and_then(|e| Answer::of(&e.message))
-    };
-    let mut status = match (&meta.status, &answer) {
-        (StreamStatus::Live, _) => TaskStatus::Working,
-        (StreamStatus::Cancelled, _) => TaskStatus::Cancelled,
-        (_, Some(Answer::Result(_))) => TaskStatus::Completed,
-        (_, Some(Answer::InputRequired { .. })) => TaskStatus::InputRequired,
-        (_, Some(Answer::Error(..)) | None) => TaskStatus::Failed,
-    };
-    if let Some(at) = record.cancelled_ms {
-        // A cancellation wins over what was still open, never over an end
-        // that came before it.
-        if !status.is_terminal() {
-            status = TaskStatus::Cancelled;
-            updated_ms = updated_ms.max(at);
-        }
-    }
-    Ok(Some(Seen {
-        record,
-        status,
-        answer,
-        updated_ms,
-    }))
-}
 
 impl Seen {
     /// The round of MRTR the current leg is (1 for the call itself):
@@ -191,53 +113,6 @@ pub fn create_result(keyring: &Keyring, record: &TaskRecord, id: &RequestId) -> 
     .create_result(id)
 }
 
-/// Applies `change` to the stored record with compare-and-set, re-reading
-/// and retrying when another writer came first. `change` returns `false`
-/// to leave the record as it is. `None` when the task is gone.
-pub async fn change(
-    log: &Log,
-    id: TaskId,
-    mut change: impl FnMut(&mut TaskRecord) -> bool,
-) -> Result<Option<TaskRecord>> {
-    for _ in 0..CAS_ATTEMPTS {
-        let Some(mut record) = log.store().get_task(id).await? else {
-            return Ok(None);
-        };
-        if !change(&mut record) {
-            return Ok(Some(record));
-        }
-        record.version += 1;
-        record.updated_ms = now_ms();
-        if log.store().update_task(&record).await? {
-            return Ok(Some(record));
-        }
-    }
-    Err(StoreError::Backend(format!(
-        "task {id}: too many concurrent changes"
-    )))
-}
-
-/// Cancels a task: marks its record and ends its current leg, which stops
-/// the upstream request wherever it runs (the runner watches the leg).
-pub async fn cancel(log: &Log, id: TaskId) -> Result<()> {
-    let now = now_ms();
-    let Some(record) = change(log, id, |r| {
-        let first = r.cancelled_ms.is_none();
-        r.cancelled_ms.get_or_insert(now);
-        first
-    })
-    .await?
-    else {
-        return Ok(());
-    };
-    if let Some(leg) = record.current_leg() {
-        if log.meta(leg).await?.is_some_and(|m| m.status.is_live()) {
-            log.finish(leg, StreamStatus::Cancelled).await?;
-        }
-    }
-    Ok(())
-}
-
 /// The raw JSON of an MRTR re-issue's params: the original params with the
 /// answers and the upstream's request state (both at the top level).
 pub fn reissue_params(
@@ -279,7 +154,3 @@ pub fn reissue_body(id: &RequestId, params: &str) -> Bytes {
     ))
 }
 
-/// Whether a record names the principal and route a request comes from.
-pub fn belongs(record: &TaskRecord, route: &str, principal: &str) -> bool {
-    record.route == route && record.principal == principal
-}
