@@ -149,6 +149,10 @@ pub struct DialectsConfig {
     /// table carries its upstream's settings.
     #[serde(skip)]
     pub resume_tokens: ResumeTokensConfig,
+    /// Per upstream (`[upstream.tasks]`): the 2025-11-25 tasks are served
+    /// on the session path as a dialect.
+    #[serde(skip)]
+    pub tasks: TasksConfig,
 }
 
 /// Seeds 000/001: `resumeTokens` — a long `tools/call` answers early with
@@ -193,6 +197,14 @@ pub struct TasksConfig {
     /// declare the extension is refused with -32021, as a native server
     /// refuses a task-required tool.
     pub required_tools: Vec<String>,
+    /// Also serve the 2025-11-25 experimental tasks (`params.task`,
+    /// `tasks/get|result|list|cancel`) to sessions that negotiated that
+    /// revision with an upstream not declaring `capabilities.tasks`.
+    /// Opt-in: it rewrites `initialize` and `tools/list` results.
+    pub legacy: bool,
+    /// `tasks/result` requests that may wait for their task at once, on
+    /// this instance; more are refused until one ends.
+    pub result_waiters: usize,
 }
 
 impl Default for TasksConfig {
@@ -203,6 +215,8 @@ impl Default for TasksConfig {
             ttl_ms: 3_600_000,
             poll_interval_ms: 1_000,
             required_tools: Vec::new(),
+            legacy: false,
+            result_waiters: 1_024,
         }
     }
 }
@@ -647,6 +661,12 @@ impl Config {
             if tasks.ttl_ms == 0 || tasks.poll_interval_ms == 0 {
                 return fail(format!(
                     "upstream {:?}: tasks.ttl_ms and tasks.poll_interval_ms must be greater than 0",
+                    up.path
+                ));
+            }
+            if tasks.legacy && tasks.result_waiters == 0 {
+                return fail(format!(
+                    "upstream {:?}: tasks.result_waiters must be greater than 0 with tasks.legacy",
                     up.path
                 ));
             }

@@ -47,6 +47,8 @@ pub enum Replayed {
     Streams,
     /// A `tools/call` continued with its resume token (seeds 000/001).
     ResumeTokens,
+    /// `tasks/result` (the 2025-11-25 tasks).
+    Tasks,
 }
 
 impl Replayed {
@@ -55,6 +57,7 @@ impl Replayed {
         Replayed::ResumableRequests,
         Replayed::Streams,
         Replayed::ResumeTokens,
+        Replayed::Tasks,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -62,6 +65,7 @@ impl Replayed {
             Replayed::ResumableRequests => "resumable_requests",
             Replayed::Streams => "streams",
             Replayed::ResumeTokens => "resume_tokens",
+            Replayed::Tasks => "tasks",
         }
     }
 }

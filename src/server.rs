@@ -88,6 +88,7 @@ impl App {
                 };
                 let mut dialects = shared.config.dialects.clone();
                 dialects.resume_tokens = up.resume_tokens.clone();
+                dialects.tasks = up.tasks.clone();
                 Ok(Route {
                     path: up.path.trim_end_matches('/').to_owned(),
                     upstream,

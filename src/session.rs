@@ -436,15 +436,23 @@ impl Sessions {
         self.store.put_session(&record).await
     }
 
-    /// Records the protocol version an `initialize` result negotiated.
-    pub async fn learn_version(&self, session: &Session, initialize_result: &[u8]) {
+    /// Records what an `initialize` result settled: the protocol version it
+    /// negotiated, and the dialects the session keeps (`settle` drops those
+    /// the upstream's answer rules out).
+    pub async fn learn_initialize(
+        &self,
+        session: &Session,
+        initialize_result: &[u8],
+        settle: fn(&[u8], &mut Vec<String>),
+    ) {
         let Some(version) = crate::jsonrpc::protocol_version(initialize_result) else {
             return;
         };
-        if let Err(e) = self
-            .update(session, |r| r.protocol_version = Some(version))
-            .await
-        {
+        let update = self.update(session, |r| {
+            r.protocol_version = Some(version);
+            settle(initialize_result, &mut r.dialects);
+        });
+        if let Err(e) = update.await {
             tracing::warn!(session = %session.id, error = %e, "cannot record protocol version");
         }
     }

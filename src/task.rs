@@ -7,9 +7,17 @@
 //! on the wire is each dialect's own.
 
 use crate::dialect::tasks::{Answer, TaskStatus};
-use crate::id::TaskId;
+use crate::id::{StreamId, TaskId};
 use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
 use crate::stream::Log;
+
+/// A leg about to be opened: the task it serves, and the stream id its
+/// record already names (a leg never exists without its task).
+#[derive(Clone, Copy, Debug)]
+pub struct Leg {
+    pub task: TaskId,
+    pub stream: StreamId,
+}
 
 /// How long a task may name a leg not made yet before it counts as lost.
 const LEG_IN_THE_MAKING_MS: u64 = 10_000;

@@ -41,6 +41,10 @@ pub(super) struct Session {
     pub(super) standalone: StreamLog,
     /// Every stream's events together, in the `session_wide_replay` mode.
     pub(super) journal: Option<Arc<Journal>>,
+    /// Declare `capabilities.tasks` (2025-11-25) in `initialize`, as a
+    /// server with tasks of its own would (the demo serves none: its
+    /// `tasks/*` answers are "Method not found").
+    pub(super) declares_tasks: bool,
     pub(super) state: Mutex<SessionState>,
 }
 
@@ -66,6 +70,7 @@ impl Session {
             next_ask: AtomicU64::new(0),
             standalone: StreamLog::new("g".to_owned(), usize::MAX, journal.clone()),
             journal,
+            declares_tasks: false,
             state: Mutex::new(SessionState::default()),
         }
     }
@@ -204,12 +209,18 @@ impl Call {
         let outcome = match (request["method"].as_str(), &self.session) {
             // The instructions repeat the client capabilities the server saw,
             // so a test can tell what a proxy passed on.
-            (Some("initialize"), Some(session)) => Ok(json!({
-                "protocolVersion": session.version,
-                "capabilities": {"tools": {}, "logging": {}},
-                "serverInfo": server_info(),
-                "instructions": format!("client capabilities: {}", params["capabilities"]),
-            })),
+            (Some("initialize"), Some(session)) => {
+                let mut capabilities = json!({"tools": {}, "logging": {}});
+                if session.declares_tasks {
+                    capabilities["tasks"] = json!({"requests": {"tools": {"call": {}}}});
+                }
+                Ok(json!({
+                    "protocolVersion": session.version,
+                    "capabilities": capabilities,
+                    "serverInfo": server_info(),
+                    "instructions": format!("client capabilities: {}", params["capabilities"]),
+                }))
+            }
             (Some("ping"), _) => Ok(json!({})),
             (Some("tools/list"), session) => Ok(tools_list(session.is_none())),
             (Some("tools/call"), _) => Ok(self.call_tool(params).await?),

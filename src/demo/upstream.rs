@@ -74,6 +74,9 @@ pub struct DemoOptions {
     /// for good while the tools run on; asking again with the newest id gets
     /// what was logged since. No 409 for concurrent resumptions.
     pub session_wide_replay: bool,
+    /// Declare 2025-11-25 `capabilities.tasks` in `initialize`, like a
+    /// server with tasks of its own (it serves none).
+    pub declares_tasks: bool,
 }
 
 /// A running demo server; shut down explicitly or when dropped.
@@ -290,11 +293,9 @@ impl Server {
             .opts
             .session_wide_replay
             .then(|| Arc::new(Journal::new()));
-        let session = Arc::new(Session::new(
-            id.clone(),
-            negotiate(init).to_owned(),
-            journal,
-        ));
+        let mut session = Session::new(id.clone(), negotiate(init).to_owned(), journal);
+        session.declares_tasks = self.opts.declares_tasks;
+        let session = Arc::new(session);
         self.sessions.insert(id, session.clone());
         DemoStats::bump(&self.stats.sessions_created);
         Some(session)

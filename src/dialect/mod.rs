@@ -25,6 +25,7 @@
 //! the resume starts after it, and naming it acknowledges it.
 
 pub mod last_event_id;
+pub mod legacy_tasks;
 mod negotiation;
 mod presenter;
 pub mod resumable_request;
@@ -32,7 +33,7 @@ pub mod resume_token;
 pub mod streams;
 pub mod tasks;
 
-pub use negotiation::negotiate;
+pub use negotiation::{kept_after_initialize, negotiate};
 pub use presenter::Presenter;
 
 use std::sync::Arc;
@@ -58,6 +59,11 @@ pub enum Dialect {
     Streams,
     /// Seeds 000/001: `resumeTokens`.
     ResumeTokens,
+    /// The 2025-11-25 experimental tasks, for an upstream without them.
+    /// Not asked for by the client (its `capabilities.tasks` is its own
+    /// and goes upstream): the route offers it to sessions of that
+    /// revision, and the upstream's `initialize` answer confirms it.
+    Tasks,
 }
 
 /// What negotiation does with a dialect's capability.
@@ -72,10 +78,11 @@ enum Offer {
 }
 
 impl Dialect {
-    pub const ALL: [Dialect; 3] = [
+    pub const ALL: [Dialect; 4] = [
         Dialect::ResumableRequests,
         Dialect::Streams,
         Dialect::ResumeTokens,
+        Dialect::Tasks,
     ];
 
     /// The capability name on the wire (and on the session record).
@@ -84,6 +91,7 @@ impl Dialect {
             Dialect::ResumableRequests => "resumableRequests",
             Dialect::Streams => "streams",
             Dialect::ResumeTokens => "resumeTokens",
+            Dialect::Tasks => "tasks",
         }
     }
 
@@ -101,15 +109,19 @@ impl Dialect {
                 ResumeTokensMode::Passthrough => Offer::Leave,
                 ResumeTokensMode::Off => Offer::Withhold,
             },
+            // Never read from the client's capabilities: see `Dialect::Tasks`.
+            Dialect::Tasks => Offer::Leave,
         }
     }
 
-    /// What the proxy advertises under `capabilities.experimental`.
-    fn settings(self, config: &DialectsConfig) -> Value {
+    /// What the proxy advertises under `capabilities.experimental`; `None`
+    /// for tasks, advertised as `capabilities.tasks` (see `negotiation`).
+    fn settings(self, config: &DialectsConfig) -> Option<Value> {
         match self {
-            Dialect::ResumableRequests => resumable_request::settings(config),
-            Dialect::Streams => streams::settings(config),
-            Dialect::ResumeTokens => resume_token::settings(config),
+            Dialect::ResumableRequests => Some(resumable_request::settings(config)),
+            Dialect::Streams => Some(streams::settings(config)),
+            Dialect::ResumeTokens => Some(resume_token::settings(config)),
+            Dialect::Tasks => None,
         }
     }
 
@@ -119,6 +131,8 @@ impl Dialect {
             Dialect::ResumableRequests => config.resumable_requests.max_wait_ms,
             Dialect::Streams => config.streams.max_ms,
             Dialect::ResumeTokens => config.resume_tokens.idle_expiry_ms,
+            // A task keeps its leg for its own ttl.
+            Dialect::Tasks => config.tasks.ttl_ms,
         }
     }
 
@@ -127,8 +141,9 @@ impl Dialect {
         match self {
             Dialect::ResumableRequests => Some(resumable_request::policy(cx, stream, request)),
             Dialect::Streams => Some(streams::create(cx, stream)),
-            // A token travels in an answer, not in the stream.
-            Dialect::ResumeTokens => None,
+            // A token travels in an answer, not in the stream; a task is
+            // named in the answer to its call.
+            Dialect::ResumeTokens | Dialect::Tasks => None,
         }
     }
 }
@@ -166,19 +181,27 @@ impl Negotiated {
         self.0.iter().map(|d| d.name().to_owned()).collect()
     }
 
+    /// Adds a dialect the route offers without the client asking.
+    pub fn add(&mut self, dialect: Dialect) {
+        if !self.has(dialect) {
+            self.0.push(dialect);
+        }
+    }
+
     /// The dialects that announce `stream`: request streams answering one
     /// request other than `initialize`. (A batch has no single id to resume.)
-    /// Resume tokens announce nothing in the stream: see
-    /// [`resume_token::Call`].
+    /// Resume tokens announce nothing in the stream (see
+    /// [`resume_token::Call`]), and a task's leg is resumed as a task.
     pub fn announcing(&self, stream: &StreamMeta) -> Vec<Dialect> {
         let announced = stream.kind == StreamKind::Request
             && stream.origin_ids.len() == 1
-            && stream.method.as_deref() != Some("initialize");
+            && stream.method.as_deref() != Some("initialize")
+            && stream.task.is_none();
         if announced {
             self.0
                 .iter()
                 .copied()
-                .filter(|d| *d != Dialect::ResumeTokens)
+                .filter(|d| !matches!(d, Dialect::ResumeTokens | Dialect::Tasks))
                 .collect()
         } else {
             Vec::new()
@@ -223,7 +246,9 @@ pub fn authored_by_proxy(method: &str) -> bool {
 fn is_dialect_method(method: &str) -> bool {
     // (A `tools/call` with a resume token is a call first: see
     // `Command::parse`.)
-    resumable_request::METHODS.contains(&method) || streams::METHODS.contains(&method)
+    resumable_request::METHODS.contains(&method)
+        || streams::METHODS.contains(&method)
+        || legacy_tasks::METHODS.contains(&method)
 }
 
 /// What a dialect needs to answer from the log.
@@ -232,6 +257,8 @@ pub struct Context<'a> {
     pub keyring: &'a Keyring,
     pub session: &'a Session,
     pub config: &'a DialectsConfig,
+    /// The route's `tasks/result` requests waiting now.
+    pub waiters: &'a legacy_tasks::Waiters,
 }
 
 /// Where the client of a resume says it is: the `Last-Event-ID` it sent
@@ -269,6 +296,7 @@ impl Context<'_> {
             stream,
             closing,
             call: None,
+            task: None,
         })))
     }
 
@@ -358,6 +386,9 @@ pub enum Refusal {
     /// stream is gone, or — sent with a resume — of another stream than the
     /// one resumed.
     UnknownEventId,
+    /// Too many `tasks/result` wait on this instance already (for the
+    /// request `id`).
+    Busy(RequestId),
     /// The log failed.
     Store(StoreError),
 }
@@ -373,7 +404,7 @@ impl Refusal {
         match self {
             Refusal::InvalidParams { .. } => code::INVALID_PARAMS,
             Refusal::Batched => code::INVALID_REQUEST,
-            Refusal::UnknownEventId => code::SERVER_ERROR,
+            Refusal::UnknownEventId | Refusal::Busy(_) => code::SERVER_ERROR,
             Refusal::Store(_) => code::INTERNAL_ERROR,
         }
     }
@@ -388,6 +419,11 @@ pub enum Command {
     Poll(streams::Poll),
     PollAll(streams::PollAll),
     Continue(resume_token::Continue),
+    CreateTask(legacy_tasks::Create),
+    GetTask(legacy_tasks::Named),
+    TaskResult(legacy_tasks::Named),
+    ListTasks(legacy_tasks::List),
+    CancelTask(legacy_tasks::Named),
 }
 
 impl Command {
@@ -405,6 +441,7 @@ impl Command {
             (resumable_request::METHODS.contains(&method)
                 && negotiated.has(Dialect::ResumableRequests))
                 || (streams::METHODS.contains(&method) && negotiated.has(Dialect::Streams))
+                || (legacy_tasks::METHODS.contains(&method) && negotiated.has(Dialect::Tasks))
         };
         match message {
             Message::Batch(items) => {
@@ -423,6 +460,13 @@ impl Command {
                 };
                 if !envelope.is_request() {
                     return Ok(None);
+                }
+                if method == "tools/call"
+                    && negotiated.has(Dialect::Tasks)
+                    && legacy_tasks::asks_for_task(bytes)
+                {
+                    let create = legacy_tasks::Create::parse(id.clone(), bytes)?;
+                    return Ok(Some(Command::CreateTask(create)));
                 }
                 if method == "tools/call" {
                     let Some(token) = jsonrpc::resume_token(bytes) else {
@@ -454,7 +498,15 @@ impl Command {
                         Command::ResumeStream(streams::Resume::parse(id, &params, position)?)
                     }
                     streams::POLL => Command::Poll(streams::Poll::parse(id, &params)?),
-                    _ => Command::PollAll(streams::PollAll::parse(id, &params)?),
+                    streams::POLL_ALL => Command::PollAll(streams::PollAll::parse(id, &params)?),
+                    legacy_tasks::GET => Command::GetTask(legacy_tasks::Named::parse(id, &params)?),
+                    legacy_tasks::RESULT => {
+                        Command::TaskResult(legacy_tasks::Named::parse(id, &params)?)
+                    }
+                    legacy_tasks::LIST => {
+                        Command::ListTasks(legacy_tasks::List::parse(id, &params)?)
+                    }
+                    _ => Command::CancelTask(legacy_tasks::Named::parse(id, &params)?),
                 }))
             }
         }
@@ -469,6 +521,11 @@ impl Command {
             Command::Poll(c) => c.apply(cx).await,
             Command::PollAll(c) => c.apply(cx).await,
             Command::Continue(c) => c.apply(cx).await,
+            Command::CreateTask(c) => c.apply(cx).await,
+            Command::GetTask(c) => c.get(cx).await,
+            Command::TaskResult(c) => c.result(cx).await,
+            Command::ListTasks(c) => c.apply(cx).await,
+            Command::CancelTask(c) => c.cancel(cx).await,
         };
         if let (Some(dialect), Ok(Answer::Replay(_))) = (replay, &answer) {
             cx.log.metrics().replayed(dialect);
@@ -483,7 +540,14 @@ impl Command {
             Command::ResumeRequest(_) => Some(Replayed::ResumableRequests),
             Command::ResumeStream(_) => Some(Replayed::Streams),
             Command::Continue(_) => Some(Replayed::ResumeTokens),
-            Command::GetStatus(_) | Command::Poll(_) | Command::PollAll(_) => None,
+            Command::TaskResult(_) => Some(Replayed::Tasks),
+            Command::GetStatus(_)
+            | Command::Poll(_)
+            | Command::PollAll(_)
+            | Command::CreateTask(_)
+            | Command::GetTask(_)
+            | Command::ListTasks(_)
+            | Command::CancelTask(_) => None,
         }
     }
 }
@@ -506,6 +570,11 @@ pub enum Answer {
     Response(Bytes),
     /// A stream read to the client, then `closing` after its end.
     Replay(Box<Replay>),
+    /// A task to start: its leg goes upstream, then the answer.
+    Start(Box<legacy_tasks::Start>),
+    /// A task cancelled: the answer, once the upstream was told to stop
+    /// the leg's request.
+    Cancel(Bytes, Option<Box<StreamMeta>>),
 }
 
 /// A stream served from the log by a dialect.
@@ -517,6 +586,8 @@ pub struct Replay {
     pub closing: Vec<Bytes>,
     /// A tool call shown under a resume token.
     pub call: Option<resume_token::Call>,
+    /// A task's leg shown as the answer of `tasks/result`.
+    pub task: Option<legacy_tasks::Fetched>,
 }
 
 /// A successful JSON-RPC response carrying `result`.

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::{Dialect, Negotiated, Offer};
+use super::{legacy_tasks, Dialect, Negotiated, Offer};
 use crate::config::DialectsConfig;
 
 /// Reads the dialects a client asks for in its `initialize`, top level or
@@ -53,13 +53,15 @@ pub fn negotiate(initialize: &[u8], config: &DialectsConfig) -> Option<(Negotiat
 }
 
 /// The `initialize` result with every negotiated dialect advertised under
-/// `capabilities.experimental`; `None` for anything else (errors, junk),
-/// which is then relayed unchanged.
+/// `capabilities.experimental`, and the 2025-11-25 tasks as
+/// `capabilities.tasks` when the proxy serves them; `None` for anything
+/// else (errors, junk), which is then relayed unchanged.
 pub(super) fn advertise(
     result: &[u8],
     negotiated: &Negotiated,
     config: &DialectsConfig,
 ) -> Option<Bytes> {
+    let tasks = negotiated.has(Dialect::Tasks) && legacy_tasks::served(result);
     let mut message: Value = serde_json::from_slice(result).ok()?;
     let capabilities = message
         .get_mut("result")?
@@ -67,14 +69,33 @@ pub(super) fn advertise(
         .entry("capabilities")
         .or_insert_with(|| json!({}))
         .as_object_mut()?;
-    let experimental = capabilities
-        .entry("experimental")
-        .or_insert_with(|| json!({}))
-        .as_object_mut()?;
-    for dialect in negotiated.dialects() {
-        experimental.insert(dialect.name().to_owned(), dialect.settings(config));
+    if tasks {
+        legacy_tasks::advertise(capabilities);
+    }
+    let settings: Vec<(&str, Value)> = negotiated
+        .dialects()
+        .iter()
+        .filter_map(|d| Some((d.name(), d.settings(config)?)))
+        .collect();
+    if !settings.is_empty() {
+        let experimental = capabilities
+            .entry("experimental")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()?;
+        for (name, settings) in settings {
+            experimental.insert(name.to_owned(), settings);
+        }
     }
     serde_json::to_vec(&message).ok().map(Bytes::from)
+}
+
+/// The dialects a session keeps once its upstream answered `initialize`
+/// with `result`: the 2025-11-25 tasks only when the proxy serves them (the
+/// revision was agreed and the upstream has none of its own).
+pub fn kept_after_initialize(result: &[u8], dialects: &mut Vec<String>) {
+    if !legacy_tasks::served(result) {
+        dialects.retain(|d| d != Dialect::Tasks.name());
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use super::legacy_tasks::{self, Fetched};
 use super::resume_token::Call;
 use super::streams;
 use super::{Context, Dialect, Negotiated};
@@ -26,6 +27,10 @@ pub struct Presenter {
     /// A tool call answered under a resume token: rewritten entries and an
     /// interim at the deadline.
     call: Option<Call>,
+    /// A `tools/list` answer of a session served tasks: tools marked.
+    tools_list: bool,
+    /// A task's leg shown as the answer of `tasks/result`.
+    task: Option<Fetched>,
 }
 
 impl Presenter {
@@ -36,11 +41,15 @@ impl Presenter {
             closing.push(streams::end(cx, stream));
         }
         let initialize = stream.method.as_deref() == Some("initialize");
+        let tools_list =
+            negotiated.has(Dialect::Tasks) && stream.method.as_deref() == Some("tools/list");
         Self {
             advertise: (initialize && !negotiated.is_empty()).then(|| cx.config.clone()),
             negotiated,
             closing,
             call: None,
+            tools_list,
+            task: None,
         }
     }
 
@@ -51,6 +60,8 @@ impl Presenter {
             advertise: None,
             closing: Vec::new(),
             call: None,
+            tools_list: false,
+            task: None,
         }
     }
 
@@ -66,10 +77,22 @@ impl Presenter {
         self
     }
 
+    /// Shows a task's leg as the answer of `tasks/result`.
+    pub fn with_task(mut self, task: Option<Fetched>) -> Self {
+        self.task = task;
+        self
+    }
+
     /// One entry as the client sees it; `None` skips it.
     pub fn entry(&mut self, message: Bytes) -> Option<Bytes> {
         if let Some(call) = &mut self.call {
             return call.entry(message);
+        }
+        if let Some(task) = &mut self.task {
+            return task.entry(message);
+        }
+        if self.tools_list {
+            return Some(legacy_tasks::tools_offered(&message).unwrap_or(message));
         }
         let Some(config) = &self.advertise else {
             return Some(message);
@@ -93,6 +116,8 @@ impl Presenter {
 
     /// What follows the last entry of a stream that ended.
     pub fn closing(&mut self) -> Vec<Bytes> {
-        std::mem::take(&mut self.closing)
+        let mut closing = std::mem::take(&mut self.closing);
+        closing.extend(self.task.as_mut().and_then(Fetched::closing));
+        closing
     }
 }

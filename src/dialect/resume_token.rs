@@ -329,6 +329,7 @@ impl Continue {
             stream,
             closing: Vec::new(),
             call: Some(call),
+            task: None,
         })))
     }
 }

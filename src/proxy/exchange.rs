@@ -40,6 +40,7 @@ use crate::reply::Body;
 use crate::session::Session;
 use crate::store::{now_ms, StreamKind, StreamMeta};
 use crate::stream::Reader;
+use crate::task::Leg;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
 use crate::upstream::{Upstream, UpstreamError};
@@ -56,6 +57,9 @@ pub struct Post {
     pub headers: HeaderMap,
     pub bytes: Bytes,
     pub message: Message,
+    /// The task this request is a leg of (2025-11-25 tasks): its stream is
+    /// the one the task's record names, and the task answers the client.
+    pub leg: Option<Leg>,
 }
 
 /// The upstream side of a session.
@@ -134,7 +138,7 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     )?;
     let negotiated = Negotiated::of(session);
     let mut meta = StreamMeta::new(
-        StreamId::random(),
+        post.leg.map_or_else(StreamId::random, |leg| leg.stream),
         session.id,
         StreamKind::Request,
         post.message.request_ids(),
@@ -142,9 +146,12 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
         now_ms(),
     );
     let cx = route.context(session);
-    let tool = resume_token::possible(&cx.config.resume_tokens, &negotiated)
-        .then(|| resume_token::tool_name(&post.bytes))
-        .flatten();
+    meta.task = post.leg.map(|leg| leg.task);
+    // A leg is answered by its task, never with resume tokens.
+    let tool = (post.leg.is_none()
+        && resume_token::possible(&cx.config.resume_tokens, &negotiated))
+    .then(|| resume_token::tool_name(&post.bytes))
+    .flatten();
     let tokens = resume_token::applies(&cx.config.resume_tokens, &negotiated, tool.as_deref());
     negotiated.arm(&mut meta, cx.config, tokens);
     let opening = negotiated.opening(&cx, &meta);
@@ -170,7 +177,18 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
 /// Sends a POST to a stdio child and answers from the log.
 async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
     let opened = open_stream(route, &post).await?;
-    let stream = &opened.stream;
+    write_to_child(route, child, &post, &opened.stream).await?;
+    answer(route, &post, opened).await
+}
+
+/// Hands a request to a stdio child for `stream`; a child that cannot take
+/// it ends the stream with an error entry.
+async fn write_to_child(
+    route: &Route,
+    child: &Child,
+    post: &Post,
+    stream: &StreamMeta,
+) -> Result<(), Rejection> {
     child.expect(stream, stream.progress.clone());
     if let Err(e) = child.write(&post.bytes).await {
         route.shared.log.metrics().upstream_error(&e);
@@ -182,7 +200,35 @@ async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body
             .fail(stream, &stream.origin_ids, &e.to_string())
             .await?;
     }
-    answer(route, &post, opened).await
+    Ok(())
+}
+
+/// Starts a task's leg: its stream opened (durable, and named by its task
+/// already) and its request on its way upstream, in an exchange nobody
+/// waits for — the task answers the client, and a refusal becomes the
+/// leg's error entry, which the task reports as its failure.
+pub async fn start_leg(
+    route: &Route,
+    target: Target<'_>,
+    post: Post,
+) -> Result<StreamMeta, Rejection> {
+    let opened = open_stream(route, &post).await?;
+    let stream = opened.stream;
+    match target {
+        Target::Http(up) => {
+            let relay = relay(
+                route,
+                up,
+                post.session.clone(),
+                stream.clone(),
+                post.headers.clone(),
+            );
+            let orphaned = Arc::new(AtomicBool::new(true));
+            tokio::spawn(exchange(relay, false, post.bytes, orphaned));
+        }
+        Target::Stdio(child) => write_to_child(route, &child, &post, &stream).await?,
+    }
+    Ok(stream)
 }
 
 /// How an exchange ended for the handler that drove it.

@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use super::exchange::{self, Post, Target};
 use super::present::{self, Showing};
 use super::{read_body, Rejection, Route};
-use crate::dialect::{self, last_event_id, Answer, Command, Negotiated};
+use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Body as Message, RequestId};
@@ -65,6 +65,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
         headers: parts.headers,
         bytes,
         message,
+        leg: None,
     };
     exchange::run(route, target, post).await
 }
@@ -80,10 +81,13 @@ async fn initialize(
     message: Message,
 ) -> Result<Response<Body>, Rejection> {
     let shared = &route.shared;
-    let (negotiated, bytes) = match dialect::negotiate(&bytes, &route.dialects) {
+    let (mut negotiated, bytes) = match dialect::negotiate(&bytes, &route.dialects) {
         Some((negotiated, stripped)) => (negotiated, stripped),
         None => (Negotiated::default(), bytes),
     };
+    if legacy_tasks::offered(&route.dialects.tasks, &bytes) {
+        negotiated.add(Dialect::Tasks);
+    }
     let session = shared
         .sessions
         .mint(&route.path, principal, &bytes, negotiated.names());
@@ -104,6 +108,7 @@ async fn initialize(
         headers,
         bytes,
         message,
+        leg: None,
     };
     exchange::run(route, target, post).await
 }
@@ -168,24 +173,73 @@ async fn find_session(
 /// A message a dialect claimed, answered from the log.
 async fn answer_command(
     route: &Route,
-    session: &Session,
+    session: &Arc<Session>,
     headers: &HeaderMap,
     command: Command,
 ) -> Result<Response<Body>, Rejection> {
     match command.apply(&route.context(session)).await? {
         Answer::Response(bytes) => Ok(present::json(session.id, bytes)),
+        Answer::Start(start) => start_task(route, session, headers, *start).await,
+        Answer::Cancel(bytes, leg) => {
+            if let Some(leg) = leg {
+                route
+                    .cancel(&leg, "the task was cancelled (tasks/cancel)")
+                    .await;
+            }
+            Ok(present::json(session.id, bytes))
+        }
         Answer::Replay(replay) => {
             let showing = Showing {
                 presenter: route
                     .presenter(session, &replay.stream)
                     .then(replay.closing)
-                    .with_call(replay.call),
+                    .with_call(replay.call)
+                    .with_task(replay.task),
                 reader: replay.reader,
                 fresh: true,
             };
             route.show(session, headers, showing).await
         }
     }
+}
+
+/// A 2025-11-25 task: its leg goes upstream as a request of the session,
+/// then the client gets the `CreateTaskResult`. A leg that cannot start
+/// takes its task with it.
+async fn start_task(
+    route: &Route,
+    session: &Arc<Session>,
+    headers: &HeaderMap,
+    start: legacy_tasks::Start,
+) -> Result<Response<Body>, Rejection> {
+    let log = &route.shared.log;
+    let started = match Target::of(route, session) {
+        Some(target) => {
+            let post = Post {
+                session: session.clone(),
+                opens_session: false,
+                headers: headers.clone(),
+                message: jsonrpc::parse_body(&start.upstream)?,
+                bytes: start.upstream,
+                leg: Some(start.leg),
+            };
+            exchange::start_leg(route, target, post).await
+        }
+        None => Err(Rejection::session_not_found()),
+    };
+    if let Err(refused) = started {
+        if let Err(e) = log.store().delete_task(start.leg.task).await {
+            tracing::warn!(task = %start.leg.task, error = %e, "cannot delete a task that did not start");
+        }
+        return Err(refused);
+    }
+    tokio::spawn(legacy_tasks::announce_end(
+        log.clone(),
+        route.shared.keyring.clone(),
+        session.clone(),
+        start.leg,
+    ));
+    Ok(present::json(session.id, start.answer))
 }
 
 /// Notifications and responses: forwarded, answered with the upstream's own

@@ -44,6 +44,7 @@ impl Route {
             keyring: &self.shared.keyring,
             session,
             config: &self.dialects,
+            waiters: &self.tasks.waiters,
         }
     }
 

@@ -296,6 +296,14 @@ impl From<Refusal> for Rejection {
                 "Invalid Request: requests/* and stream/* methods cannot be sent in a batch",
             ),
             Refusal::UnknownEventId => Self::unknown_event_id(),
+            Refusal::Busy(id) => Self {
+                id: Some(id),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    code,
+                    "too many tasks/result requests are waiting here; poll tasks/get and ask again",
+                )
+            },
             Refusal::Store(e) => e.into(),
         }
     }

@@ -19,6 +19,7 @@ use http::HeaderMap;
 use tokio::sync::mpsc;
 
 use crate::config::LimitsConfig;
+use crate::dialect;
 use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::RequestId;
 use crate::session::{Session, Sessions};
@@ -167,7 +168,9 @@ impl Relay {
             }
             if learn_version {
                 for message in &batch.messages {
-                    self.sessions.learn_version(&self.session, message).await;
+                    self.sessions
+                        .learn_initialize(&self.session, message, dialect::kept_after_initialize)
+                        .await;
                 }
             }
             let complete = batch.complete;

@@ -60,6 +60,7 @@ pub fn task(id: TaskId, created_ms: u64, ttl_ms: u64) -> TaskRecord {
         id,
         route: "/mcp".into(),
         principal: "p".into(),
+        session: None,
         created_ms,
         updated_ms: created_ms,
         ttl_ms,

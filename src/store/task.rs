@@ -1,5 +1,6 @@
-//! What the store keeps of a modern task: the record that makes a long
-//! `tools/call` of a 2026-07-28 client durable. A task is a chain of
+//! What the store keeps of a task: the record that makes a long
+//! `tools/call` durable — of a 2026-07-28 client (the tasks extension) or of
+//! a 2025-11-25 session (the experimental tasks). A task is a chain of
 //! upstream requests — the call, then one re-issue per answered
 //! `input_required` round (MRTR) — each logged as an ordinary stream, a
 //! *leg*; the record names the legs and holds what the chain needs to go on.
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::id::{StreamId, TaskId};
+use crate::id::{SessionId, StreamId, TaskId};
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TaskRecord {
@@ -22,6 +23,10 @@ pub struct TaskRecord {
     /// Whose task it is (a digest, as a session's principal): another
     /// principal's task is unknown to it.
     pub principal: String,
+    /// The session of a 2025-11-25 task (its legs are streams of that
+    /// session, and only that session sees it); none for a modern task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionId>,
     pub created_ms: u64,
     /// When the task last changed (a new leg, input asked or answered, a
     /// cancellation); the current leg's end counts too, read from the leg.

@@ -30,6 +30,7 @@ use tokio_util::codec::{AnyDelimiterCodec, FramedRead};
 use super::http::MAX_MESSAGE;
 use super::UpstreamError;
 use crate::config::{LimitsConfig, UpstreamConfig};
+use crate::dialect;
 use crate::id::{SessionId, StreamId};
 use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, Kind, RequestId};
@@ -280,7 +281,9 @@ async fn demux(
                 .as_ref()
                 .is_some_and(|d| d.method.as_deref() == Some("initialize"))
             {
-                sessions.learn_version(&child.session, &line).await;
+                sessions
+                    .learn_initialize(&child.session, &line, dialect::kept_after_initialize)
+                    .await;
             }
             let at = match groups.iter().position(|g| g.stream == stream) {
                 Some(at) => at,

@@ -108,10 +108,28 @@ pub struct Crashable {
     pub proxy: ProxyProcess,
     pub dir: tempfile::TempDir,
     addr: std::net::SocketAddr,
+    /// How the proxy is told its upstream: `--upstream URL`, or `--config`.
+    upstream_args: Vec<String>,
 }
 
 impl Crashable {
     pub async fn start(options: mcp_resume_proxy::demo::upstream::DemoOptions) -> Self {
+        Self::configured(options, None).await
+    }
+
+    /// The same, with the upstream in a configuration file whose
+    /// `[[upstream]]` table ends with `upstream_toml` (its own subtables).
+    pub async fn with_upstream_toml(
+        options: mcp_resume_proxy::demo::upstream::DemoOptions,
+        upstream_toml: &str,
+    ) -> Self {
+        Self::configured(options, Some(upstream_toml)).await
+    }
+
+    async fn configured(
+        options: mcp_resume_proxy::demo::upstream::DemoOptions,
+        upstream_toml: Option<&str>,
+    ) -> Self {
         let upstream = mcp_resume_proxy::demo::upstream::DemoUpstream::spawn(
             ([127, 0, 0, 1], 0).into(),
             options,
@@ -120,13 +138,23 @@ impl Crashable {
         .expect("demo upstream starts");
         let dir = tempfile::tempdir().expect("temp dir");
         let addr = free_addr();
-        let proxy =
-            ProxyProcess::start(&["--upstream", &upstream.url()], dir.path(), addr, &[]).await;
+        let upstream_args = match upstream_toml {
+            None => vec!["--upstream".to_owned(), upstream.url()],
+            Some(toml) => {
+                let file = dir.path().join("proxy.toml");
+                let text = format!("[[upstream]]\nurl = \"{}\"\n{toml}\n", upstream.url());
+                std::fs::write(&file, text).expect("config file");
+                vec!["--config".to_owned(), file.display().to_string()]
+            }
+        };
+        let args: Vec<&str> = upstream_args.iter().map(String::as_str).collect();
+        let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
         Self {
             upstream,
             proxy,
             dir,
             addr,
+            upstream_args,
         }
     }
 
@@ -137,13 +165,8 @@ impl Crashable {
     /// A new proxy process on the same data dir and address (after the old
     /// one was killed or terminated).
     pub async fn restart(&mut self) {
-        self.proxy = ProxyProcess::start(
-            &["--upstream", &self.upstream.url()],
-            self.dir.path(),
-            self.addr,
-            &[],
-        )
-        .await;
+        let args: Vec<&str> = self.upstream_args.iter().map(String::as_str).collect();
+        self.proxy = ProxyProcess::start(&args, self.dir.path(), self.addr, &[]).await;
     }
 
     /// kill -9, then a new proxy process on the same data dir.

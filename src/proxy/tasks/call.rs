@@ -26,7 +26,6 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::{check_header, view, Modern, Tasks};
-use crate::task;
 use crate::dialect::tasks::{self as wire, Answer};
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
@@ -37,6 +36,7 @@ use crate::store::{
     now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, Watermark,
 };
 use crate::stream::Log;
+use crate::task;
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
@@ -287,6 +287,7 @@ impl Call {
             id,
             route: self.route.clone(),
             principal: self.principal.clone(),
+            session: None,
             created_ms: now,
             updated_ms: now,
             ttl_ms: config.ttl_ms,

@@ -14,12 +14,12 @@ use bytes::{Bytes, BytesMut};
 use http::Response;
 use serde_json::Value;
 
-use crate::task::{self, Seen};
 use super::Modern;
 use crate::dialect::tasks as wire;
 use crate::id::TaskId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
+use crate::task::{self, Seen};
 
 /// Longest pause between two looks at the watched tasks.
 const LOOK_EVERY_MAX: Duration = Duration::from_millis(500);

@@ -11,7 +11,6 @@ use serde_json::value::RawValue;
 
 use super::call::{leg_meta, Call};
 use super::view;
-use crate::task::{self, Seen};
 use super::{check_header, Modern};
 use crate::dialect::tasks::{self as wire, Answer, TaskStatus};
 use crate::id::TaskId;
@@ -19,6 +18,7 @@ use crate::jsonrpc::RequestId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::store::now_ms;
+use crate::task::{self, Seen};
 use crate::upstream::Upstream;
 
 /// The params of a `tasks/*` request.

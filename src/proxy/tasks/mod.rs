@@ -38,6 +38,8 @@ pub struct Tasks {
     /// Tasks running here, per principal (the per-principal cap counts them
     /// with the principal's streams).
     running: DashMap<String, usize>,
+    /// The 2025-11-25 `tasks/result` requests waiting here.
+    pub waiters: crate::dialect::legacy_tasks::Waiters,
 }
 
 const UNAWARE: u8 = 1;

@@ -153,4 +153,3 @@ pub fn reissue_body(id: &RequestId, params: &str) -> Bytes {
         id.as_json()
     ))
 }
-
