@@ -50,7 +50,10 @@
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
 //!   [`dialect::resumable_request`] (seed 002), [`dialect::streams`]
 //!   (seed 003), [`dialect::tasks`] (the 2026-07-28 tasks extension's wire
-//!   shapes).
+//!   shapes), [`dialect::legacy_tasks`] (the 2025-11-25 experimental tasks,
+//!   served on the session path).
+//! - [`task`]: what a task is, for both revisions' tasks — read from its
+//!   record and current leg, changed by compare-and-set, cancelled.
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its

@@ -46,46 +46,87 @@ fn tasks_request(id: u64, method: &str, task: &str) -> Value {
     json!({"jsonrpc":"2.0","id":id,"method":method,"params":{"taskId":task,"task":{"ttl":60_000}}})
 }
 
-/// Every message of the answer to `body` in `session`, with its status.
-async fn exchange(rig: &Rig, session: &str, body: &Value) -> (StatusCode, Vec<Value>) {
-    let res = rig.client.send(Call::post(body).session(session)).await;
-    let status = res.status();
-    (status, said(res).await)
+/// The requests of these tests, sent by one client.
+struct Caller<'a> {
+    client: &'a McpClient,
 }
 
-/// The one answer to `body` in `session`.
+impl Caller<'_> {
+    /// Every message of the answer to `body` in `session`, with its status.
+    async fn exchange(&self, session: &str, body: &Value) -> (StatusCode, Vec<Value>) {
+        let res = self.client.send(Call::post(body).session(session)).await;
+        let status = res.status();
+        (status, said(res).await)
+    }
+
+    /// The one answer to `body` in `session`.
+    async fn answer(&self, session: &str, body: &Value) -> Value {
+        let (status, mut all) = self.exchange(session, body).await;
+        assert_eq!(status, StatusCode::OK, "{all:?}");
+        all.pop().expect("an answer")
+    }
+
+    async fn create(&self, session: &str, id: u64, name: &str, arguments: Value) -> String {
+        let created = self.answer(session, &task_call(id, name, arguments)).await;
+        assert_eq!(created["id"], id, "{created}");
+        let task = &created["result"]["task"];
+        assert_eq!(task["status"], "working", "{created}");
+        task["taskId"].as_str().expect("a task id").to_owned()
+    }
+
+    /// Polls `tasks/get` until the task's status is not `working`.
+    async fn settled(&self, session: &str, task: &str) -> Value {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
+            let got = self
+                .answer(session, &tasks_request(90, "tasks/get", task))
+                .await;
+            if got["result"]["status"] != "working" {
+                return got["result"].clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never settled: {got}"
+            );
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+}
+
+async fn exchange(rig: &Rig, session: &str, body: &Value) -> (StatusCode, Vec<Value>) {
+    Caller {
+        client: &rig.client,
+    }
+    .exchange(session, body)
+    .await
+}
+
 async fn answer(rig: &Rig, session: &str, body: &Value) -> Value {
-    let (status, mut all) = exchange(rig, session, body).await;
-    assert_eq!(status, StatusCode::OK, "{all:?}");
-    all.pop().expect("an answer")
+    Caller {
+        client: &rig.client,
+    }
+    .answer(session, body)
+    .await
 }
 
 async fn create(rig: &Rig, session: &str, id: u64, name: &str, arguments: Value) -> String {
-    let created = answer(rig, session, &task_call(id, name, arguments)).await;
-    assert_eq!(created["id"], id, "{created}");
-    let task = &created["result"]["task"];
-    assert_eq!(task["status"], "working", "{created}");
-    task["taskId"].as_str().expect("a task id").to_owned()
+    Caller {
+        client: &rig.client,
+    }
+    .create(session, id, name, arguments)
+    .await
 }
 
 async fn get(rig: &Rig, session: &str, task: &str) -> Value {
     answer(rig, session, &tasks_request(90, "tasks/get", task)).await
 }
 
-/// Polls `tasks/get` until the task's status is not `working`.
 async fn settled(rig: &Rig, session: &str, task: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let got = get(rig, session, task).await;
-        if got["result"]["status"] != "working" {
-            return got["result"].clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never settled: {got}"
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
+    Caller {
+        client: &rig.client,
     }
+    .settled(session, task)
+    .await
 }
 
 fn error_code(message: &Value) -> i64 {
@@ -152,24 +193,22 @@ async fn an_upstream_with_tasks_of_its_own_keeps_them() {
     assert_eq!(error_code(&got), -32601, "{got}");
 }
 
-#[tokio::test]
-async fn a_task_call_is_answered_at_once_and_its_result_fetched_once_completed() {
-    let rig = rig().await;
-    let session = rig.client.initialize(V_LATEST).await;
-    let task = create(
-        &rig,
-        &session,
-        5,
-        "slow",
-        json!({"steps":4,"interval_ms":30}),
-    )
-    .await;
-    let done = settled(&rig, &session, &task).await;
+/// The scenario HTTP and stdio upstreams share: a task made at once,
+/// polled to its end, its result fetched under the `tasks/result` id.
+async fn a_task_completes_and_its_result_is_fetched(client: &McpClient) {
+    let session = client.initialize(V_LATEST).await;
+    let rig = Caller { client };
+    let task = rig
+        .create(&session, 5, "slow", json!({"steps":4,"interval_ms":30}))
+        .await;
+    let done = rig.settled(&session, &task).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["taskId"], task);
     assert_eq!(done["ttl"], 60_000);
     assert_eq!(done["pollInterval"], 50);
-    let fetched = answer(&rig, &session, &tasks_request(6, "tasks/result", &task)).await;
+    let fetched = rig
+        .answer(&session, &tasks_request(6, "tasks/result", &task))
+        .await;
     assert_eq!(fetched["id"], 6, "{fetched}");
     assert_eq!(
         fetched["result"]["content"][0]["text"],
@@ -177,6 +216,36 @@ async fn a_task_call_is_answered_at_once_and_its_result_fetched_once_completed()
     );
     let related = &fetched["result"]["_meta"]["io.modelcontextprotocol/related-task"];
     assert_eq!(related["taskId"], task, "{fetched}");
+}
+
+#[tokio::test]
+async fn a_task_call_is_answered_at_once_and_its_result_fetched_once_completed() {
+    let rig = rig().await;
+    a_task_completes_and_its_result_is_fetched(&rig.client).await;
+}
+
+#[tokio::test]
+async fn a_task_runs_on_a_stdio_upstream_too() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut upstream = mcp_resume_proxy::config::UpstreamConfig::command(vec![
+        env!("CARGO_BIN_EXE_mcp-resume-proxy").into(),
+        "demo-stdio-server".into(),
+    ]);
+    upstream.tasks.legacy = true;
+    upstream.tasks.poll_interval_ms = 50;
+    let config = mcp_resume_proxy::config::Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.path().to_path_buf(),
+        upstream: vec![upstream],
+        shutdown_grace_secs: 1,
+        ..Default::default()
+    };
+    let proxy = mcp_resume_proxy::Server::start(config)
+        .await
+        .expect("proxy starts");
+    let client = McpClient::new(format!("http://{}/mcp", proxy.addr));
+    a_task_completes_and_its_result_is_fetched(&client).await;
+    proxy.shutdown().await;
 }
 
 #[tokio::test]

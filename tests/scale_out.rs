@@ -391,3 +391,62 @@ async fn a_task_created_on_a_is_polled_and_cancelled_on_b() {
     let on_a = settled_on(&cluster.a.client(), &task).await;
     assert_eq!(on_a["status"], "cancelled", "{on_a}");
 }
+
+/// A 2025-11-25 task's record and its call's stream live in the shared log:
+/// the session's requests on the other instance see the task, list it and
+/// fetch its result with every progress notification once.
+#[tokio::test]
+async fn a_legacy_task_made_on_a_is_fetched_and_listed_on_b() {
+    use common::tasks::said;
+    let toml = "[upstream.tasks]\nlegacy = true\npoll_interval_ms = 50\n";
+    let cluster = Cluster::with_upstream_toml(DemoOptions::default(), toml).await;
+    let session = cluster.a.client().initialize(V_LATEST).await;
+    let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"slow","arguments":{"steps":5,"interval_ms":60},"task":{},
+        "_meta":{"progressToken":"lt1"}}});
+    let created = said(
+        cluster
+            .a
+            .client()
+            .send(Call::post(&call).session(&session))
+            .await,
+    )
+    .await;
+    let task = created[0]["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_owned();
+    let fetch = json!({"jsonrpc":"2.0","id":2,"method":"tasks/result","params":{"taskId":task}});
+    let on_b = said(
+        cluster
+            .b
+            .client()
+            .send(Call::post(&fetch).session(&session))
+            .await,
+    )
+    .await;
+    let progress: Vec<_> = on_b
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
+        .collect();
+    assert_eq!(progress, [1, 2, 3, 4, 5], "{on_b:?}");
+    let last = on_b.last().expect("the result");
+    assert_eq!(last["id"], 2);
+    assert_eq!(
+        last["result"]["content"][0]["text"],
+        "slow done after 5 steps"
+    );
+    let list = json!({"jsonrpc":"2.0","id":3,"method":"tasks/list"});
+    let listed = said(
+        cluster
+            .b
+            .client()
+            .send(Call::post(&list).session(&session))
+            .await,
+    )
+    .await;
+    let tasks = &listed[0]["result"]["tasks"];
+    assert_eq!(tasks[0]["taskId"], task, "{listed:?}");
+    assert_eq!(tasks[0]["status"], "completed");
+}

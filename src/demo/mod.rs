@@ -25,7 +25,10 @@ pub async fn run(mut config: Config) -> anyhow::Result<()> {
         ..DemoOptions::default()
     };
     let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options).await?;
-    config.upstream = vec![UpstreamConfig::new(demo.url())];
+    let mut upstream = UpstreamConfig::new(demo.url());
+    // Step 6: the 2025-11-25 tasks are opt-in; the demo shows them.
+    upstream.tasks.legacy = true;
+    config.upstream = vec![upstream];
     config.validate()?;
     let server = Server::start(config).await?;
     println!(
@@ -101,6 +104,20 @@ mcp-resume-proxy demo
    but Mcp-Method: tasks/get (or tasks/cancel):
 
    -d '{{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{{"taskId":"<taskId>","_meta":{{"io.modelcontextprotocol/clientCapabilities":{{"extensions":{{"io.modelcontextprotocol/tasks":{{}}}}}}}}}}}}'
+
+6. Tasks, for 2025-11-25 clients (the experimental tasks; this demo turns
+   them on with [upstream.tasks] legacy = true). In the session of step 1, a
+   call with params.task is answered at once with a task:
+
+   curl -s {proxy} -H 'Content-Type: application/json' \
+     -H 'Accept: application/json, text/event-stream' -H "Mcp-Session-Id: $SID" \
+     -d '{{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{{"name":"slow","arguments":{{"steps":20,"interval_ms":1000}},"task":{{"ttl":600000}},"_meta":{{"progressToken":"t8"}}}}}}'
+
+   Then tasks/get (working, then completed), tasks/list, tasks/cancel, or
+   tasks/result, which waits for the end and brings the call's progress
+   first, then its result:
+
+   -d '{{"jsonrpc":"2.0","id":9,"method":"tasks/result","params":{{"taskId":"<taskId>"}}}}'
 
 Ctrl-C stops the demo.
 "#

@@ -56,15 +56,20 @@ pub const LEASE_MS: u64 = 1_000;
 impl Cluster {
     /// The demo upstream and two instances on the Redis at `url`.
     pub async fn start_on(url: &str, options: DemoOptions) -> Cluster {
-        Self::build(url, options, LEASE_MS).await
+        Self::build(url, options, LEASE_MS, "").await
     }
 
     /// Two instances whose leases last `lease_ms`.
     pub async fn with_lease(options: DemoOptions, lease_ms: u64) -> Cluster {
-        Self::build(&redis_url(), options, lease_ms).await
+        Self::build(&redis_url(), options, lease_ms, "").await
     }
 
-    async fn build(url: &str, options: DemoOptions, lease_ms: u64) -> Cluster {
+    /// Two instances whose `[[upstream]]` table ends with `upstream_toml`.
+    pub async fn with_upstream_toml(options: DemoOptions, upstream_toml: &str) -> Cluster {
+        Self::build(&redis_url(), options, LEASE_MS, upstream_toml).await
+    }
+
+    async fn build(url: &str, options: DemoOptions, lease_ms: u64, upstream_toml: &str) -> Cluster {
         drop(require_redis(url));
         let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options)
             .await
@@ -82,7 +87,7 @@ impl Cluster {
             format!(
                 "[store]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"{prefix}\"\n\
                  lease_ms = {lease_ms}\n[tokens]\nkey_file = \"{}\"\n\
-                 [[upstream]]\nurl = \"{}\"\n",
+                 [[upstream]]\nurl = \"{}\"\n{upstream_toml}\n",
                 key.display(),
                 upstream.url()
             ),

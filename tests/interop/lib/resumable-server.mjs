@@ -11,15 +11,18 @@
 // in the same millisecond (the last progress and the result) can replay out of
 // order. This store keeps insertion order; ids are `${streamId}_${seq}`.
 //
-// One tool, `long-op` {steps, intervalMs}: a progress notification per step
-// (when the call has a progressToken), then the result "long-op done: N steps".
+// Tools: `long-op` {steps, intervalMs}: a progress notification per step
+// (when the call has a progressToken), then the result "long-op done: N steps"
+// (a cancelled call stops and is counted in /stats as `aborted`);
+// `ask-colour`: asks the client (elicitation/create on the call's stream) and
+// answers with the colour it got. It knows nothing of tasks.
 //
 // usage: node lib/resumable-server.mjs <port>   (listens on 127.0.0.1)
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
-import { CallToolRequestSchema, ListToolsRequestSchema, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolRequestSchema, ElicitResultSchema, ListToolsRequestSchema, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 
 class OrderedEventStore {
   constructor() {
@@ -54,15 +57,30 @@ function mcpServer() {
       name: 'long-op',
       description: 'steps progress notifications, intervalMs apart, then a result',
       inputSchema: { type: 'object', properties: { steps: { type: 'number' }, intervalMs: { type: 'number' } } },
+    }, {
+      name: 'ask-colour',
+      description: 'asks the client for a colour (elicitation) and answers with it',
+      inputSchema: { type: 'object', properties: {} },
     }],
   }));
   server.setRequestHandler(CallToolRequestSchema, async (req, extra) => {
+    if (req.params.name === 'ask-colour') {
+      const answer = await extra.sendRequest({
+        method: 'elicitation/create',
+        params: { message: 'Pick a colour', requestedSchema: { type: 'object', properties: { colour: { type: 'string' } } } },
+      }, ElicitResultSchema);
+      return { content: [{ type: 'text', text: `colour: ${answer.content?.colour}` }] };
+    }
     if (req.params.name !== 'long-op') throw new Error(`unknown tool ${req.params.name}`);
     const steps = Number(req.params.arguments?.steps ?? 5);
     const intervalMs = Number(req.params.arguments?.intervalMs ?? 100);
     const progressToken = req.params._meta?.progressToken;
     for (let i = 1; i <= steps; i++) {
       await new Promise((r) => setTimeout(r, intervalMs));
+      if (extra.signal.aborted) {
+        stats.aborted += 1;
+        throw new Error('cancelled');
+      }
       if (progressToken !== undefined) {
         await extra.sendNotification({ method: 'notifications/progress', params: { progressToken, progress: i, total: steps } });
       }
@@ -73,7 +91,7 @@ function mcpServer() {
 }
 
 const transports = new Map();
-const stats = { posts: 0, gets: 0, resumes: 0, calls: 0 };
+const stats = { posts: 0, gets: 0, resumes: 0, calls: 0, aborted: 0 };
 
 async function readJson(req) {
   const chunks = [];
