@@ -52,6 +52,9 @@ const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 const UNKNOWN_TASK: &str = "unknown or expired task";
 
+/// The shortest `ttl` a task is kept for, whatever the client asked.
+const MIN_TTL_MS: u64 = 1_000;
+
 /// Whether a session opening with `initialize` is offered tasks: the route
 /// serves them and the client speaks their revision.
 pub fn offered(config: &TasksConfig, initialize: &[u8]) -> bool {
@@ -305,8 +308,11 @@ impl Create {
             session: Some(cx.session.id),
             created_ms: now,
             updated_ms: now,
-            // A receiver may shorten what was asked, and says what it keeps.
-            ttl_ms: self.ttl_ms.map_or(config.ttl_ms, |t| t.min(config.ttl_ms)),
+            // A receiver may shorten what was asked, and says what it keeps
+            // (never less than a second: a task must outlive its answer).
+            ttl_ms: self.ttl_ms.map_or(config.ttl_ms, |t| {
+                t.clamp(MIN_TTL_MS, config.ttl_ms.max(MIN_TTL_MS))
+            }),
             poll_interval_ms: config.poll_interval_ms,
             request: self.params,
             headers: Vec::new(),
@@ -638,5 +644,92 @@ impl Fetched {
             jsonrpc::code::INTERNAL_ERROR,
             "the task was cancelled before it answered",
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upstream_declaring_tasks_keeps_them() {
+        let own = br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{"tasks":{}}}}"#;
+        let none = br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}}}}"#;
+        assert!(!served(own));
+        assert!(served(none));
+        assert!(!served(
+            br#"{"jsonrpc":"2.0","id":0,"error":{"code":-32600,"message":"x"}}"#
+        ));
+    }
+
+    #[test]
+    fn tools_list_marks_only_tools_that_say_nothing_of_tasks() {
+        let listed = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a"},{"name":"b","execution":{"taskSupport":"forbidden"}}]}}"#;
+        let shown: Value = serde_json::from_slice(&tools_offered(listed).unwrap()).unwrap();
+        assert_eq!(
+            shown["result"]["tools"][0]["execution"]["taskSupport"],
+            "optional"
+        );
+        assert_eq!(
+            shown["result"]["tools"][1]["execution"]["taskSupport"],
+            "forbidden"
+        );
+        let all_said = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"b","execution":{"taskSupport":"required"}}]}}"#;
+        assert!(tools_offered(all_said).is_none());
+    }
+
+    #[test]
+    fn the_upstream_call_has_the_proxys_id_and_no_task_and_keeps_every_other_param_verbatim() {
+        let call = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"n":1.50},"task":{"ttl":5000},"_meta":{"progressToken":"p"}}}"#;
+        let create = Create::parse(RequestId("7".into()), call).unwrap();
+        assert_eq!(create.ttl_ms, Some(5000));
+        let sent: Value = serde_json::from_slice(&create.upstream).unwrap();
+        assert_eq!(sent["id"], format!("mcp-resume-proxy-task-{}", create.task));
+        assert!(sent["params"].get("task").is_none());
+        assert_eq!(sent["params"]["_meta"]["progressToken"], "p");
+        assert!(std::str::from_utf8(&create.upstream)
+            .unwrap()
+            .contains(r#""arguments":{"n":1.50}"#));
+    }
+
+    #[test]
+    fn a_task_that_is_no_object_is_invalid_params() {
+        let call =
+            br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","task":5}}"#;
+        assert!(!asks_for_task(call));
+        assert!(matches!(
+            Create::parse(RequestId("7".into()), call),
+            Err(Refusal::InvalidParams { .. })
+        ));
+    }
+
+    #[test]
+    fn the_legs_answer_becomes_the_tasks_result_answer_tagged_with_its_task() {
+        let waiters = Waiters::default();
+        let mut fetched = Fetched {
+            upstream: upstream_id(TaskId::random()),
+            client: RequestId("9".into()),
+            handle: "H".into(),
+            answered: false,
+            _waiter: waiters.enter(1).unwrap(),
+        };
+        assert!(waiters.enter(1).is_none(), "one waiter of one");
+        let progress = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1}}"#);
+        assert_eq!(fetched.entry(progress.clone()), Some(progress));
+        let asked = br#"{"jsonrpc":"2.0","id":"s1","method":"elicitation/create","params":{"message":"?"}}"#;
+        let asked: Value =
+            serde_json::from_slice(&fetched.entry(Bytes::from_static(asked)).unwrap()).unwrap();
+        assert_eq!(asked["params"]["_meta"][RELATED_TASK]["taskId"], "H");
+        let answer = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[]}}}}"#,
+            fetched.upstream.as_json()
+        );
+        let shown: Value =
+            serde_json::from_slice(&fetched.entry(Bytes::from(answer)).unwrap()).unwrap();
+        assert_eq!(shown["id"], 9);
+        assert_eq!(shown["result"]["_meta"][RELATED_TASK]["taskId"], "H");
+        assert_eq!(fetched.closing(), None, "answered once");
+        drop(fetched);
+        assert!(waiters.enter(1).is_some(), "the place is free again");
     }
 }
