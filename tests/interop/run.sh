@@ -121,6 +121,7 @@ scenarios=(
   "h-crash-loop-everything|180|env CRASH_UPSTREAM=everything node scenarios/h-crash-loop.mjs"
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
   "j-tasks|240|node scenarios/j-tasks.mjs"
+  "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
 )
 
 selected=("$@")
