@@ -80,9 +80,11 @@ pub async fn read(log: &Log, id: TaskId) -> Result<Option<Seen>> {
         (_, Some(Answer::Error(..)) | None) => TaskStatus::Failed,
     };
     if let Some(at) = record.cancelled_ms {
-        // A cancellation wins over what was still open, never over an end
-        // that came before it.
-        if !status.is_terminal() {
+        // A cancellation wins over what was still open and over an end that
+        // came after it (an upstream may answer a call it was told to stop:
+        // the task was cancelled, and said so), never over an end before it.
+        let ended_after = meta.finished_ms.is_some_and(|end| end >= at);
+        if !status.is_terminal() || ended_after {
             status = TaskStatus::Cancelled;
             updated_ms = updated_ms.max(at);
         }
@@ -144,5 +146,85 @@ pub async fn cancel(log: &Log, id: TaskId) -> Result<()> {
 
 /// Whether a record names the principal and route a request comes from.
 pub fn belongs(record: &TaskRecord, route: &str, principal: &str) -> bool {
-    record.route == route && record.principal == principal
+    // A 2025-11-25 task belongs to its session, never to a modern request.
+    record.route == route && record.principal == principal && record.session.is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::{SessionId, StreamId};
+    use crate::jsonrpc::RequestId;
+    use crate::store::commit::SyncMode;
+    use crate::store::journal::Journal;
+    use crate::store::{StreamKind, StreamMeta};
+    use bytes::Bytes;
+
+    async fn log() -> (tempfile::TempDir, std::sync::Arc<Log>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Journal::open(dir.path(), SyncMode::Never).unwrap();
+        (dir, Log::new(store))
+    }
+
+    /// A task whose one leg is open, live.
+    async fn running(log: &Log) -> (TaskId, StreamId) {
+        let (id, leg) = (TaskId::random(), StreamId::random());
+        let mut record = crate::store::contract::task(id, now_ms(), 60_000);
+        record.legs = vec![leg];
+        log.store().put_task(&record).await.unwrap();
+        let mut meta = StreamMeta::new(
+            leg,
+            SessionId::TASKS,
+            StreamKind::Request,
+            vec![RequestId("1".into())],
+            Some("tools/call".into()),
+            now_ms(),
+        );
+        meta.task = Some(id);
+        log.open(meta).await.unwrap();
+        (id, leg)
+    }
+
+    const ANSWER: &[u8] = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+
+    #[tokio::test]
+    async fn an_answer_that_came_after_the_cancellation_leaves_the_task_cancelled() {
+        let (_dir, log) = log().await;
+        let (id, leg) = running(&log).await;
+        cancel(&log, id).await.unwrap();
+        // The upstream answered the call it was told to stop.
+        let _ = log
+            .append_final(
+                leg,
+                &[Bytes::from_static(ANSWER)],
+                StreamStatus::Completed,
+                None,
+            )
+            .await;
+        let seen = read(&log, id).await.unwrap().unwrap();
+        assert_eq!(seen.status, TaskStatus::Cancelled);
+    }
+
+    #[tokio::test]
+    async fn an_end_before_the_cancellation_stands() {
+        let (_dir, log) = log().await;
+        let (id, leg) = running(&log).await;
+        log.append_final(
+            leg,
+            &[Bytes::from_static(ANSWER)],
+            StreamStatus::Completed,
+            None,
+        )
+        .await
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        change(&log, id, |r| {
+            r.cancelled_ms = Some(now_ms());
+            true
+        })
+        .await
+        .unwrap();
+        let seen = read(&log, id).await.unwrap().unwrap();
+        assert_eq!(seen.status, TaskStatus::Completed);
+    }
 }

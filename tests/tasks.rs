@@ -297,6 +297,22 @@ async fn a_listen_for_a_task_gets_each_change_of_it_as_notifications_tasks() {
 }
 
 #[tokio::test]
+async fn a_listen_watches_each_named_task_once() {
+    let rig = rig().await;
+    let task = create_task(&rig, 25, 2).await;
+    let ids: Vec<&str> = std::iter::repeat_n(task.as_str(), 500).collect();
+    let listen = request(
+        26,
+        "subscriptions/listen",
+        json!({"notifications": {"taskIds": ids}}),
+        true,
+    );
+    let mut reader = SseReader::new(rig.client.send(modern(&listen)).await);
+    let (_, ack) = reader.next_message().await.unwrap();
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([task]));
+}
+
+#[tokio::test]
 async fn a_task_past_its_ttl_is_unknown() {
     let rig = rig_with(|tasks| {
         tasks.task_after_ms = 0;

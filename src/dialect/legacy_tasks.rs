@@ -52,6 +52,10 @@ const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 const UNKNOWN_TASK: &str = "unknown or expired task";
 
+/// Why a `tasks/result` has no answer to give (-32603, as native servers).
+const NO_ANSWER: &str = "the proxy holds no answer of the upstream for this task";
+const CANCELLED: &str = "the task was cancelled before it answered";
+
 /// The shortest `ttl` a task is kept for, whatever the client asked.
 const MIN_TTL_MS: u64 = 1_000;
 
@@ -415,13 +419,33 @@ impl Named {
             Some(leg) => cx.log.meta(leg).await?,
             None => None,
         };
-        let Some(stream) = meta else {
-            return Ok(Answer::Response(Bytes::from(jsonrpc::error_response(
-                Some(&self.id),
-                jsonrpc::code::INTERNAL_ERROR,
-                "the proxy holds no answer of the upstream for this task",
-            ))));
+        let no_answer = |why| {
+            let error = jsonrpc::error_response(Some(&self.id), jsonrpc::code::INTERNAL_ERROR, why);
+            Ok(Answer::Response(Bytes::from(error)))
         };
+        let Some(stream) = meta else {
+            return no_answer(NO_ANSWER);
+        };
+        match shown.status {
+            TaskStatus::Cancelled => return no_answer(CANCELLED),
+            // An ended task is answered with its answer alone: what the
+            // upstream said on the way was delivered by an earlier
+            // `tasks/result` (native servers hand each message out once).
+            status if status.is_terminal() => {
+                let last = match stream.entries.checked_sub(1) {
+                    Some(at) => cx.log.store().read_after(stream.id, at, 1).await?,
+                    None => Vec::new(),
+                };
+                let answer = last
+                    .first()
+                    .and_then(|e| as_result_of(&e.message, &self.id, &shown.handle));
+                return match answer {
+                    Some(answer) => Ok(Answer::Response(answer)),
+                    None => no_answer(NO_ANSWER),
+                };
+            }
+            _ => {}
+        }
         let waiter = cx
             .waiters
             .enter(cx.config.tasks.result_waiters)
@@ -574,6 +598,23 @@ impl Drop for Waiter {
     }
 }
 
+/// A leg's answer as the answer of `tasks/result` request `client`: its
+/// id, and the related task in the result's `_meta`.
+fn as_result_of(message: &[u8], client: &RequestId, handle: &str) -> Option<Bytes> {
+    let mut value: Map<String, Value> = serde_json::from_slice(message).ok()?;
+    if !value.contains_key("result") && !value.contains_key("error") {
+        return None;
+    }
+    value.insert("id".into(), serde_json::from_str(client.as_json()).ok()?);
+    if let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) {
+        let meta = result.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(RELATED_TASK.into(), json!({ "taskId": handle }));
+        }
+    }
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
 /// A leg shown as the answer of a `tasks/result`.
 #[derive(Debug)]
 pub struct Fetched {
@@ -618,18 +659,7 @@ impl Fetched {
     }
 
     fn answer(&self, message: &[u8]) -> Option<Bytes> {
-        let mut value: Map<String, Value> = serde_json::from_slice(message).ok()?;
-        value.insert(
-            "id".into(),
-            serde_json::from_str(self.client.as_json()).ok()?,
-        );
-        if let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) {
-            let meta = result.entry("_meta").or_insert_with(|| json!({}));
-            if let Some(meta) = meta.as_object_mut() {
-                meta.insert(RELATED_TASK.into(), json!({ "taskId": self.handle }));
-            }
-        }
-        serde_json::to_vec(&value).ok().map(Bytes::from)
+        as_result_of(message, &self.client, &self.handle)
     }
 
     /// What ends a leg that ended without an answer (cancelled): the
@@ -642,7 +672,7 @@ impl Fetched {
         Some(Bytes::from(jsonrpc::error_response(
             Some(&self.client),
             jsonrpc::code::INTERNAL_ERROR,
-            "the task was cancelled before it answered",
+            CANCELLED,
         )))
     }
 }

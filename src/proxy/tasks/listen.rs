@@ -19,6 +19,9 @@ use crate::dialect::tasks as wire;
 use crate::id::TaskId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
+
+/// The most tasks one listen watches.
+const MAX_WATCHED: usize = 64;
 use crate::task::{self, Seen};
 
 /// Longest pause between two looks at the watched tasks.
@@ -76,7 +79,13 @@ pub(super) async fn serve(
     let principal = crate::session::principal(request.parts, &route.shared.config.principal_header);
     let log = route.shared.log.clone();
     let mut watched: Vec<(String, TaskId)> = Vec::new();
+    // Each id watched costs reads every poll: a listen names each once, and
+    // at most `MAX_WATCHED` of them (more are not acknowledged).
+    let mut seen = std::collections::HashSet::new();
     for text in ids {
+        if watched.len() == MAX_WATCHED || !seen.insert(text.clone()) {
+            continue;
+        }
         let Some(task) = route
             .shared
             .keyring

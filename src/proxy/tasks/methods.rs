@@ -124,8 +124,8 @@ async fn update(
     }
     let log = &route.shared.log;
     let Some(record) = task::change(log, task, |r| {
-        if r.legs.len() != round {
-            return false; // another update already moved the task on
+        if r.legs.len() != round || r.cancelled_ms.is_some() {
+            return false; // moved on by another update, or cancelled
         }
         let input = r.input.get_or_insert_with(Default::default);
         let before = input.answered.len();
@@ -180,8 +180,8 @@ async fn reissue(
     // The record names the leg first (a leg never exists without its task,
     // see `call::create`); only the update whose change lands re-issues.
     let moved_on = task::change(log, record.id, |r| {
-        if r.legs.len() != round {
-            return false; // another update re-issued first
+        if r.legs.len() != round || r.cancelled_ms.is_some() {
+            return false; // another update re-issued first, or cancelled
         }
         r.legs.push(leg.id);
         r.input = None;
@@ -192,6 +192,14 @@ async fn reissue(
         return Ok(());
     }
     let leg = log.open(leg).await?;
+    // A cancellation between naming the leg and opening it found no leg
+    // to end: end it here rather than run the call.
+    let cancelled = log.store().get_task(record.id).await?;
+    if cancelled.is_none_or(|r| r.cancelled_ms.is_some()) {
+        log.finish(leg.id, crate::store::StreamStatus::Cancelled)
+            .await?;
+        return Ok(());
+    }
     let call = Call {
         log: log.clone(),
         keyring: route.shared.keyring.clone(),
