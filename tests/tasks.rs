@@ -313,6 +313,25 @@ async fn a_listen_watches_each_named_task_once() {
 }
 
 #[tokio::test]
+async fn an_upstream_that_cannot_answer_discover_is_asked_once() {
+    // The legacy-only demo refuses every modern request.
+    let rig = Rig::with(DemoOptions::default(), |_| {}).await;
+    for id in [27, 28, 29] {
+        let _ = rig.client.send(modern(&slow(id, 1, 10, true))).await;
+    }
+    let asked = rig
+        .upstream
+        .stats
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.get("mcp-method").is_some_and(|m| m == "server/discover"))
+        .count();
+    assert_eq!(asked, 1);
+}
+
+#[tokio::test]
 async fn a_task_past_its_ttl_is_unknown() {
     let rig = rig_with(|tasks| {
         tasks.task_after_ms = 0;

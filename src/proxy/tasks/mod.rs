@@ -207,8 +207,11 @@ async fn discover_through(
 /// `None` when it does not say (unreachable, refused, no such method).
 async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
     const REVISION: &str = "2026-07-28";
+    // A request as the revision wants every one: its version, the client's
+    // capabilities (none declared: the proxy asks for itself) and info.
     let body = Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":"mcp-resume-proxy-discover","method":"server/discover","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"{REVISION}"}}}}}}"#
+        r#"{{"jsonrpc":"2.0","id":"mcp-resume-proxy-discover","method":"server/discover","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"{REVISION}","io.modelcontextprotocol/clientCapabilities":{{}},"io.modelcontextprotocol/clientInfo":{{"name":"mcp-resume-proxy","version":"{}"}}}}}}}}"#,
+        env!("CARGO_PKG_VERSION")
     ));
     let mut headers = client.clone();
     for (name, value) in [
@@ -220,12 +223,22 @@ async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
         headers.insert(name, HeaderValue::from_static(value));
     }
     headers.remove("mcp-name");
+    let params: Vec<_> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("mcp-param-"))
+        .cloned()
+        .collect();
+    for name in params {
+        headers.remove(name);
+    }
+    // Unreachable: cannot tell. Reached, but no discover answer (a refusal,
+    // an error): it has no tasks to speak of, and is not asked again.
     let res = upstream
         .send(Method::POST, &headers, body, None)
         .await
         .ok()?;
     if !carries_messages(&res) {
-        return None;
+        return Some(false);
     }
     let mut messages = Messages::new(res);
     while let Some(Ok(events)) = messages.next_batch().await {
@@ -236,7 +249,7 @@ async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
             return Some(wire::lists_extension(&answer.message));
         }
     }
-    None
+    Some(false)
 }
 
 /// A routing header (`Mcp-Method`, `Mcp-Name`), checked against what the
