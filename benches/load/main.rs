@@ -22,6 +22,9 @@
 //! `/tmp/mcp-resume-proxy-peers`, never in the repository). `--smoke` runs
 //! the four at tiny sizes in a few seconds and exits non-zero unless each of
 //! them completed without errors and printed its figures.
+//! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
+//! one above (default) or `benches/support/fast_upstream.mjs` under node, the
+//! kind of server users put behind a proxy.
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
@@ -55,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::procs::{cpus, loadavg, proxy_bin, raise_nofile};
+use crate::procs::{cpus, loadavg, proxy_bin, raise_nofile, Upstream};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -89,7 +92,7 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--scenario small|streaming|replay|idle|peers]...
-       [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
+       [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
 
 /// The fast upstream's process: `load upstream --port P`.
@@ -137,6 +140,10 @@ where
 struct Opts {
     smoke: bool,
     peers: bool,
+    /// The fast upstreams to run every scenario behind, one pass each.
+    upstreams: Vec<Upstream>,
+    /// The one of them the current pass runs behind.
+    upstream: Upstream,
     scenarios: Vec<String>,
     rounds: usize,
     duration: Duration,
@@ -158,6 +165,8 @@ impl Opts {
         let mut o = Opts {
             smoke: false,
             peers: false,
+            upstreams: vec![Upstream::Rust],
+            upstream: Upstream::Rust,
             scenarios: Vec::new(),
             rounds: 3,
             duration: Duration::from_secs(4),
@@ -183,6 +192,12 @@ impl Opts {
                 "--bench" => {}
                 "--smoke" => o.smoke = true,
                 "--peers" => o.peers = true,
+                "--upstream" => {
+                    o.upstreams = value()?
+                        .split(',')
+                        .map(Upstream::parse)
+                        .collect::<Result<_>>()?;
+                }
                 "--scenario" => o.scenarios.extend(value()?.split(',').map(str::to_owned)),
                 "--rounds" => {
                     o.rounds = value()?.parse()?;
@@ -286,6 +301,7 @@ impl Opts {
         if o.rounds == 0 {
             bail!("--rounds must be at least 1");
         }
+        o.upstream = o.upstreams[0];
         Ok(o)
     }
 
@@ -321,7 +337,8 @@ async fn run(opts: Opts) -> bool {
     };
     println!("proxy:   {}", bin.display());
     println!(
-        "options: rounds={} duration={:?} warmup={:?} concurrency={:?} streaming={}x{} replay={} idle={} hold={:?}",
+        "options: upstreams={:?} rounds={} duration={:?} warmup={:?} concurrency={:?} streaming={}x{} replay={} idle={} hold={:?}",
+        opts.upstreams,
         opts.rounds,
         opts.duration,
         opts.warmup,
@@ -333,28 +350,14 @@ async fn run(opts: Opts) -> bool {
         opts.idle_hold
     );
     let mut all_ok = true;
-    for name in &opts.scenarios {
-        println!();
-        let limit = scenario_limit(name, &opts);
-        let t0 = Instant::now();
-        let outcome = match name.as_str() {
-            "small" => bounded(limit, small::run(&opts, &bin)).await,
-            "streaming" => bounded(limit, streaming::run(&opts, &bin)).await,
-            "replay" => bounded(limit, replay::run(&opts, &bin)).await,
-            "idle" => bounded(limit, idle::run(&opts, &bin)).await,
-            "peers" => bounded(limit, peers::run(&opts, &bin)).await,
-            _ => unreachable!("checked in Opts::parse"),
+    for &upstream in &opts.upstreams {
+        let pass = Opts {
+            upstream,
+            ..opts.clone()
         };
-        match outcome {
-            Ok(table) => {
-                print!("{table}");
-                println!("({name}: {:.1} s)", t0.elapsed().as_secs_f64());
-            }
-            Err(e) => {
-                all_ok = false;
-                println!("## {name}: FAILED: {e:#}");
-            }
-        }
+        println!();
+        println!("# behind the {} fast upstream", upstream.name());
+        all_ok &= run_scenarios(&pass, &bin).await;
     }
     procs::clean_redis();
     println!();
@@ -368,6 +371,35 @@ async fn run(opts: Opts) -> bool {
             "SOME SCENARIOS FAILED"
         }
     );
+    all_ok
+}
+
+/// Every scenario of `o` in turn, behind `o.upstream`; whether all passed.
+async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
+    let mut all_ok = true;
+    for name in &o.scenarios {
+        println!();
+        let limit = scenario_limit(name, o);
+        let t0 = Instant::now();
+        let outcome = match name.as_str() {
+            "small" => bounded(limit, small::run(o, bin)).await,
+            "streaming" => bounded(limit, streaming::run(o, bin)).await,
+            "replay" => bounded(limit, replay::run(o, bin)).await,
+            "idle" => bounded(limit, idle::run(o, bin)).await,
+            "peers" => bounded(limit, peers::run(o, bin)).await,
+            _ => unreachable!("checked in Opts::parse"),
+        };
+        match outcome {
+            Ok(table) => {
+                print!("{table}");
+                println!("({name}: {:.1} s)", t0.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                all_ok = false;
+                println!("## {name}: FAILED: {e:#}");
+            }
+        }
+    }
     all_ok
 }
 

@@ -61,7 +61,7 @@ fn persist_bin(limit: Duration) -> Result<PathBuf> {
 }
 
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let mut stand = start_stand(bin, &["batch".to_owned()]).await?;
+    let mut stand = start_stand(bin, &["batch".to_owned()], o.upstream).await?;
     let up_addr = stand.targets[0].addr;
     stand.targets[1].name = "resume batch".into();
     let mut notes = String::new();

@@ -107,7 +107,8 @@ pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> 
         }
         writeln!(
             out,
-            "## {title}: tools/call, JSON upstream answer, concurrency {c}, {} rounds x {:.1} s",
+            "## {title}: tools/call, JSON upstream answer ({} upstream), concurrency {c}, {} rounds x {:.1} s",
+            o.upstream.name(),
             o.rounds,
             o.duration.as_secs_f64()
         )?;
@@ -161,7 +162,8 @@ pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> 
 
 /// Direct, the floor proxy, then ours per sync mode.
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let mut stand = start_stand(bin, &o.sync_modes(&["never", "batch", "always"])).await?;
+    let modes = o.sync_modes(&["never", "batch", "always"]);
+    let mut stand = start_stand(bin, &modes, o.upstream).await?;
     let upstream = stand.targets[0].addr;
     let (floor, target) = start_floor(upstream).await?;
     stand.targets.insert(1, target);
