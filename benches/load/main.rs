@@ -18,10 +18,10 @@
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle` (default: all four) and
 //! `peers` (only with `--peers`: the `small` load through the Rust
-//! `mcp-proxy` crate and the PyPI `mcp-persist`, installed under
-//! `/tmp/mcp-resume-proxy-peers`, never in the repository). `--smoke` runs
-//! the four at tiny sizes in a few seconds and exits non-zero unless each of
-//! them completed without errors and printed its figures.
+//! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
+//! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
+//! `--smoke` runs the four at tiny sizes in a few seconds and exits non-zero
+//! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
 //! kind of server users put behind a proxy.
@@ -29,8 +29,8 @@
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
 //! `replay`, `idle`, `peers`), on top of the MCP client (`client`), the child
-//! processes and `/proc` readings (`procs`) and the latency histogram
-//! (`histogram`).
+//! processes and `/proc` readings (`procs`), nginx (`nginx`) and the latency
+//! histogram (`histogram`).
 
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
@@ -47,6 +47,7 @@ mod redis_server;
 mod client;
 mod histogram;
 mod idle;
+mod nginx;
 mod peers;
 mod procs;
 mod replay;
@@ -407,8 +408,9 @@ fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
         "small" => per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30),
+        // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {
-            per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(1800)
+            per_run * (o.rounds * o.concurrency.len() * 7) as u32 + Duration::from_secs(1800)
         }
         "idle" => Duration::from_secs(120) + o.idle_hold * 2,
         _ => Duration::from_secs(60 + 30 * o.rounds as u64),
