@@ -24,13 +24,15 @@
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
-//! kind of server users put behind a proxy.
+//! kind of server users put behind a proxy. `--scenario small --check` is the
+//! regression guard (`check`): proxy against floor, compared with the ratios
+//! recorded in `benches/load/recorded.toml`; exits non-zero on a regression.
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `peers`), on top of the MCP client (`client`), the child
-//! processes and `/proc` readings (`procs`), nginx (`nginx`) and the latency
-//! histogram (`histogram`).
+//! `replay`, `idle`, `peers`, and `check`), on top of the MCP client
+//! (`client`), the child processes and `/proc` readings (`procs`), nginx
+//! (`nginx`) and the latency histogram (`histogram`).
 
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
@@ -44,6 +46,7 @@ mod redis_keys;
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
+mod check;
 mod client;
 mod histogram;
 mod idle;
@@ -92,7 +95,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--scenario small|streaming|replay|idle|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
 
@@ -141,6 +144,8 @@ where
 struct Opts {
     smoke: bool,
     peers: bool,
+    /// The regression guard instead of the `small` table (`check`).
+    check: bool,
     /// The fast upstreams to run every scenario behind, one pass each.
     upstreams: Vec<Upstream>,
     /// The one of them the current pass runs behind.
@@ -166,6 +171,7 @@ impl Opts {
         let mut o = Opts {
             smoke: false,
             peers: false,
+            check: false,
             upstreams: vec![Upstream::Rust],
             upstream: Upstream::Rust,
             scenarios: Vec::new(),
@@ -193,6 +199,7 @@ impl Opts {
                 "--bench" => {}
                 "--smoke" => o.smoke = true,
                 "--peers" => o.peers = true,
+                "--check" => o.check = true,
                 "--upstream" => {
                     o.upstreams = value()?
                         .split(',')
@@ -283,6 +290,9 @@ impl Opts {
                 o.idle_hold = Duration::from_millis(200);
             }
         }
+        if o.check {
+            o.check_alone(&explicit)?;
+        }
         if o.scenarios.is_empty() {
             o.scenarios = ["small", "streaming", "replay", "idle"]
                 .map(str::to_owned)
@@ -304,6 +314,24 @@ impl Opts {
         }
         o.upstream = o.upstreams[0];
         Ok(o)
+    }
+
+    /// `--check` measures what `recorded.toml` records and nothing else: the
+    /// `small` scenario, `batch`, at concurrency 1 and 32. Options that would
+    /// measure something else are refused rather than compared wrongly.
+    fn check_alone(&mut self, explicit: &[&str]) -> Result<()> {
+        if self.smoke || self.peers || self.sync.is_some() || explicit.contains(&"concurrency") {
+            bail!("--check takes no --smoke, --peers, --sync or --concurrency");
+        }
+        if self.upstreams != [Upstream::Rust] {
+            bail!("--check compares figures recorded behind the rust upstream only");
+        }
+        if self.scenarios.iter().any(|s| s != "small") {
+            bail!("--check runs with --scenario small only");
+        }
+        self.scenarios = vec!["small".into()];
+        self.concurrency = vec![1, 32];
+        Ok(())
     }
 
     /// The `[store] sync` modes a scenario runs proxies with: `--sync`, or
@@ -383,6 +411,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
         let limit = scenario_limit(name, o);
         let t0 = Instant::now();
         let outcome = match name.as_str() {
+            "small" if o.check => bounded(limit, check::run(o, bin)).await,
             "small" => bounded(limit, small::run(o, bin)).await,
             "streaming" => bounded(limit, streaming::run(o, bin)).await,
             "replay" => bounded(limit, replay::run(o, bin)).await,
