@@ -106,7 +106,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     let limit = nofile_limit();
     let cap = (limit.saturating_sub(512) / 2) as usize;
     let streams = o.idle_streams.min(cap);
-    let (up, up_addr) = start_upstream().await?;
+    let (up, up_addr) = start_upstream(o.upstream).await?;
     let direct = Target::direct(up_addr);
     let mut out = String::new();
     writeln!(
@@ -138,7 +138,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     // Fresh processes for the proxied run, so the upstream's memory from the
     // direct run does not matter and the proxy starts clean.
     drop(up);
-    let (up, up_addr) = start_upstream().await?;
+    let (up, up_addr) = start_upstream(o.upstream).await?;
     let (proxy, proxied) = start_proxy(bin, up_addr, "batch").await?;
     let run = run_once(&proxied, proxy.pid(), streams, o).await?;
     lines.push(("proxy (via proxy)".to_owned(), run));

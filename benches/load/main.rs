@@ -18,16 +18,21 @@
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle` (default: all four) and
 //! `peers` (only with `--peers`: the `small` load through the Rust
-//! `mcp-proxy` crate and the PyPI `mcp-persist`, installed under
-//! `/tmp/mcp-resume-proxy-peers`, never in the repository). `--smoke` runs
-//! the four at tiny sizes in a few seconds and exits non-zero unless each of
-//! them completed without errors and printed its figures.
+//! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
+//! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
+//! `--smoke` runs the four at tiny sizes in a few seconds and exits non-zero
+//! unless each of them completed without errors and printed its figures.
+//! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
+//! one above (default) or `benches/support/fast_upstream.mjs` under node, the
+//! kind of server users put behind a proxy. `--scenario small --check` is the
+//! regression guard (`check`): proxy against floor, compared with the ratios
+//! recorded in `benches/load/recorded.toml`; exits non-zero on a regression.
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `peers`), on top of the MCP client (`client`), the child
-//! processes and `/proc` readings (`procs`) and the latency histogram
-//! (`histogram`).
+//! `replay`, `idle`, `peers`, and `check`), on top of the MCP client
+//! (`client`), the child processes and `/proc` readings (`procs`), nginx
+//! (`nginx`) and the latency histogram (`histogram`).
 
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
@@ -41,9 +46,11 @@ mod redis_keys;
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
+mod check;
 mod client;
 mod histogram;
 mod idle;
+mod nginx;
 mod peers;
 mod procs;
 mod replay;
@@ -55,7 +62,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::procs::{cpus, loadavg, proxy_bin, raise_nofile};
+use crate::procs::{cpus, loadavg, proxy_bin, raise_nofile, Upstream};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -88,8 +95,8 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--scenario small|streaming|replay|idle|peers]...
-       [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|peers]...
+       [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
 
 /// The fast upstream's process: `load upstream --port P`.
@@ -137,6 +144,12 @@ where
 struct Opts {
     smoke: bool,
     peers: bool,
+    /// The regression guard instead of the `small` table (`check`).
+    check: bool,
+    /// The fast upstreams to run every scenario behind, one pass each.
+    upstreams: Vec<Upstream>,
+    /// The one of them the current pass runs behind.
+    upstream: Upstream,
     scenarios: Vec<String>,
     rounds: usize,
     duration: Duration,
@@ -158,6 +171,9 @@ impl Opts {
         let mut o = Opts {
             smoke: false,
             peers: false,
+            check: false,
+            upstreams: vec![Upstream::Rust],
+            upstream: Upstream::Rust,
             scenarios: Vec::new(),
             rounds: 3,
             duration: Duration::from_secs(4),
@@ -183,6 +199,13 @@ impl Opts {
                 "--bench" => {}
                 "--smoke" => o.smoke = true,
                 "--peers" => o.peers = true,
+                "--check" => o.check = true,
+                "--upstream" => {
+                    o.upstreams = value()?
+                        .split(',')
+                        .map(Upstream::parse)
+                        .collect::<Result<_>>()?;
+                }
                 "--scenario" => o.scenarios.extend(value()?.split(',').map(str::to_owned)),
                 "--rounds" => {
                     o.rounds = value()?.parse()?;
@@ -267,6 +290,9 @@ impl Opts {
                 o.idle_hold = Duration::from_millis(200);
             }
         }
+        if o.check {
+            o.check_alone(&explicit)?;
+        }
         if o.scenarios.is_empty() {
             o.scenarios = ["small", "streaming", "replay", "idle"]
                 .map(str::to_owned)
@@ -286,7 +312,26 @@ impl Opts {
         if o.rounds == 0 {
             bail!("--rounds must be at least 1");
         }
+        o.upstream = o.upstreams[0];
         Ok(o)
+    }
+
+    /// `--check` measures what `recorded.toml` records and nothing else: the
+    /// `small` scenario, `batch`, at concurrency 1 and 32. Options that would
+    /// measure something else are refused rather than compared wrongly.
+    fn check_alone(&mut self, explicit: &[&str]) -> Result<()> {
+        if self.smoke || self.peers || self.sync.is_some() || explicit.contains(&"concurrency") {
+            bail!("--check takes no --smoke, --peers, --sync or --concurrency");
+        }
+        if self.upstreams != [Upstream::Rust] {
+            bail!("--check compares figures recorded behind the rust upstream only");
+        }
+        if self.scenarios.iter().any(|s| s != "small") {
+            bail!("--check runs with --scenario small only");
+        }
+        self.scenarios = vec!["small".into()];
+        self.concurrency = vec![1, 32];
+        Ok(())
     }
 
     /// The `[store] sync` modes a scenario runs proxies with: `--sync`, or
@@ -321,7 +366,8 @@ async fn run(opts: Opts) -> bool {
     };
     println!("proxy:   {}", bin.display());
     println!(
-        "options: rounds={} duration={:?} warmup={:?} concurrency={:?} streaming={}x{} replay={} idle={} hold={:?}",
+        "options: upstreams={:?} rounds={} duration={:?} warmup={:?} concurrency={:?} streaming={}x{} replay={} idle={} hold={:?}",
+        opts.upstreams,
         opts.rounds,
         opts.duration,
         opts.warmup,
@@ -333,28 +379,14 @@ async fn run(opts: Opts) -> bool {
         opts.idle_hold
     );
     let mut all_ok = true;
-    for name in &opts.scenarios {
-        println!();
-        let limit = scenario_limit(name, &opts);
-        let t0 = Instant::now();
-        let outcome = match name.as_str() {
-            "small" => bounded(limit, small::run(&opts, &bin)).await,
-            "streaming" => bounded(limit, streaming::run(&opts, &bin)).await,
-            "replay" => bounded(limit, replay::run(&opts, &bin)).await,
-            "idle" => bounded(limit, idle::run(&opts, &bin)).await,
-            "peers" => bounded(limit, peers::run(&opts, &bin)).await,
-            _ => unreachable!("checked in Opts::parse"),
+    for &upstream in &opts.upstreams {
+        let pass = Opts {
+            upstream,
+            ..opts.clone()
         };
-        match outcome {
-            Ok(table) => {
-                print!("{table}");
-                println!("({name}: {:.1} s)", t0.elapsed().as_secs_f64());
-            }
-            Err(e) => {
-                all_ok = false;
-                println!("## {name}: FAILED: {e:#}");
-            }
-        }
+        println!();
+        println!("# behind the {} fast upstream", upstream.name());
+        all_ok &= run_scenarios(&pass, &bin).await;
     }
     procs::clean_redis();
     println!();
@@ -371,12 +403,43 @@ async fn run(opts: Opts) -> bool {
     all_ok
 }
 
+/// Every scenario of `o` in turn, behind `o.upstream`; whether all passed.
+async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
+    let mut all_ok = true;
+    for name in &o.scenarios {
+        println!();
+        let limit = scenario_limit(name, o);
+        let t0 = Instant::now();
+        let outcome = match name.as_str() {
+            "small" if o.check => bounded(limit, check::run(o, bin)).await,
+            "small" => bounded(limit, small::run(o, bin)).await,
+            "streaming" => bounded(limit, streaming::run(o, bin)).await,
+            "replay" => bounded(limit, replay::run(o, bin)).await,
+            "idle" => bounded(limit, idle::run(o, bin)).await,
+            "peers" => bounded(limit, peers::run(o, bin)).await,
+            _ => unreachable!("checked in Opts::parse"),
+        };
+        match outcome {
+            Ok(table) => {
+                print!("{table}");
+                println!("({name}: {:.1} s)", t0.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                all_ok = false;
+                println!("## {name}: FAILED: {e:#}");
+            }
+        }
+    }
+    all_ok
+}
+
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
         "small" => per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30),
+        // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {
-            per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(1800)
+            per_run * (o.rounds * o.concurrency.len() * 7) as u32 + Duration::from_secs(1800)
         }
         "idle" => Duration::from_secs(120) + o.idle_hold * 2,
         _ => Duration::from_secs(60 + 30 * o.rounds as u64),

@@ -1,11 +1,13 @@
 //! The `peers` scenario (only with `--peers`): the `small` load through other
-//! resumable MCP proxies — the Rust `mcp-proxy` crate and the PyPI
-//! `mcp-persist` — beside this proxy and the upstream reached directly. The
-//! peers are installed on first use under [`PEERS_DIR`], never in the
-//! repository, and reused across runs; a peer that cannot be installed is
-//! skipped with a note rather than failing the scenario.
+//! MCP proxies — the Rust `mcp-proxy` crate and the PyPI `mcp-persist` — and
+//! through the floor and nginx (`nginx`), beside this proxy (`batch` and
+//! `never`) and the upstream reached directly. The MCP peers are installed on
+//! first use under [`PEERS_DIR`], never in the repository, and reused across
+//! runs; a peer that cannot be installed is skipped with a note rather than
+//! failing the scenario.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -14,10 +16,10 @@ use anyhow::{bail, Result};
 
 use crate::client::Target;
 use crate::procs::{cargo, free_port, run_bounded, start_floor, start_stand, Proc};
-use crate::{small, Opts};
+use crate::{nginx, small, Opts};
 
 /// Where peers are installed: outside the repository, reused across runs.
-const PEERS_DIR: &str = "/tmp/mcp-resume-proxy-peers";
+pub const PEERS_DIR: &str = "/tmp/mcp-resume-proxy-peers";
 
 /// The Rust `mcp-proxy` 0.6.0 binary, installed with cargo when missing.
 fn rmp_bin(limit: Duration) -> Result<PathBuf> {
@@ -60,73 +62,81 @@ fn persist_bin(limit: Duration) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// The Rust `mcp-proxy` in front of `upstream`, its config and log in
+/// `scratch`.
+async fn start_rmp(upstream: SocketAddr, scratch: &Path) -> Result<(Proc, Target)> {
+    let rmp = rmp_bin(Duration::from_secs(900))?;
+    let port = free_port()?;
+    let conf = scratch.join("rmp.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[proxy]\nname = \"rmp-load\"\nseparator = \"/\"\n\n[proxy.listen]\nhost = \"127.0.0.1\"\n\
+             port = {port}\n\n[[backends]]\nname = \"fast\"\ntransport = \"http\"\n\
+             url = \"http://{upstream}/mcp\"\n\n[observability]\nlog_level = \"info\"\n"
+        ),
+    )?;
+    let mut cmd = Command::new(rmp);
+    cmd.arg("--config")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("rmp.log"))?);
+    let (p, addr) =
+        Proc::spawn_listening("mcp-proxy", cmd, None, port, Duration::from_secs(30)).await?;
+    let target = Target::new("mcp-proxy", addr, "/", "fast/echo", Some(p.pid()));
+    Ok((p, target))
+}
+
+/// `mcp-persist` in front of `upstream`, its SQLite file and log in
+/// `scratch`.
+async fn start_persist(upstream: SocketAddr, scratch: &Path) -> Result<(Proc, Target)> {
+    let persist = persist_bin(Duration::from_secs(300))?;
+    let port = free_port()?;
+    let mut cmd = Command::new(persist);
+    cmd.arg("--upstream")
+        .arg(format!("http://{upstream}"))
+        .args(["--backend", "sqlite", "--url"])
+        .arg(scratch.join("persist.db"))
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("persist.log"))?);
+    let (p, addr) =
+        Proc::spawn_listening("mcp-persist", cmd, None, port, Duration::from_secs(30)).await?;
+    let target = Target::new("mcp-persist", addr, "/mcp", "echo", Some(p.pid()));
+    Ok((p, target))
+}
+
+/// Direct, this proxy (`batch`, then `never`), the floor, the MCP peers and
+/// nginx, all in front of one fast upstream. A peer that cannot be installed
+/// or started leaves a note under the table instead of failing the scenario.
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let mut stand = start_stand(bin, &["batch".to_owned()]).await?;
-    let up_addr = stand.targets[0].addr;
+    let modes = ["batch".to_owned(), "never".to_owned()];
+    let mut stand = start_stand(bin, &modes, o.upstream).await?;
+    let up = stand.targets[0].addr;
     stand.targets[1].name = "resume batch".into();
-    let mut notes = String::new();
+    stand.targets[2].name = "resume never".into();
     let scratch = tempfile::Builder::new()
         .prefix("mcp-resume-proxy-peers-")
         .tempdir()?;
-    match rmp_bin(Duration::from_secs(900)) {
-        Ok(rmp) => {
-            let port = free_port()?;
-            let conf = scratch.path().join("rmp.toml");
-            std::fs::write(
-                &conf,
-                format!(
-                    "[proxy]\nname = \"rmp-load\"\nseparator = \"/\"\n\n[proxy.listen]\nhost = \"127.0.0.1\"\n\
-                     port = {port}\n\n[[backends]]\nname = \"fast\"\ntransport = \"http\"\n\
-                     url = \"http://{up_addr}/mcp\"\n\n[observability]\nlog_level = \"info\"\n"
-                ),
-            )?;
-            let mut cmd = Command::new(rmp);
-            cmd.arg("--config")
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(scratch.path().join("rmp.log"))?);
-            let (p, addr) =
-                Proc::spawn_listening("mcp-proxy", cmd, None, port, Duration::from_secs(30))
-                    .await?;
-            stand.targets.push(Target::new(
-                "mcp-proxy",
-                addr,
-                "/",
-                "fast/echo",
-                Some(p.pid()),
-            ));
-            stand.proxies.push(p);
-        }
-        Err(e) => writeln!(notes, "mcp-proxy (Rust) skipped: {e:#}")?,
-    }
-    match persist_bin(Duration::from_secs(300)) {
-        Ok(persist) => {
-            let port = free_port()?;
-            let mut cmd = Command::new(persist);
-            cmd.arg("--upstream")
-                .arg(format!("http://{up_addr}"))
-                .args(["--backend", "sqlite", "--url"])
-                .arg(scratch.path().join("persist.db"))
-                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(scratch.path().join("persist.log"))?);
-            let (p, addr) =
-                Proc::spawn_listening("mcp-persist", cmd, None, port, Duration::from_secs(30))
-                    .await?;
-            stand.targets.push(Target::new(
-                "mcp-persist",
-                addr,
-                "/mcp",
-                "echo",
-                Some(p.pid()),
-            ));
-            stand.proxies.push(p);
-        }
-        Err(e) => writeln!(notes, "mcp-persist skipped: {e:#}")?,
-    }
-    let (floor, target) = start_floor(up_addr).await?;
-    stand.targets.push(target);
+    let dir = scratch.path();
+    let (floor, target) = start_floor(up).await?;
     stand.proxies.push(floor);
+    stand.targets.push(target);
+    let mut notes = String::new();
+    let peers = [
+        ("mcp-proxy (Rust)", start_rmp(up, dir).await),
+        ("mcp-persist", start_persist(up, dir).await),
+        ("nginx", nginx::start(up).await),
+    ];
+    for (name, started) in peers {
+        match started {
+            Ok((p, target)) => {
+                stand.proxies.push(p);
+                stand.targets.push(target);
+            }
+            Err(e) => writeln!(notes, "{name} skipped: {e:#}")?,
+        }
+    }
     let mut out = small::table("peers", &stand.targets, o).await?;
     out.push_str(&notes);
     Ok(out)

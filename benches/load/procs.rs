@@ -155,14 +155,56 @@ pub fn free_port() -> Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Which fast upstream the scenarios run behind (`--upstream`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// `benches/support/fast_upstream.rs`: raw hyper, so the proxy is what
+    /// the figures measure.
+    Rust,
+    /// `benches/support/fast_upstream.mjs` under `node`: the same wire from
+    /// the kind of server users deploy, so the figures read as theirs would.
+    Node,
+}
+
+impl Upstream {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "rust" => Ok(Self::Rust),
+            "node" => Ok(Self::Node),
+            other => bail!("unknown upstream {other:?} (rust or node)"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rust => "rust",
+            Self::Node => "node",
+        }
+    }
+}
+
 /// The fast upstream, in its own process: this binary re-executed as
-/// `load upstream --port P`.
-pub async fn start_upstream() -> Result<(Proc, SocketAddr)> {
+/// `load upstream --port P`, or the Node script.
+pub async fn start_upstream(kind: Upstream) -> Result<(Proc, SocketAddr)> {
     let port = free_port()?;
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["upstream", "--port", &port.to_string()])
+    let mut cmd = match kind {
+        Upstream::Rust => {
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.arg("upstream");
+            cmd
+        }
+        Upstream::Node => {
+            let mut cmd = Command::new("node");
+            cmd.arg(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/support/fast_upstream.mjs"),
+            );
+            cmd
+        }
+    };
+    cmd.args(["--port", &port.to_string()])
         .stdout(Stdio::null());
-    Proc::spawn_listening("fast upstream", cmd, None, port, Duration::from_secs(10)).await
+    let name = format!("fast upstream ({})", kind.name());
+    Proc::spawn_listening(&name, cmd, None, port, Duration::from_secs(10)).await
 }
 
 /// The floor proxy (`benches/support/floor_proxy.rs`) in front of
@@ -302,8 +344,8 @@ pub struct Stand {
     pub upstream: Proc,
 }
 
-pub async fn start_stand(bin: &Path, sync_modes: &[String]) -> Result<Stand> {
-    let (upstream, up_addr) = start_upstream().await?;
+pub async fn start_stand(bin: &Path, sync_modes: &[String], kind: Upstream) -> Result<Stand> {
+    let (upstream, up_addr) = start_upstream(kind).await?;
     let mut proxies = Vec::new();
     let mut targets = vec![Target::direct(up_addr)];
     for sync in sync_modes {

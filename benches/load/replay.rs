@@ -16,7 +16,7 @@ use crate::procs::{start_proxy, start_upstream};
 use crate::Opts;
 
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let (_up, up_addr) = start_upstream().await?;
+    let (_up, up_addr) = start_upstream(o.upstream).await?;
     let direct = Target::direct(up_addr);
     let (_proxy, proxied) = start_proxy(bin, up_addr, "batch").await?;
     let args = format!("{{\"delay_ms\":1,\"progress\":{}}}", o.replay_entries);

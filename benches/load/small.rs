@@ -92,76 +92,124 @@ async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> 
     Ok(run)
 }
 
+/// One target's figures at one concurrency, all rounds taken together.
+pub struct Row {
+    pub name: String,
+    per_round: String,
+    /// Median of the rounds' throughputs, requests per second.
+    pub rps: f64,
+    /// Latency quantiles of all rounds merged, in µs.
+    pub p50: f64,
+    p99: f64,
+    p999: f64,
+}
+
 /// Rounds of every target in turn (direct, proxy, …, direct, proxy, …), so
-/// drift in the machine's load hits all of them alike; one table per
-/// concurrency with the median throughput, merged latency quantiles and both
-/// against the direct row.
+/// drift in the machine's load hits all of them alike; one row per target.
+/// Fails when a target had failed calls or none completed.
+pub async fn measure(targets: &[Target], c: usize, o: &Opts) -> Result<Vec<Row>> {
+    let mut runs: Vec<Vec<SmallRun>> = targets.iter().map(|_| Vec::new()).collect();
+    for _ in 0..o.rounds {
+        for (i, t) in targets.iter().enumerate() {
+            runs[i].push(run_once(t, c, o).await?);
+        }
+    }
+    let mut rows = Vec::with_capacity(targets.len());
+    for (t, rs) in targets.iter().zip(&runs) {
+        let errors: u64 = rs.iter().map(|r| r.errors).sum();
+        if errors > 0 {
+            bail!("{}: {errors} failed calls at concurrency {c}", t.name);
+        }
+        let mut hist = Histogram::new();
+        for r in rs {
+            hist.merge(&r.hist);
+        }
+        if hist.total == 0 {
+            bail!("{}: no call completed at concurrency {c}", t.name);
+        }
+        let (per_round, rps) = per_round_and_median(rs.iter().map(SmallRun::rps).collect());
+        rows.push(Row {
+            name: t.name.clone(),
+            per_round,
+            rps,
+            p50: hist.quantile_us(0.5),
+            p99: hist.quantile_us(0.99),
+            p999: hist.quantile_us(0.999),
+        });
+    }
+    Ok(rows)
+}
+
+/// One table per concurrency: median throughput and merged latency
+/// quantiles, against the first row (direct) and, when nginx took part,
+/// against nginx too — the plain reverse proxy a user would compare with.
 pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> {
     let mut out = String::new();
     for &c in &o.concurrency {
-        let mut runs: Vec<Vec<SmallRun>> = targets.iter().map(|_| Vec::new()).collect();
-        for _ in 0..o.rounds {
-            for (i, t) in targets.iter().enumerate() {
-                runs[i].push(run_once(t, c, o).await?);
-            }
-        }
-        writeln!(
-            out,
-            "## {title}: tools/call, JSON upstream answer, concurrency {c}, {} rounds x {:.1} s",
-            o.rounds,
-            o.duration.as_secs_f64()
-        )?;
-        writeln!(
-            out,
-            "{:<14} {:>26} {:>9} {:>7} {:>9} {:>9} {:>9} {:>10} {:>6}",
-            "target",
-            "req/s per round",
-            "median",
-            "x direct",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "+p50 us",
-            "errors"
-        )?;
-        let mut direct: Option<(f64, f64)> = None;
-        for (t, rs) in targets.iter().zip(&runs) {
-            let (per_round, median) = per_round_and_median(rs.iter().map(SmallRun::rps).collect());
-            let mut hist = Histogram::new();
-            for r in rs {
-                hist.merge(&r.hist);
-            }
-            let errors: u64 = rs.iter().map(|r| r.errors).sum();
-            let p50 = hist.quantile_us(0.5);
-            let (base_rps, base_p50) = *direct.get_or_insert((median, p50));
-            writeln!(
-                out,
-                "{:<14} {:>26} {:>9.0} {:>7.2}x {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>6}",
-                t.name,
-                per_round,
-                median,
-                median / base_rps,
-                p50,
-                hist.quantile_us(0.99),
-                hist.quantile_us(0.999),
-                p50 - base_p50,
-                errors
-            )?;
-            if errors > 0 {
-                bail!("{}: {errors} failed calls at concurrency {c}", t.name);
-            }
-            if hist.total == 0 {
-                bail!("{}: no call completed at concurrency {c}", t.name);
-            }
-        }
-        writeln!(out)?;
+        let rows = measure(targets, c, o).await?;
+        write_table(&mut out, title, c, o, &rows)?;
     }
     Ok(out)
 }
 
+/// The table of one concurrency's rows, the first of them the yardstick.
+pub fn write_table(out: &mut String, title: &str, c: usize, o: &Opts, rows: &[Row]) -> Result<()> {
+    writeln!(
+        out,
+        "## {title}: tools/call, JSON upstream answer ({} upstream), concurrency {c}, {} rounds x {:.1} s",
+        o.upstream.name(),
+        o.rounds,
+        o.duration.as_secs_f64()
+    )?;
+    write_rows(out, rows)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn write_rows(out: &mut String, rows: &[Row]) -> std::fmt::Result {
+    let nginx = rows.iter().find(|r| r.name == "nginx");
+    write!(
+        out,
+        "{:<14} {:>26} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10}",
+        "target",
+        "req/s per round",
+        "median",
+        "x direct",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "+p50 us"
+    )?;
+    if nginx.is_some() {
+        write!(out, " {:>8} {:>12}", "x nginx", "+p50 v nginx")?;
+    }
+    writeln!(out)?;
+    let base = &rows[0];
+    for r in rows {
+        write!(
+            out,
+            "{:<14} {:>26} {:>9.0} {:>7.2}x {:>9.1} {:>9.1} {:>9.1} {:>10.1}",
+            r.name,
+            r.per_round,
+            r.rps,
+            r.rps / base.rps,
+            r.p50,
+            r.p99,
+            r.p999,
+            r.p50 - base.p50,
+        )?;
+        if let Some(n) = nginx {
+            write!(out, " {:>7.2}x {:>12.1}", r.rps / n.rps, r.p50 - n.p50)?;
+        }
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
 /// Direct, the floor proxy, then ours per sync mode.
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let mut stand = start_stand(bin, &o.sync_modes(&["never", "batch", "always"])).await?;
+    let modes = o.sync_modes(&["never", "batch", "always"]);
+    let mut stand = start_stand(bin, &modes, o.upstream).await?;
     let upstream = stand.targets[0].addr;
     let (floor, target) = start_floor(upstream).await?;
     stand.targets.insert(1, target);

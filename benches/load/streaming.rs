@@ -80,7 +80,7 @@ async fn run_once(t: &Target, upstream_pid: u32, o: &Opts) -> Result<StreamRun> 
 }
 
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
-    let stand = start_stand(bin, &o.sync_modes(&["batch", "never"])).await?;
+    let stand = start_stand(bin, &o.sync_modes(&["batch", "never"]), o.upstream).await?;
     let targets = &stand.targets;
     let mut runs: Vec<Vec<StreamRun>> = targets.iter().map(|_| Vec::new()).collect();
     for _ in 0..o.rounds {
