@@ -15,14 +15,41 @@ use ring::rand::{SecureRandom, SystemRandom};
 /// and 0 means "before the first entry" (the cursor of a priming event).
 pub type Seq = u64;
 
+/// Random bytes drawn from the OS a page at a time, per thread: ids are
+/// minted on every request, and a `getrandom` per id was a system call per
+/// call. Every byte is the OS CSPRNG's own and is handed out once.
+struct Pool {
+    bytes: [u8; POOL_BYTES],
+    used: usize,
+}
+
+const POOL_BYTES: usize = 4096;
+
+thread_local! {
+    static POOL: std::cell::RefCell<Pool> = const {
+        std::cell::RefCell::new(Pool { bytes: [0; POOL_BYTES], used: POOL_BYTES })
+    };
+}
+
 fn random_16() -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    // SystemRandom only fails when the OS has no entropy source at all, in
-    // which case no id the proxy could mint would be safe to hand out.
-    SystemRandom::new()
-        .fill(&mut bytes)
-        .expect("the operating system's random number generator failed");
-    bytes
+    POOL.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.used + 16 > POOL_BYTES {
+            // SystemRandom only fails when the OS has no entropy source at
+            // all, in which case no id the proxy could mint would be safe.
+            SystemRandom::new()
+                .fill(&mut pool.bytes)
+                .expect("the operating system's random number generator failed");
+            pool.used = 0;
+        }
+        let at = pool.used;
+        pool.used += 16;
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&pool.bytes[at..at + 16]);
+        // What was handed out is not kept.
+        pool.bytes[at..at + 16].fill(0);
+        bytes
+    })
 }
 
 /// Lowercase hex of `bytes`, written into `out` (twice as long). Ids are
@@ -150,6 +177,15 @@ mod tests {
         assert_eq!(text.len(), 32);
         assert!(text.bytes().all(|b| (0x21..=0x7e).contains(&b)));
         assert_eq!(text.parse::<SessionId>(), Ok(id));
+    }
+
+    #[test]
+    fn ids_drawn_across_many_pool_refills_never_repeat() {
+        let ids: std::collections::HashSet<_> = (0..3 * POOL_BYTES / 16)
+            .map(|_| StreamId::random())
+            .collect();
+        assert_eq!(ids.len(), 3 * POOL_BYTES / 16);
+        assert!(!ids.contains(&StreamId([0; 16])));
     }
 
     #[test]
