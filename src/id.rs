@@ -160,6 +160,22 @@ random_id!(
     TaskId
 );
 
+impl TaskId {
+    /// The id named by `parts` (each length-prefixed, then SHA-256): the same
+    /// parts always give the same id. Unguessable while one part is (a
+    /// session id is).
+    pub fn derived(parts: &[&[u8]]) -> Self {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        for part in parts {
+            context.update(&(part.len() as u64).to_be_bytes());
+            context.update(part);
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&context.finish().as_ref()[..16]);
+        Self(id)
+    }
+}
+
 impl SessionId {
     /// The session of task legs: tasks have none, and no legacy session can
     /// draw this id (ids are random), so a task leg never meets a session.

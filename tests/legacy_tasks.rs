@@ -305,6 +305,23 @@ async fn the_client_may_reuse_the_id_of_a_call_that_became_a_task() {
 }
 
 #[tokio::test]
+async fn a_task_call_sent_again_names_the_same_task_and_runs_once() {
+    let rig = rig().await;
+    let session = rig.client.initialize(V_LATEST).await;
+    let arguments = json!({"steps":3,"interval_ms":30});
+    let first = create(&rig, &session, 70, "slow", arguments.clone()).await;
+    // The client lost the answer and sends the call again.
+    let again = answer(&rig, &session, &task_call(70, "slow", arguments)).await;
+    assert_eq!(again["result"]["task"]["taskId"], first, "{again}");
+    assert_eq!(settled(&rig, &session, &first).await["status"], "completed");
+    let started = rig.upstream.stats.calls_started.load(Ordering::Relaxed);
+    assert_eq!(started, 1, "the tool ran once");
+    // Other params under the same id: another call, another task.
+    let other = create(&rig, &session, 70, "echo", json!({"text":"x"})).await;
+    assert_ne!(other, first);
+}
+
+#[tokio::test]
 async fn a_question_of_the_upstream_shows_input_required_and_is_answered_through_tasks_result() {
     let rig = rig().await;
     let session = rig.client.initialize(V_LATEST).await;

@@ -243,9 +243,8 @@ impl Context<'_> {
 #[derive(Debug)]
 pub struct Create {
     id: RequestId,
-    task: TaskId,
-    /// The call as the upstream gets it.
-    upstream: Bytes,
+    /// The call's params digest (as for every call: no double execution).
+    digest: Option<String>,
     /// `params.task.ttl`, if the client asked for one.
     ttl_ms: Option<u64>,
     /// The call's params without `task`, raw.
@@ -284,29 +283,46 @@ impl Create {
         let metadata = params.remove("task").ok_or_else(invalid)?;
         let metadata: TaskMetadata = serde_json::from_str(metadata.get()).map_err(|_| invalid())?;
         let params = serde_json::to_string(&params).map_err(|_| invalid())?;
-        let task = TaskId::random();
-        let upstream = Bytes::from(format!(
-            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
-            upstream_id(task).as_json()
-        ));
         Ok(Self {
             id,
-            task,
-            upstream,
+            digest: jsonrpc::params_digest(bytes),
             ttl_ms: metadata.ttl,
             params,
         })
     }
 
+    /// The task this call makes: named by the session, the call's id and
+    /// its params, so that the same call sent again (a client retrying
+    /// after a cut) names the same task instead of running twice — as any
+    /// call re-sent under its id attaches to its stream.
+    fn task_id(&self, cx: &Context<'_>) -> TaskId {
+        match &self.digest {
+            Some(digest) => TaskId::derived(&[
+                cx.session.id.as_bytes(),
+                self.id.as_json().as_bytes(),
+                digest.as_bytes(),
+            ]),
+            None => TaskId::random(),
+        }
+    }
+
     /// Records the task (durably, naming its leg before the leg exists, as
-    /// every task does) and hands the leg to the exchange.
+    /// every task does) and hands the leg to the exchange; a call sent
+    /// again is answered with the task it made.
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
+        let task = self.task_id(cx);
+        if let Some(made) = show(cx.log, cx.keyring, task).await? {
+            if made.seen.record.session == Some(cx.session.id) {
+                let created = json!({ "task": made.value() });
+                return Ok(Answer::Response(response(&self.id, &created)));
+            }
+        }
         let config = &cx.config.tasks;
         let session = cx.session.record();
         let leg = StreamId::random();
         let now = now_ms();
         let record = TaskRecord {
-            id: self.task,
+            id: task,
             route: session.route,
             principal: session.principal,
             session: Some(cx.session.id),
@@ -344,10 +360,19 @@ impl Create {
                 task: record.id,
                 stream: leg,
             },
-            upstream: self.upstream,
+            upstream: upstream_call(record.id, &record.request),
             answer: response(&self.id, &json!({ "task": task })),
         })))
     }
+}
+
+/// The `tools/call` a task's leg sends upstream: the client's params
+/// without `task`, under the proxy's id.
+fn upstream_call(task: TaskId, params: &str) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
+        upstream_id(task).as_json()
+    ))
 }
 
 /// The id a task's leg has upstream: the proxy's own, so the client may
@@ -713,11 +738,13 @@ mod tests {
         let call = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{"n":1.50},"task":{"ttl":5000},"_meta":{"progressToken":"p"}}}"#;
         let create = Create::parse(RequestId("7".into()), call).unwrap();
         assert_eq!(create.ttl_ms, Some(5000));
-        let sent: Value = serde_json::from_slice(&create.upstream).unwrap();
-        assert_eq!(sent["id"], format!("mcp-resume-proxy-task-{}", create.task));
+        let task = TaskId::random();
+        let upstream = upstream_call(task, &create.params);
+        let sent: Value = serde_json::from_slice(&upstream).unwrap();
+        assert_eq!(sent["id"], format!("mcp-resume-proxy-task-{task}"));
         assert!(sent["params"].get("task").is_none());
         assert_eq!(sent["params"]["_meta"]["progressToken"], "p");
-        assert!(std::str::from_utf8(&create.upstream)
+        assert!(std::str::from_utf8(&upstream)
             .unwrap()
             .contains(r#""arguments":{"n":1.50}"#));
     }
