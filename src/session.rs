@@ -109,6 +109,10 @@ pub struct Session {
     /// arrived on another stream of the session (an upstream replaying the
     /// whole session on a resume), so that each lands on its own stream.
     inlets: DashMap<StreamId, mpsc::Sender<Stray>>,
+    /// Task legs being read as the answer of a `tasks/result` (2025-11-25
+    /// tasks), by stream: a resume of one (GET with `Last-Event-ID`) is
+    /// shown the same way. This process's memory only.
+    read_as: DashMap<StreamId, ReadAs>,
     /// The same, counted per principal across sessions.
     by_principal: Arc<PrincipalStreams>,
 }
@@ -123,6 +127,14 @@ const INLET_DEPTH: usize = 256;
 pub struct Stray {
     pub event: Option<String>,
     pub message: Bytes,
+}
+
+/// How a task's leg is shown: as the answer of the `tasks/result` request
+/// `client`, of the task `handle` names.
+#[derive(Clone, Debug)]
+pub struct ReadAs {
+    pub client: RequestId,
+    pub handle: String,
 }
 
 /// Live request streams per principal, across every session of this
@@ -165,6 +177,7 @@ impl Session {
             renewing: tokio::sync::Mutex::new(()),
             streams: DashSet::new(),
             inlets: DashMap::new(),
+            read_as: DashMap::new(),
             by_principal,
         })
     }
@@ -292,6 +305,16 @@ impl Session {
 
     pub fn stream_of(&self, id: &RequestId) -> Option<StreamId> {
         self.in_flight.get(id).map(|s| *s)
+    }
+
+    /// Remembers that `stream` is being read as `read_as`.
+    pub fn read_as(&self, stream: StreamId, read_as: ReadAs) {
+        self.read_as.insert(stream, read_as);
+    }
+
+    /// How `stream` is being read, if as a `tasks/result`.
+    pub fn reading_as(&self, stream: StreamId) -> Option<ReadAs> {
+        self.read_as.get(&stream).map(|r| r.clone())
     }
 
     pub fn standalone(&self) -> Option<StreamId> {

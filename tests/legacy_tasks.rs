@@ -355,6 +355,39 @@ async fn a_question_of_the_upstream_shows_input_required_and_is_answered_through
 }
 
 #[tokio::test]
+async fn a_cut_tasks_result_resumed_with_last_event_id_still_ends_with_its_answer() {
+    let rig = rig().await;
+    let session = rig.client.initialize(V_LATEST).await;
+    let task = create(
+        &rig,
+        &session,
+        80,
+        "slow",
+        json!({"steps":6,"interval_ms":50}),
+    )
+    .await;
+    let fetch = Call::post(&tasks_request(81, "tasks/result", &task)).session(&session);
+    let mut cut = SseReader::new(rig.client.send(fetch).await);
+    let (last, first) = cut.next_message().await.expect("the first progress");
+    assert_eq!(first["params"]["progress"], 1, "{first}");
+    drop(cut);
+    let resume = Call::get()
+        .session(&session)
+        .header("last-event-id", &last.expect("an event id"));
+    let rest = messages(rig.client.send(resume).await).await;
+    let progress: Vec<_> = rest
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
+        .collect();
+    assert_eq!(progress, [2, 3, 4, 5, 6], "{rest:?}");
+    let answer = rest.last().expect("the answer");
+    assert_eq!(answer["id"], 81, "{answer}");
+    let related = &answer["result"]["_meta"]["io.modelcontextprotocol/related-task"];
+    assert_eq!(related["taskId"], task);
+}
+
+#[tokio::test]
 async fn cancelling_a_running_task_stops_its_upstream_call() {
     let rig = rig().await;
     let session = rig.client.initialize(V_LATEST).await;

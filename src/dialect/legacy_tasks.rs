@@ -32,8 +32,8 @@ use crate::config::TasksConfig;
 use crate::id::{StreamId, TaskId};
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::metrics::TaskEnd;
-use crate::session::Session;
-use crate::store::{now_ms, rfc3339, StoreError, TaskRecord};
+use crate::session::{ReadAs, Session};
+use crate::store::{now_ms, rfc3339, StoreError, StreamMeta, TaskRecord};
 use crate::stream::Log;
 use crate::task::{self, Leg, Seen};
 use crate::token::Keyring;
@@ -490,7 +490,7 @@ impl Named {
                 client: self.id,
                 handle: shown.handle,
                 answered: false,
-                _waiter: waiter,
+                _waiter: Some(waiter),
             }),
         })))
     }
@@ -649,10 +649,36 @@ pub struct Fetched {
     client: RequestId,
     handle: String,
     answered: bool,
-    _waiter: Waiter,
+    /// A fresh `tasks/result` holds a place among the waiters; a resume of
+    /// one does not take another.
+    _waiter: Option<Waiter>,
 }
 
 impl Fetched {
+    /// A `tasks/result` answer resumed (GET with `Last-Event-ID`), shown as
+    /// it was: `stream` is the leg, `read_as` the request it answers.
+    pub fn resumed(stream: &StreamMeta, read_as: ReadAs) -> Self {
+        Self {
+            upstream: stream
+                .origin_ids
+                .first()
+                .cloned()
+                .unwrap_or_else(|| read_as.client.clone()),
+            client: read_as.client,
+            handle: read_as.handle,
+            answered: false,
+            _waiter: None,
+        }
+    }
+
+    /// The request this answer is for, to show a resume of it the same way.
+    pub fn read_as(&self) -> ReadAs {
+        ReadAs {
+            client: self.client.clone(),
+            handle: self.handle.clone(),
+        }
+    }
+
     /// One entry of the leg as the client sees it: the leg's answer becomes
     /// the `tasks/result` answer, tagged with its task; the rest as logged.
     pub fn entry(&mut self, message: Bytes) -> Option<Bytes> {
@@ -768,7 +794,7 @@ mod tests {
             client: RequestId("9".into()),
             handle: "H".into(),
             answered: false,
-            _waiter: waiters.enter(1).unwrap(),
+            _waiter: waiters.enter(1),
         };
         assert!(waiters.enter(1).is_none(), "one waiter of one");
         let progress = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"p","progress":1}}"#);

@@ -189,6 +189,9 @@ async fn answer_command(
             Ok(present::json(session.id, bytes))
         }
         Answer::Replay(replay) => {
+            if let Some(task) = &replay.task {
+                session.read_as(replay.stream.id, task.read_as());
+            }
             let showing = Showing {
                 presenter: route
                     .presenter(session, &replay.stream)

@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 
 use super::{Rejection, Route};
 use crate::dialect::last_event_id::{self, Presentation};
+use crate::dialect::legacy_tasks::Fetched;
 use crate::dialect::resume_token::Call;
 use crate::dialect::{Context, Negotiated, Presenter};
 use crate::headers::{self, SESSION_ID};
@@ -49,8 +50,14 @@ impl Route {
     }
 
     /// How the session's dialects show `stream`.
+    /// A task's leg being read as a `tasks/result` answer keeps being shown
+    /// as one when the client resumes it.
     pub fn presenter(&self, session: &Session, stream: &StreamMeta) -> Presenter {
-        Presenter::new(&self.context(session), stream, Negotiated::of(session))
+        let fetched = stream
+            .task
+            .and_then(|_| session.reading_as(stream.id))
+            .map(|read_as| Fetched::resumed(stream, read_as));
+        Presenter::new(&self.context(session), stream, Negotiated::of(session)).with_task(fetched)
     }
 
     /// Answers with `showing`: SSE when the client accepts it, else one JSON
