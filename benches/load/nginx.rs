@@ -13,8 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 
 use crate::client::Target;
-use crate::peers::PEERS_DIR;
-use crate::procs::{free_port, run_bounded, Proc};
+use crate::procs::{free_port, run_bounded, Proc, PEERS_DIR};
 
 /// Where Debian's package puts the binary (`/usr/sbin` is not on every
 /// user's `PATH`).

@@ -2,9 +2,9 @@
 //! MCP proxies — the Rust `mcp-proxy` crate and the PyPI `mcp-persist` — and
 //! through the floor and nginx (`nginx`), beside this proxy (`batch` and
 //! `never`) and the upstream reached directly. The MCP peers are installed on
-//! first use under [`PEERS_DIR`], never in the repository, and reused across
-//! runs; a peer that cannot be installed is skipped with a note rather than
-//! failing the scenario.
+//! first use under `procs::PEERS_DIR`, never in the repository, and reused
+//! across runs; a peer that cannot be installed is skipped with a note rather
+//! than failing the scenario.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -15,11 +15,8 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 
 use crate::client::Target;
-use crate::procs::{cargo, free_port, run_bounded, start_floor, start_stand, Proc};
+use crate::procs::{cargo, free_port, run_bounded, start_floor, start_stand, Proc, PEERS_DIR};
 use crate::{nginx, small, Opts};
-
-/// Where peers are installed: outside the repository, reused across runs.
-pub const PEERS_DIR: &str = "/tmp/mcp-resume-proxy-peers";
 
 /// The Rust `mcp-proxy` 0.6.0 binary, installed with cargo when missing.
 fn rmp_bin(limit: Duration) -> Result<PathBuf> {

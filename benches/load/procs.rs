@@ -15,6 +15,10 @@ use tokio::net::TcpStream;
 
 use crate::client::Target;
 
+/// Where peers (other proxies, nginx) are installed: outside the
+/// repository, reused across runs.
+pub const PEERS_DIR: &str = "/tmp/mcp-resume-proxy-peers";
+
 /// A child process that is killed and reaped when dropped.
 pub struct Proc {
     name: String,
