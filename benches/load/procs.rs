@@ -303,7 +303,10 @@ fn store_section(sync: &str, dir: &Path) -> Result<String> {
 }
 
 /// One proxy process in front of `upstream`, with its own data directory;
-/// `sync` is a journal sync mode, or `redis` for the Redis backend.
+/// `sync` is a journal sync mode, or `redis` for the Redis backend. Every
+/// client of the harness is one principal (no credentials), so the
+/// per-principal cap is raised past what `idle` opens (10,000 streams, where
+/// the default 1,000 refused the rest with 429).
 pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result<(Proc, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("mcp-resume-proxy-load-")
@@ -314,6 +317,7 @@ pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result
         &config,
         format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
+             [limits]\nstreams_per_principal = 1000000\n\n\
              [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n",
             dir.path().join("data").display(),
             store_section(sync, dir.path())?,
