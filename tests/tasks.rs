@@ -332,6 +332,34 @@ async fn an_upstream_that_cannot_answer_discover_is_asked_once() {
 }
 
 #[tokio::test]
+async fn calls_not_yet_tasks_count_against_the_principals_cap() {
+    let options = DemoOptions {
+        modern: true,
+        ..Default::default()
+    };
+    let rig = Rig::with(options, |config| {
+        config.limits.streams_per_principal = 2;
+        config.upstream[0].tasks.task_after_ms = 5_000;
+    })
+    .await;
+    let calls = (0..3).map(|id| {
+        let client = &rig.client;
+        async move {
+            client
+                .send(modern(&slow(60 + id, 20, 50, true)))
+                .await
+                .status()
+        }
+    });
+    let statuses = futures_util::future::join_all(calls).await;
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(refused, 1, "{statuses:?}");
+}
+
+#[tokio::test]
 async fn a_task_past_its_ttl_is_unknown() {
     let rig = rig_with(|tasks| {
         tasks.task_after_ms = 0;

@@ -62,6 +62,9 @@ pub(super) async fn answer(
     }
     let principal = crate::session::principal(request.parts, &route.shared.config.principal_header);
     admit(route, &principal, &request.id)?;
+    // Counted from now, not from when it becomes a task: a burst of calls
+    // must not pass the cap while none of them is a task yet.
+    let counted = Counted::new(&route.tasks, &principal);
     let call = Call {
         log: route.shared.log.clone(),
         keyring: route.shared.keyring.clone(),
@@ -74,7 +77,7 @@ pub(super) async fn answer(
         params: raw_params(&request.body).unwrap_or_default(),
     };
     let (decide, decided) = oneshot::channel();
-    tokio::spawn(call.run(request.body.clone(), decide));
+    tokio::spawn(call.run(request.body.clone(), decide, counted));
     match decided.await {
         Ok(Decision::Plain(res)) => Ok(Some(res)),
         Ok(Decision::Task(body, handed)) => {
@@ -129,6 +132,28 @@ fn raw_params(body: &[u8]) -> Option<String> {
     Some(request.params?.get().to_owned())
 }
 
+/// A call counted against its principal's cap while it runs.
+struct Counted {
+    tasks: Arc<Tasks>,
+    principal: String,
+}
+
+impl Counted {
+    fn new(tasks: &Arc<Tasks>, principal: &str) -> Self {
+        tasks.started(principal);
+        Self {
+            tasks: tasks.clone(),
+            principal: principal.to_owned(),
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.tasks.ended(&self.principal);
+    }
+}
+
 /// What the client is answered with.
 enum Decision {
     /// The upstream answered first: its answer.
@@ -174,7 +199,7 @@ enum Ending {
 impl Call {
     /// Sends the call, decides how the client is answered, and follows a
     /// task to its end.
-    async fn run(self, request: Bytes, mut decide: oneshot::Sender<Decision>) {
+    async fn run(self, request: Bytes, mut decide: oneshot::Sender<Decision>, _counted: Counted) {
         let after = Duration::from_millis(self.upstream.config.tasks.task_after_ms);
         let deadline = Instant::now() + after;
         let upstream = self.upstream.clone();
@@ -206,9 +231,7 @@ impl Call {
         if decide.send(Decision::Task(created, handed)).is_err() {
             return self.cancelled_before_answer(&record, &leg).await;
         }
-        self.tasks.started(&self.principal);
         let ending = self.follow(&leg, pending, Some(handing)).await;
-        self.tasks.ended(&self.principal);
         self.end(&leg, ending).await;
     }
 
@@ -218,9 +241,8 @@ impl Call {
         let headers = self.headers.clone();
         let send: BoxFuture<'static, _> =
             Box::pin(async move { upstream.send(Method::POST, &headers, request, None).await });
-        self.tasks.started(&self.principal);
+        let _counted = Counted::new(&self.tasks, &self.principal);
         let ending = self.follow(&leg, Upstream::Head(send), None).await;
-        self.tasks.ended(&self.principal);
         self.end(&leg, ending).await;
     }
 
