@@ -113,6 +113,10 @@ pub struct Session {
     /// tasks), by stream: a resume of one (GET with `Last-Event-ID`) is
     /// shown the same way. This process's memory only.
     read_as: DashMap<StreamId, ReadAs>,
+    /// Ids of the upstream's requests the client has answered (its
+    /// responses pass through the proxy): a `tasks/result` asked again does
+    /// not ask them again. This process's memory only.
+    answered: Arc<DashSet<RequestId>>,
     /// The same, counted per principal across sessions.
     by_principal: Arc<PrincipalStreams>,
 }
@@ -178,6 +182,7 @@ impl Session {
             streams: DashSet::new(),
             inlets: DashMap::new(),
             read_as: DashMap::new(),
+            answered: Arc::default(),
             by_principal,
         })
     }
@@ -310,6 +315,18 @@ impl Session {
     /// Remembers that `stream` is being read as `read_as`.
     pub fn read_as(&self, stream: StreamId, read_as: ReadAs) {
         self.read_as.insert(stream, read_as);
+    }
+
+    /// Notes the upstream's requests the client just answered.
+    pub fn client_answered(&self, ids: Vec<RequestId>) {
+        for id in ids {
+            self.answered.insert(id);
+        }
+    }
+
+    /// The upstream's requests the client has answered so far.
+    pub fn answered_by_client(&self) -> Arc<DashSet<RequestId>> {
+        self.answered.clone()
     }
 
     /// How `stream` is being read, if as a `tasks/result`.

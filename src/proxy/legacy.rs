@@ -254,6 +254,7 @@ async fn notify(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Response<Body>, Rejection> {
+    session.client_answered(jsonrpc::response_ids(&bytes));
     if memchr::memmem::find(&bytes, b"notifications/cancelled").is_some() {
         for id in jsonrpc::cancelled_request_ids(&bytes) {
             cancelled(route, target, session, &id).await;

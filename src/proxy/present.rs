@@ -56,7 +56,7 @@ impl Route {
         let fetched = stream
             .task
             .and_then(|_| session.reading_as(stream.id))
-            .map(|read_as| Fetched::resumed(stream, read_as));
+            .map(|read_as| Fetched::resumed(stream, read_as, session.answered_by_client()));
         Presenter::new(&self.context(session), stream, Negotiated::of(session)).with_task(fetched)
     }
 

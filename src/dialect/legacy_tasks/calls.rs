@@ -268,6 +268,7 @@ impl Named {
                 client: self.id,
                 handle: shown.handle,
                 answered: false,
+                asked_before: cx.session.answered_by_client(),
                 _waiter: Some(waiter),
             }),
         })))

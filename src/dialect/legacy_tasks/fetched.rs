@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use dashmap::DashSet;
+
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
@@ -65,6 +67,9 @@ pub struct Fetched {
     pub(super) client: RequestId,
     pub(super) handle: String,
     pub(super) answered: bool,
+    /// The upstream's requests the client has answered already (in this
+    /// process): a `tasks/result` asked again does not ask them again.
+    pub(super) asked_before: Arc<DashSet<RequestId>>,
     /// A fresh `tasks/result` holds a place among the waiters; a resume of
     /// one does not take another.
     pub(super) _waiter: Option<Waiter>,
@@ -73,7 +78,11 @@ pub struct Fetched {
 impl Fetched {
     /// A `tasks/result` answer resumed (GET with `Last-Event-ID`), shown as
     /// it was: `stream` is the leg, `read_as` the request it answers.
-    pub fn resumed(stream: &StreamMeta, read_as: ReadAs) -> Self {
+    pub fn resumed(
+        stream: &StreamMeta,
+        read_as: ReadAs,
+        asked_before: Arc<DashSet<RequestId>>,
+    ) -> Self {
         Self {
             upstream: stream
                 .origin_ids
@@ -83,6 +92,7 @@ impl Fetched {
             client: read_as.client,
             handle: read_as.handle,
             answered: false,
+            asked_before,
             _waiter: None,
         }
     }
@@ -105,8 +115,14 @@ impl Fetched {
             self.answered = true;
             return Some(self.answer(&message).unwrap_or(message));
         }
-        let asks = jsonrpc::classify(&message).is_ok_and(|e| e.kind == Kind::Request);
-        if asks {
+        let asked = jsonrpc::classify(&message)
+            .ok()
+            .filter(|e| e.kind == Kind::Request)
+            .and_then(|e| e.id);
+        if let Some(id) = asked {
+            if self.asked_before.contains(&id) {
+                return None; // answered by the client already
+            }
             return Some(self.tagged_request(&message).unwrap_or(message));
         }
         Some(message)
@@ -158,6 +174,7 @@ mod tests {
             client: RequestId("9".into()),
             handle: "H".into(),
             answered: false,
+            asked_before: Arc::default(),
             _waiter: waiters.enter(1),
         };
         assert!(waiters.enter(1).is_none(), "one waiter of one");
@@ -178,5 +195,23 @@ mod tests {
         assert_eq!(fetched.closing(), None, "answered once");
         drop(fetched);
         assert!(waiters.enter(1).is_some(), "the place is free again");
+    }
+
+    #[test]
+    fn a_question_the_client_answered_is_not_asked_again() {
+        let asked_before: Arc<DashSet<RequestId>> = Arc::default();
+        asked_before.insert(RequestId("\"s1\"".into()));
+        let mut fetched = Fetched {
+            upstream: upstream_id(TaskId::random()),
+            client: RequestId("9".into()),
+            handle: "H".into(),
+            answered: false,
+            asked_before,
+            _waiter: None,
+        };
+        let answered = br#"{"jsonrpc":"2.0","id":"s1","method":"elicitation/create","params":{}}"#;
+        let open = br#"{"jsonrpc":"2.0","id":"s2","method":"elicitation/create","params":{}}"#;
+        assert_eq!(fetched.entry(Bytes::from_static(answered)), None);
+        assert!(fetched.entry(Bytes::from_static(open)).is_some());
     }
 }
