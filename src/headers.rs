@@ -120,6 +120,21 @@ pub fn last_event_id(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
         .map(|v| String::from_utf8_lossy(v.as_bytes()))
 }
 
+/// Removes a modern request's routing headers (`Mcp-Name`, every
+/// `Mcp-Param-*`): for a request the proxy sends on its own, whose body
+/// names something else than the client's request did.
+pub fn drop_routing(headers: &mut HeaderMap) {
+    headers.remove(MCP_NAME);
+    let params: Vec<_> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("mcp-param-"))
+        .cloned()
+        .collect();
+    for name in params {
+        headers.remove(name);
+    }
+}
+
 pub fn get_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }

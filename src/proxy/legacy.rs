@@ -254,7 +254,13 @@ async fn notify(
     headers: &HeaderMap,
     bytes: Bytes,
 ) -> Result<Response<Body>, Rejection> {
-    session.client_answered(jsonrpc::response_ids(&bytes));
+    // Only a body with a response can answer the upstream (most POSTs here
+    // are notifications: no parse for them).
+    let answers = memchr::memmem::find(&bytes, b"\"result\"").is_some()
+        || memchr::memmem::find(&bytes, b"\"error\"").is_some();
+    if answers {
+        session.client_answered(jsonrpc::response_ids(&bytes));
+    }
     if memchr::memmem::find(&bytes, b"notifications/cancelled").is_some() {
         for id in jsonrpc::cancelled_request_ids(&bytes) {
             cancelled(route, target, session, &id).await;

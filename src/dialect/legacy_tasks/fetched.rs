@@ -50,12 +50,18 @@ pub(super) fn as_result_of(message: &[u8], client: &RequestId, handle: &str) -> 
     }
     value.insert("id".into(), serde_json::from_str(client.as_json()).ok()?);
     if let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) {
-        let meta = result.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.insert(RELATED_TASK.into(), json!({ "taskId": handle }));
-        }
+        tag(result, handle);
     }
     serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
+/// Ties `object` (a result, a request's params) to its task in its
+/// `_meta`, made when absent.
+fn tag(object: &mut Map<String, Value>, handle: &str) {
+    let meta = object.entry("_meta").or_insert_with(|| json!({}));
+    if let Some(meta) = meta.as_object_mut() {
+        meta.insert(RELATED_TASK.into(), json!({ "taskId": handle }));
+    }
 }
 
 /// A leg shown as the answer of a `tasks/result`.
@@ -111,33 +117,28 @@ impl Fetched {
         if self.answered {
             return None;
         }
-        if jsonrpc::response_ids(&message).contains(&self.upstream) {
-            self.answered = true;
-            return Some(self.answer(&message).unwrap_or(message));
-        }
-        let asked = jsonrpc::classify(&message)
-            .ok()
-            .filter(|e| e.kind == Kind::Request)
-            .and_then(|e| e.id);
-        if let Some(id) = asked {
-            if self.asked_before.contains(&id) {
-                return None; // answered by the client already
+        // One look at the envelope: a leg of this revision carries single
+        // messages (batches ended with 2025-06-18).
+        let Ok(envelope) = jsonrpc::classify(&message) else {
+            return Some(message);
+        };
+        match (envelope.kind, envelope.id) {
+            (Kind::Response, Some(id)) if id == self.upstream => {
+                self.answered = true;
+                Some(self.answer(&message).unwrap_or(message))
             }
-            return Some(self.tagged_request(&message).unwrap_or(message));
+            // Answered by the client already: not asked again.
+            (Kind::Request, Some(id)) if self.asked_before.contains(&id) => None,
+            (Kind::Request, _) => Some(self.tagged_request(&message).unwrap_or(message)),
+            _ => Some(message),
         }
-        Some(message)
     }
 
     /// A request of the upstream to the client, tagged with its task.
     fn tagged_request(&self, message: &[u8]) -> Option<Bytes> {
         let mut value: Map<String, Value> = serde_json::from_slice(message).ok()?;
         let params = value.entry("params").or_insert_with(|| json!({}));
-        let meta = params
-            .as_object_mut()?
-            .entry("_meta")
-            .or_insert_with(|| json!({}));
-        meta.as_object_mut()?
-            .insert(RELATED_TASK.into(), json!({ "taskId": self.handle }));
+        tag(params.as_object_mut()?, &self.handle);
         serde_json::to_vec(&value).ok().map(Bytes::from)
     }
 

@@ -219,15 +219,7 @@ async fn reissue(
 /// as the original call was.
 fn reissue_headers(update: &HeaderMap, record: &crate::store::TaskRecord) -> HeaderMap {
     let mut headers = update.clone();
-    headers.remove(&crate::headers::MCP_NAME);
-    let params: Vec<_> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with("mcp-param-"))
-        .cloned()
-        .collect();
-    for name in params {
-        headers.remove(name);
-    }
+    crate::headers::drop_routing(&mut headers);
     headers.insert(
         crate::headers::MCP_METHOD,
         HeaderValue::from_static("tools/call"),

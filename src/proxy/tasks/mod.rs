@@ -222,15 +222,7 @@ async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
     ] {
         headers.insert(name, HeaderValue::from_static(value));
     }
-    headers.remove("mcp-name");
-    let params: Vec<_> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with("mcp-param-"))
-        .cloned()
-        .collect();
-    for name in params {
-        headers.remove(name);
-    }
+    crate::headers::drop_routing(&mut headers);
     // Unreachable: cannot tell. Reached, but no discover answer (a refusal,
     // an error): it has no tasks to speak of, and is not asked again.
     let res = upstream
