@@ -76,20 +76,8 @@ impl Caller<'_> {
 
     /// Polls `tasks/get` until the task's status is not `working`.
     async fn settled(&self, session: &str, task: &str) -> Value {
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        loop {
-            let got = self
-                .answer(session, &tasks_request(90, "tasks/get", task))
-                .await;
-            if got["result"]["status"] != "working" {
-                return got["result"].clone();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never settled: {got}"
-            );
-            tokio::time::sleep(Duration::from_millis(30)).await;
-        }
+        let get = tasks_request(90, "tasks/get", task);
+        common::tasks::until_settled(|| self.answer(session, &get)).await
     }
 }
 
@@ -262,11 +250,7 @@ async fn tasks_result_waits_for_the_end_and_brings_the_calls_progress_first() {
     .await;
     let (status, all) = exchange(&rig, &session, &tasks_request(8, "tasks/result", &task)).await;
     assert_eq!(status, StatusCode::OK);
-    let progress: Vec<_> = all
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
-        .collect();
+    let progress = progress_values(&all);
     assert_eq!(progress, [1, 2, 3], "{all:?}");
     let tokens = all
         .iter()
@@ -375,11 +359,7 @@ async fn a_cut_tasks_result_resumed_with_last_event_id_still_ends_with_its_answe
         .session(&session)
         .header("last-event-id", &last.expect("an event id"));
     let rest = messages(rig.client.send(resume).await).await;
-    let progress: Vec<_> = rest
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
-        .collect();
+    let progress = progress_values(&rest);
     assert_eq!(progress, [2, 3, 4, 5, 6], "{rest:?}");
     let answer = rest.last().expect("the answer");
     assert_eq!(answer["id"], 81, "{answer}");
@@ -585,11 +565,7 @@ async fn a_task_running_when_the_proxy_is_killed_completes_after_the_restart() {
         last["result"]["content"][0]["text"],
         "slow done after 12 steps"
     );
-    let progress: Vec<_> = all
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
-        .collect();
+    let progress = progress_values(&all);
     assert_eq!(
         progress,
         (1..=12).collect::<Vec<_>>(),

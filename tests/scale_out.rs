@@ -392,44 +392,38 @@ async fn a_task_created_on_a_is_polled_and_cancelled_on_b() {
     assert_eq!(on_a["status"], "cancelled", "{on_a}");
 }
 
+/// Every message of the answer to `body`, sent in `session` to `instance`.
+async fn in_session(
+    instance: &common::cluster::Instance,
+    session: &str,
+    body: &Value,
+) -> Vec<Value> {
+    let res = instance
+        .client()
+        .send(Call::post(body).session(session))
+        .await;
+    common::tasks::said(res).await
+}
+
 /// A 2025-11-25 task's record and its call's stream live in the shared log:
 /// the session's requests on the other instance see the task, list it and
 /// fetch its result with every progress notification once.
 #[tokio::test]
 async fn a_legacy_task_made_on_a_is_fetched_and_listed_on_b() {
-    use common::tasks::said;
     let toml = "[upstream.tasks]\nlegacy = true\npoll_interval_ms = 50\n";
     let cluster = Cluster::with_upstream_toml(DemoOptions::default(), toml).await;
     let session = cluster.a.client().initialize(V_LATEST).await;
     let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
         "name":"slow","arguments":{"steps":5,"interval_ms":60},"task":{},
         "_meta":{"progressToken":"lt1"}}});
-    let created = said(
-        cluster
-            .a
-            .client()
-            .send(Call::post(&call).session(&session))
-            .await,
-    )
-    .await;
+    let created = in_session(&cluster.a, &session, &call).await;
     let task = created[0]["result"]["task"]["taskId"]
         .as_str()
         .expect("a task")
         .to_owned();
     let fetch = json!({"jsonrpc":"2.0","id":2,"method":"tasks/result","params":{"taskId":task}});
-    let on_b = said(
-        cluster
-            .b
-            .client()
-            .send(Call::post(&fetch).session(&session))
-            .await,
-    )
-    .await;
-    let progress: Vec<_> = on_b
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
-        .collect();
+    let on_b = in_session(&cluster.b, &session, &fetch).await;
+    let progress = progress_values(&on_b);
     assert_eq!(progress, [1, 2, 3, 4, 5], "{on_b:?}");
     let last = on_b.last().expect("the result");
     assert_eq!(last["id"], 2);
@@ -438,14 +432,7 @@ async fn a_legacy_task_made_on_a_is_fetched_and_listed_on_b() {
         "slow done after 5 steps"
     );
     let list = json!({"jsonrpc":"2.0","id":3,"method":"tasks/list"});
-    let listed = said(
-        cluster
-            .b
-            .client()
-            .send(Call::post(&list).session(&session))
-            .await,
-    )
-    .await;
+    let listed = in_session(&cluster.b, &session, &list).await;
     let tasks = &listed[0]["result"]["tasks"];
     assert_eq!(tasks[0]["taskId"], task, "{listed:?}");
     assert_eq!(tasks[0]["status"], "completed");

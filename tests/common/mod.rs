@@ -381,6 +381,15 @@ pub async fn body_bytes(res: Response<Incoming>) -> Bytes {
         .to_bytes()
 }
 
+/// The `progress` of each progress notification among `messages`, in order.
+pub fn progress_values(messages: &[Value]) -> Vec<u64> {
+    messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| m["params"]["progress"].as_u64().unwrap_or_default())
+        .collect()
+}
+
 /// Polls `check` until it holds or the limit passes.
 pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + LIMIT;

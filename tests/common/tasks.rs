@@ -70,10 +70,24 @@ pub async fn answer_from(client: &McpClient, call: Call) -> (StatusCode, Value) 
 }
 
 pub async fn settled_on(client: &McpClient, task: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
+    until_settled(|| async {
         let (status, got) = answer_from(client, tasks_call(91, "tasks/get", task)).await;
         assert_eq!(status, StatusCode::OK, "{got}");
+        got
+    })
+    .await
+}
+
+/// Asks `get` (a `tasks/get`, of either revision) until the task's status is
+/// not `working`; its `result`.
+pub async fn until_settled<F, Fut>(mut get: F) -> Value
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Value>,
+{
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let got = get().await;
         if got["result"]["status"] != "working" {
             return got["result"].clone();
         }
@@ -81,6 +95,6 @@ pub async fn settled_on(client: &McpClient, task: &str) -> Value {
             tokio::time::Instant::now() < deadline,
             "task never settled: {got}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
 }
