@@ -554,6 +554,10 @@ async fn a_task_running_when_the_proxy_is_killed_completes_after_the_restart() {
         .expect("a task")
         .to_owned();
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // Still running when the kill comes: the restart must resume it.
+    let get = Call::post(&tasks_request(62, "tasks/get", &task)).session(&session);
+    let before = said(client.send(get).await).await;
+    assert_eq!(before[0]["result"]["status"], "working", "{before:?}");
     rig.kill9_and_restart().await;
 
     let client = rig.client();
