@@ -39,8 +39,10 @@
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
 //! - [`stream`]: the log as the proxy sees it; readers that replay then follow
-//!   (one exclusive reader per stream; watchers that never take over), the
-//!   acknowledged cursor, and the status every dialect maps its words from.
+//!   (one exclusive reader per stream; watchers that never take over; what
+//!   this process just appended handed to its reader without a read back),
+//!   the acknowledged cursor, and the status every dialect maps its words
+//!   from.
 //! - [`store`]: the durable log's contract; [`store::journal`] (default:
 //!   append-only segment files, in-memory index), [`store::sled`],
 //!   [`store::redis`] (shared by instances: the feed they follow, leases and

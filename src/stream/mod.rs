@@ -17,32 +17,37 @@
 //! The log also carries the process's [`Metrics`]: every path that needs to
 //! count something already holds the log, and appends are counted here,
 //! where every append passes.
+//!
+//! `reader.rs` holds the [`Reader`]; `handover.rs` what an append of this
+//! process leaves for the stream's reader here, so that an answer is not
+//! read back from the store right after it was written.
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::watch;
 
+mod handover;
+mod reader;
+
+use handover::Handed;
+use reader::Exclusive;
+pub use reader::{keep_latest_progress, Next, Reader};
+
 use crate::id::{Seq, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
-    now_ms, Change, Entry, Finish, Outcome, ReaderLease, Result, SharedStore, StoreError,
-    StreamMeta, StreamStatus,
+    now_ms, Change, Finish, Outcome, Result, SharedStore, StoreError, StreamMeta, StreamStatus,
 };
-
-/// How many entries a reader takes from the store at once.
-const READ_BATCH: usize = 256;
 
 /// The log as the rest of the proxy sees it.
 pub struct Log {
     store: SharedStore,
-    /// Reader generation per stream with an attached exclusive reader;
-    /// bumping it retires the previous reader.
-    readers: DashMap<StreamId, watch::Sender<u64>>,
+    /// The attachment of each stream with an exclusive reader.
+    readers: DashMap<StreamId, Attachment>,
     metrics: Metrics,
     /// For the `streams_live` gauge.
     live: LiveStreams,
@@ -61,6 +66,14 @@ enum Owed {
     Fail(Box<StreamMeta>, String),
     /// A status change.
     Finish(StreamStatus),
+}
+
+/// What a stream's exclusive reader is attached by.
+struct Attachment {
+    /// The reader generation: bumping it retires the previous reader.
+    generation: watch::Sender<u64>,
+    /// The entries this process appended last, handed to the reader.
+    handed: Arc<Handed>,
 }
 
 /// How many `written` marks are kept before old ones are dropped.
@@ -165,8 +178,16 @@ impl Log {
 
     pub async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
         let last = self.store.append(stream, messages).await?;
-        self.metrics.appended(messages);
+        self.appended(stream, last, messages, None);
         Ok(last)
+    }
+
+    /// Counts a durable append and hands it to the stream's reader here.
+    fn appended(&self, stream: StreamId, last: Seq, messages: &[Bytes], end: Option<StreamStatus>) {
+        self.metrics.appended(messages);
+        if let Some(attached) = self.readers.get(&stream) {
+            attached.handed.put(last, messages, end);
+        }
     }
 
     /// Appends messages read from an upstream SSE stream with the
@@ -181,7 +202,7 @@ impl Log {
             .store
             .append_upstream(stream, messages, event_id)
             .await?;
-        self.metrics.appended(messages);
+        self.appended(stream, last, messages, None);
         Ok(last)
     }
 
@@ -197,7 +218,7 @@ impl Log {
             .store
             .append_final(stream, messages, Finish::new(status, outcome))
             .await?;
-        self.metrics.appended(messages);
+        self.appended(stream, last, messages, Some(status));
         self.left_live(stream, status);
         Ok(last)
     }
@@ -439,8 +460,8 @@ impl Log {
 
     /// Ends whichever exclusive reader is attached to `stream`.
     fn retire(&self, stream: StreamId) {
-        if let Some((_, generation)) = self.readers.remove(&stream) {
-            generation.send_modify(|g| *g += 1);
+        if let Some((_, attached)) = self.readers.remove(&stream) {
+            attached.generation.send_modify(|g| *g += 1);
         }
     }
 
@@ -452,415 +473,23 @@ impl Log {
     /// Attaches a reader that yields every entry after `after`, taking the
     /// stream over from any earlier exclusive reader.
     pub fn attach(self: &Arc<Self>, stream: StreamId, after: Seq) -> Reader {
-        let (generation, mine) = {
-            let sender = self
-                .readers
-                .entry(stream)
-                .or_insert_with(|| watch::Sender::new(0));
-            sender.send_modify(|g| *g += 1);
-            let rx = sender.subscribe();
-            let mine = *rx.borrow();
-            (rx, mine)
+        let exclusive = {
+            let attached = self.readers.entry(stream).or_insert_with(|| Attachment {
+                generation: watch::Sender::new(0),
+                handed: Arc::default(),
+            });
+            attached.generation.send_modify(|g| *g += 1);
+            Exclusive::new(attached.generation.subscribe(), attached.handed.clone())
         };
-        Reader {
-            log: self.clone(),
-            stream,
-            cursor: after,
-            exclusive: Some((generation, mine)),
-            lease: None,
-            // Whoever attaches has just opened, resumed or polled the stream.
-            touched: Some(tokio::time::Instant::now()),
-        }
+        Reader::new(self.clone(), stream, after, Some(exclusive))
     }
 
     /// A reader that never takes the stream over and is never replaced: for
     /// status checks and waits that must not cut a live reader.
     pub fn watch(self: &Arc<Self>, stream: StreamId, after: Seq) -> Reader {
-        Reader {
-            log: self.clone(),
-            stream,
-            cursor: after,
-            exclusive: None,
-            lease: None,
-            touched: None,
-        }
-    }
-}
-
-/// What a reader found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Next {
-    /// The next entries, in order; the cursor has moved past them.
-    Entries(Vec<Entry>),
-    /// Nothing arrived within the idle time (time for a keep-alive).
-    Idle,
-    /// Every entry was delivered and the stream is no longer live.
-    End(StreamStatus),
-    /// Another reader attached to the stream.
-    Replaced,
-    /// The stream was deleted (session ended or retention ran out).
-    Gone,
-}
-
-pub struct Reader {
-    log: Arc<Log>,
-    stream: StreamId,
-    cursor: Seq,
-    /// For an exclusive reader: the generation channel and the generation
-    /// it was attached as.
-    exclusive: Option<(watch::Receiver<u64>, u64)>,
-    /// For an exclusive reader, once it first waited: its hold on the stream
-    /// against readers of other processes sharing the log.
-    lease: Option<ReaderLease>,
-    /// When this reader last re-armed the stream's abandonment.
-    touched: Option<tokio::time::Instant>,
-}
-
-/// How often a reader on a shared log tells the other instances it still
-/// reads (see `Reader::still_reading`).
-const TOUCH_WHILE_READING: Duration = Duration::from_secs(10);
-
-impl Reader {
-    pub fn stream(&self) -> StreamId {
-        self.stream
-    }
-
-    pub fn cursor(&self) -> Seq {
-        self.cursor
-    }
-
-    /// Notes that this reader's answer ran to the stream's end (see
-    /// [`Log::wrote_to_end`]).
-    pub fn wrote_to_end(&self) {
-        self.log.wrote_to_end(self.stream);
-    }
-
-    fn replaced(&self) -> bool {
-        let here = self
-            .exclusive
-            .as_ref()
-            .is_some_and(|(g, mine)| g.has_changed().is_err() || *g.borrow() != *mine);
-        here || self.lease.as_ref().is_some_and(ReaderLease::lost)
-    }
-
-    pub async fn next(&mut self, idle: Duration) -> Result<Next> {
-        let deadline = tokio::time::Instant::now() + idle;
-        if self.exclusive.is_some() && self.lease.is_none() {
-            // A reader replaced before it ever read must not claim the
-            // stream from a newer one elsewhere.
-            if self.replaced() {
-                return Ok(Next::Replaced);
-            }
-            self.lease = Some(self.log.store.hold_reader(self.stream).await?);
-        }
-        loop {
-            if self.replaced() {
-                return Ok(Next::Replaced);
-            }
-            // Subscribe before reading, so an append landing between the read
-            // and the wait still wakes us.
-            let mut appended = self.log.store.subscribe(self.stream);
-            let mark = *appended.borrow_and_update();
-            if mark.seq > self.cursor {
-                if let Some(entries) = self.take(mark.coalesced).await? {
-                    self.still_reading().await;
-                    return Ok(Next::Entries(entries));
-                }
-            }
-            if mark.finished {
-                // A stream leaves `Live` only after its last append, so a
-                // finished watermark at or below the cursor means the reader
-                // has seen everything.
-                return Ok(match self.log.store.stream_meta(self.stream).await? {
-                    Some(meta) => Next::End(meta.status),
-                    None => Next::Gone,
-                });
-            }
-            let replaced = async {
-                match self.exclusive.as_mut() {
-                    Some((generation, _)) => {
-                        let _ = generation.changed().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let taken = async {
-                match self.lease.as_mut() {
-                    Some(lease) => lease.taken().await,
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                changed = appended.changed() => {
-                    if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
-                        return Ok(Next::Gone);
-                    }
-                }
-                _ = replaced => return Ok(Next::Replaced),
-                _ = taken => return Ok(Next::Replaced),
-                _ = tokio::time::sleep_until(deadline) => {
-                    self.still_reading().await;
-                    return Ok(Next::Idle);
-                }
-            }
-        }
-    }
-
-    /// An exclusive reader on a log other instances share re-arms the
-    /// stream's abandonment every [`TOUCH_WHILE_READING`]: their sweepers
-    /// cannot see that it is read here (this process's own sweeper can,
-    /// [`Log::is_read`]).
-    async fn still_reading(&mut self) {
-        if self.exclusive.is_none() || !self.log.store.shared() {
-            return;
-        }
-        let now = tokio::time::Instant::now();
-        if self
-            .touched
-            .is_some_and(|at| now - at < TOUCH_WHILE_READING)
-        {
-            return;
-        }
-        self.touched = Some(now);
-        if let Err(e) = self.log.touch(self.stream).await {
-            tracing::debug!(stream = %self.stream, error = %e, "cannot touch a stream being read");
-        }
-    }
-
-    async fn take(&mut self, coalesced: bool) -> Result<Option<Vec<Entry>>> {
-        let mut entries = self
-            .log
-            .store
-            .read_after(self.stream, self.cursor, READ_BATCH)
-            .await?;
-        let Some(last) = entries.last().map(|e| e.seq) else {
-            return Ok(None);
-        };
-        self.cursor = last;
-        if coalesced {
-            keep_latest_progress(&mut entries, |e| &e.message);
-        }
-        Ok(Some(entries))
-    }
-}
-
-/// Keeps only the latest progress notification of each token among
-/// `items` (what `message` reads from each); everything else stays, in
-/// order. A stream past its caps coalesces progress with it twice: when a
-/// batch is appended, and when a range is replayed (seqs stay where they are:
-/// the gaps are skips, not holes in the log).
-pub fn keep_latest_progress<T>(items: &mut Vec<T>, message: impl Fn(&T) -> &[u8]) {
-    let tokens: Vec<Option<String>> = items
-        .iter()
-        .map(|item| jsonrpc::progress_of(message(item)))
-        .collect();
-    let mut seen: HashSet<&String> = HashSet::new();
-    let mut keep = vec![true; items.len()];
-    for (i, token) in tokens.iter().enumerate().rev() {
-        if let Some(token) = token {
-            keep[i] = seen.insert(token);
-        }
-    }
-    let mut keep = keep.into_iter();
-    items.retain(|_| keep.next().unwrap_or(true));
-}
-
-impl Drop for Reader {
-    fn drop(&mut self) {
-        // Forget the generation channel once nobody reads the stream, unless a
-        // newer reader has taken it.
-        if let Some((_, mine)) = &self.exclusive {
-            let mine = *mine;
-            self.log
-                .readers
-                .remove_if(&self.stream, |_, g| *g.borrow() == mine);
-        }
+        Reader::new(self.clone(), stream, after, None)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::id::SessionId;
-    use crate::store::commit::SyncMode;
-    use crate::store::journal::Journal;
-
-    async fn log() -> (tempfile::TempDir, Arc<Log>) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
-        (dir, Log::new(store))
-    }
-
-    const IDLE: Duration = Duration::from_secs(5);
-
-    async fn opened(log: &Arc<Log>) -> StreamMeta {
-        log.open(crate::store::contract::meta(SessionId::random()))
-            .await
-            .unwrap()
-    }
-
-    async fn drain(reader: &mut Reader) -> (Vec<Bytes>, Next) {
-        let mut got = Vec::new();
-        loop {
-            match reader.next(IDLE).await.unwrap() {
-                Next::Entries(e) => got.extend(e.into_iter().map(|e| e.message)),
-                other => return (got, other),
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn replay_from_every_cut_point_yields_exactly_the_missing_suffix() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let all: Vec<Bytes> = (0..20).map(|i| Bytes::from(format!("{i}"))).collect();
-        log.append(meta.id, &all).await.unwrap();
-        log.finish(meta.id, StreamStatus::Completed).await.unwrap();
-        for cut in 0..=all.len() {
-            let mut reader = log.attach(meta.id, cut as Seq);
-            let (got, end) = drain(&mut reader).await;
-            assert_eq!(got, all[cut..].to_vec(), "cut at {cut}");
-            assert_eq!(end, Next::End(StreamStatus::Completed));
-        }
-    }
-
-    #[tokio::test]
-    async fn reader_follows_live_appends_until_the_stream_finishes() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let mut reader = log.attach(meta.id, 0);
-        let writer = {
-            let log = log.clone();
-            tokio::spawn(async move {
-                for i in 0..50 {
-                    log.append(meta.id, &[Bytes::from(format!("{i}"))])
-                        .await
-                        .unwrap();
-                    if i % 10 == 0 {
-                        tokio::task::yield_now().await;
-                    }
-                }
-                log.finish(meta.id, StreamStatus::Completed).await.unwrap();
-            })
-        };
-        let (got, end) = drain(&mut reader).await;
-        writer.await.unwrap();
-        let want: Vec<Bytes> = (0..50).map(|i| Bytes::from(format!("{i}"))).collect();
-        assert_eq!(got, want);
-        assert_eq!(end, Next::End(StreamStatus::Completed));
-    }
-
-    #[tokio::test]
-    async fn a_new_reader_replaces_the_old_one() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let mut first = log.attach(meta.id, 0);
-        let _second = log.attach(meta.id, 0);
-        assert_eq!(first.next(IDLE).await.unwrap(), Next::Replaced);
-    }
-
-    #[tokio::test]
-    async fn an_idle_live_stream_reports_idle() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let mut reader = log.attach(meta.id, 0);
-        let next = reader.next(Duration::from_millis(20)).await.unwrap();
-        assert_eq!(next, Next::Idle);
-    }
-
-    #[tokio::test]
-    async fn a_watcher_never_takes_a_stream_from_its_reader() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let mut reader = log.attach(meta.id, 0);
-        let mut watcher = log.watch(meta.id, 0);
-        log.append(meta.id, &[Bytes::from_static(b"x")])
-            .await
-            .unwrap();
-        assert!(matches!(
-            watcher.next(IDLE).await.unwrap(),
-            Next::Entries(_)
-        ));
-        assert!(matches!(reader.next(IDLE).await.unwrap(), Next::Entries(_)));
-        assert!(log.is_read(meta.id));
-        drop(reader);
-        assert!(!log.is_read(meta.id), "a watcher is not a reader");
-    }
-
-    #[tokio::test]
-    async fn a_coalesced_stream_replays_only_the_latest_progress_of_a_token() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let progress = |n: u32| {
-            Bytes::from(format!(
-                r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"t","progress":{n}}}}}"#
-            ))
-        };
-        let result = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
-        log.append(
-            meta.id,
-            &[progress(1), progress(2), result.clone(), progress(3)],
-        )
-        .await
-        .unwrap();
-        log.store()
-            .update_stream(meta.id, Change::Coalesced)
-            .await
-            .unwrap();
-        log.finish(meta.id, StreamStatus::Completed).await.unwrap();
-        let (got, _) = drain(&mut log.attach(meta.id, 0)).await;
-        assert_eq!(got, vec![result, progress(3)]);
-    }
-
-    #[tokio::test]
-    async fn status_words_come_from_the_outcome_and_the_acknowledged_cursor() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        log.append(meta.id, &[Bytes::from_static(b"a")])
-            .await
-            .unwrap();
-        let live = log.status(meta.id).await.unwrap().unwrap();
-        assert!(live.pending() && !live.failed() && !live.has_error());
-        log.append_final(
-            meta.id,
-            &[Bytes::from_static(b"e")],
-            StreamStatus::Completed,
-            Some(Outcome::Error),
-        )
-        .await
-        .unwrap();
-        let done = log.status(meta.id).await.unwrap().unwrap();
-        assert!(done.failed() && done.has_error());
-        log.ack(meta.id, 2).await.unwrap();
-        let acked = log.status(meta.id).await.unwrap().unwrap();
-        assert!(acked.failed() && !acked.has_error() && !acked.pending());
-    }
-
-    #[tokio::test]
-    async fn written_marks_stay_bounded_when_every_one_is_young() {
-        let (_dir, log) = log().await;
-        let marked: Vec<StreamId> = (0..WRITTEN_MARKS + 10)
-            .map(|_| StreamId::random())
-            .collect();
-        for stream in &marked {
-            log.wrote_to_end(*stream);
-        }
-        // The map was cleared once at the bound (instead of being scanned
-        // on every later call); the newest marks are kept.
-        assert_eq!(log.written.len(), 10);
-        assert!(log.written_to_end(marked[WRITTEN_MARKS + 9]).is_some());
-        assert!(
-            log.written_to_end(marked[0]).is_none(),
-            "a lost mark only lengthens the grace"
-        );
-    }
-
-    #[tokio::test]
-    async fn deleting_a_stream_ends_its_reader() {
-        let (_dir, log) = log().await;
-        let meta = opened(&log).await;
-        let mut reader = log.attach(meta.id, 0);
-        log.store().delete_stream(meta.id).await.unwrap();
-        assert_eq!(reader.next(IDLE).await.unwrap(), Next::Gone);
-    }
-}
+mod tests;
