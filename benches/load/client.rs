@@ -23,6 +23,41 @@ use tokio::sync::Semaphore;
 /// The protocol revision the harness speaks: legacy, without priming events,
 /// so every SSE event it counts is an upstream message.
 const PROTOCOL: &str = "2025-06-18";
+/// The revision a client that speaks dialects or tasks asks for: the
+/// proxy offers the 2025-11-25 tasks only to clients that ask for it.
+const PROTOCOL_TASKS: &str = "2025-11-25";
+
+/// What a target's client negotiates and how it calls a tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Speaks {
+    /// Nothing beyond the base protocol: a plain `tools/call`.
+    Plain,
+    /// Every dialect the proxy offers (`resumableRequests`, `streams`,
+    /// `resumeTokens`, and the 2025-11-25 tasks), calling tools plainly:
+    /// what negotiation costs a call that uses none of it.
+    Dialects,
+    /// As `Dialects`, and every call made a 2025-11-25 task: `tools/call`
+    /// with `params.task`, then `tasks/result` for its answer.
+    Tasks,
+}
+
+impl Speaks {
+    fn protocol(self) -> &'static str {
+        match self {
+            Self::Plain => PROTOCOL,
+            Self::Dialects | Self::Tasks => PROTOCOL_TASKS,
+        }
+    }
+
+    fn capabilities(self) -> &'static str {
+        match self {
+            Self::Plain => "{}",
+            Self::Dialects | Self::Tasks => {
+                r#"{"experimental":{"resumableRequests":{},"streams":{},"resumeTokens":{}}}"#
+            }
+        }
+    }
+}
 /// Connections being opened at once: stays under the listen backlog, so no
 /// SYN is dropped and retried a second later.
 pub const CONNECT_PARALLELISM: usize = 128;
@@ -37,6 +72,7 @@ pub struct Target {
     tool: String,
     /// The process whose CPU and memory the figures are about (the proxy).
     pub pid: Option<u32>,
+    pub speaks: Speaks,
 }
 
 impl Target {
@@ -48,7 +84,15 @@ impl Target {
             path: path.to_owned(),
             tool: tool.to_owned(),
             pid,
+            speaks: Speaks::Plain,
         }
+    }
+
+    /// The same endpoint, with a client that speaks `speaks`.
+    pub fn speaking(mut self, name: &str, speaks: Speaks) -> Self {
+        self.name = name.to_owned();
+        self.speaks = speaks;
+        self
     }
 
     /// The fast upstream reached directly: the yardstick row of every table.
@@ -100,7 +144,7 @@ pub fn request(
         .method(method.clone())
         .uri(t.path.as_str())
         .header(header::HOST, t.host.clone())
-        .header("mcp-protocol-version", PROTOCOL);
+        .header("mcp-protocol-version", t.speaks.protocol());
     if method == Method::GET {
         req = req.header(header::ACCEPT, "text/event-stream");
     } else {
@@ -131,6 +175,8 @@ pub struct Reply {
     pub result: bool,
     pub first_id: Option<String>,
     pub first_message_at: Option<Instant>,
+    /// The id of the task a `tools/call` made (`CreateTaskResult`).
+    pub task: Option<String>,
 }
 
 pub async fn read_reply(res: Response<Incoming>) -> Result<Reply> {
@@ -182,14 +228,19 @@ fn note_result(reply: &mut Reply, message: &[u8]) {
         && memchr::memmem::find(message, b"\"error\"").is_none()
     {
         reply.result = true;
+        if memchr::memmem::find(message, b"\"taskId\"").is_some() {
+            reply.task = created_task(message);
+        }
     }
 }
 
 /// `initialize` + `notifications/initialized`; returns the session id.
 pub async fn open_session(conn: &mut Sender, t: &Target) -> Result<String> {
     let init = Bytes::from(format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"{PROTOCOL}\",\
-         \"capabilities\":{{}},\"clientInfo\":{{\"name\":\"load\",\"version\":\"1\"}}}}}}"
+        "{{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"{}\",\
+         \"capabilities\":{},\"clientInfo\":{{\"name\":\"load\",\"version\":\"1\"}}}}}}",
+        t.speaks.protocol(),
+        t.speaks.capabilities(),
     ));
     let res = send(conn, request(t, Method::POST, None, None, init)?).await?;
     let session = res
@@ -226,15 +277,23 @@ pub async fn open_sessions(conn: &mut Sender, t: &Target, calls: usize) -> Resul
 }
 
 /// A `tools/call` of the target's tool with a progress token, so the fast
-/// upstream may send progress notifications before the result.
+/// upstream may send progress notifications before the result; made a
+/// task (`params.task`) for a client that calls tools as tasks.
 pub fn call_body(t: &Target, id: u64, args: &str) -> Bytes {
+    let task = if t.speaks == Speaks::Tasks {
+        ",\"task\":{}"
+    } else {
+        ""
+    };
     Bytes::from(format!(
         "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"{}\",\
-         \"arguments\":{args},\"_meta\":{{\"progressToken\":{id}}}}}}}",
+         \"arguments\":{args}{task},\"_meta\":{{\"progressToken\":{id}}}}}}}",
         t.tool
     ))
 }
 
+/// One tool call, read to its answer: for a task, the `tools/call` that
+/// creates it and the `tasks/result` that waits for its answer.
 pub async fn call(
     conn: &mut Sender,
     t: &Target,
@@ -243,9 +302,26 @@ pub async fn call(
     args: &str,
 ) -> Result<Reply> {
     let req = request(t, Method::POST, Some(session), None, call_body(t, id, args))?;
-    let reply = read_reply(send(conn, req).await?).await?;
+    let mut reply = read_reply(send(conn, req).await?).await?;
+    if t.speaks == Speaks::Tasks {
+        let task = reply
+            .task
+            .take()
+            .ok_or_else(|| anyhow!("{}: tools/call {id} made no task", t.name))?;
+        let fetch = Bytes::from(format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tasks/result\",\"params\":{{\"taskId\":\"{task}\"}}}}"
+        ));
+        let req = request(t, Method::POST, Some(session), None, fetch)?;
+        reply = read_reply(send(conn, req).await?).await?;
+    }
     if !reply.result {
         bail!("{}: tools/call {id} ended without a result", t.name);
     }
     Ok(reply)
+}
+
+/// The `result.task.taskId` of a `CreateTaskResult`.
+fn created_task(message: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(message).ok()?;
+    Some(value["result"]["task"]["taskId"].as_str()?.to_owned())
 }

@@ -16,11 +16,11 @@
 //! `PR_SET_PDEATHSIG` when the harness itself dies; every scenario runs under
 //! a timeout.
 //!
-//! Scenarios: `small`, `streaming`, `replay`, `idle` (default: all four) and
-//! `peers` (only with `--peers`: the `small` load through the Rust
+//! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects` (default:
+//! all five) and `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
-//! `--smoke` runs the four at tiny sizes in a few seconds and exits non-zero
+//! `--smoke` runs the five at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
@@ -30,7 +30,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `peers`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `peers`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -48,6 +48,7 @@ mod redis_server;
 
 mod check;
 mod client;
+mod dialects;
 mod histogram;
 mod idle;
 mod nginx;
@@ -95,7 +96,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
 
@@ -294,7 +295,7 @@ impl Opts {
             o.check_alone(&explicit)?;
         }
         if o.scenarios.is_empty() {
-            o.scenarios = ["small", "streaming", "replay", "idle"]
+            o.scenarios = ["small", "streaming", "replay", "idle", "dialects"]
                 .map(str::to_owned)
                 .to_vec();
         }
@@ -303,7 +304,7 @@ impl Opts {
         }
         for s in &o.scenarios {
             match s.as_str() {
-                "small" | "streaming" | "replay" | "idle" => {}
+                "small" | "streaming" | "replay" | "idle" | "dialects" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -416,6 +417,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "streaming" => bounded(limit, streaming::run(o, bin)).await,
             "replay" => bounded(limit, replay::run(o, bin)).await,
             "idle" => bounded(limit, idle::run(o, bin)).await,
+            "dialects" => bounded(limit, dialects::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
             _ => unreachable!("checked in Opts::parse"),
         };
@@ -436,7 +438,9 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" => per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30),
+        "small" | "dialects" => {
+            per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30)
+        }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {
             per_run * (o.rounds * o.concurrency.len() * 7) as u32 + Duration::from_secs(1800)

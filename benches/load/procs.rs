@@ -308,6 +308,17 @@ fn store_section(sync: &str, dir: &Path) -> Result<String> {
 /// per-principal cap is raised past what `idle` opens (10,000 streams, where
 /// the default 1,000 refused the rest with 429).
 pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result<(Proc, Target)> {
+    start_proxy_with(bin, upstream, sync, "").await
+}
+
+/// [`start_proxy`], with `upstream_tables` (e.g. `[upstream.tasks]`) added
+/// to its `[[upstream]]`.
+pub async fn start_proxy_with(
+    bin: &Path,
+    upstream: SocketAddr,
+    sync: &str,
+    upstream_tables: &str,
+) -> Result<(Proc, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("mcp-resume-proxy-load-")
         .tempdir()?;
@@ -318,7 +329,7 @@ pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result
         format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
              [limits]\nstreams_per_principal = 1000000\n\n\
-             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n",
+             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{upstream_tables}",
             dir.path().join("data").display(),
             store_section(sync, dir.path())?,
         ),

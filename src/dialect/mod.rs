@@ -8,8 +8,9 @@
 //!   itself, from the log ([`Command::apply`]): one type per thing a client
 //!   can ask, parsed once, applied in one place;
 //! - **exchange** — [`Negotiated::opening`] authors the stream's first entries
-//!   (the policy, `stream/create`) before the request goes upstream, so a
-//!   client holds an event id before any cut;
+//!   (the policy, `stream/create`), written before the request goes upstream
+//!   and shown once durable, so a client holds an event id before any cut
+//!   of a call that outlives one flush;
 //! - **present** — [`Presenter`] (`presenter.rs`) rewrites the relayed
 //!   `initialize` result to advertise what was negotiated, and closes a
 //!   stream with what a dialect says after the last entry.

@@ -2,9 +2,11 @@
 //! how its answer gets into the log, for each kind of upstream.
 //!
 //! Every exchange first opens the request's stream and lets the session's
-//! dialects author its first entries (the resume policy, `stream/create`) —
-//! durable *before* the request goes upstream, so the client holds an event
-//! id before any cut.
+//! dialects author its first entries (the resume policy, `stream/create`),
+//! written before the request goes upstream and shown once durable: their
+//! flush overlaps the request's trip upstream (it used to precede it, a
+//! second flush per call for a client that negotiated dialects), and the
+//! client holds an event id as soon as that flush is done.
 //!
 //! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
 //! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
@@ -119,8 +121,8 @@ struct Opened {
 }
 
 /// Opens the request stream of a POST: armed for abandonment and opened
-/// with the entries the session's dialects author, both durable before the
-/// request goes upstream; its requests and progress tokens tracked.
+/// with the entries the session's dialects author (written now, shown once
+/// durable); its requests and progress tokens tracked.
 async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     let started = Instant::now();
     let session = &post.session;
@@ -162,7 +164,9 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     let meta = log.open(meta).await?;
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
     if !opening.is_empty() {
-        log.append(meta.id, &opening).await?;
+        // Shown once durable, like every entry; the request need not wait
+        // for their flush, which then overlaps its trip upstream.
+        log.append_ahead(meta.id, &opening).await?;
     }
     session.track(&meta);
     session.remember_headers(&post.headers);

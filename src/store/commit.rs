@@ -173,6 +173,27 @@ impl GroupCommit {
         }
     }
 
+    /// What [`GroupCommit::durable`] waits for, with the ticket taken now:
+    /// the returned future owns what it needs, so a writer can hand the wait
+    /// to a task of its own and carry on (its inserts are covered by a flush
+    /// that starts after this call, whoever waits for it).
+    pub fn ticket(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static {
+        let mode = self.mode;
+        let shared = self.shared.clone();
+        let batched = (mode == SyncMode::Batch).then(|| Shared::take_ticket(&shared));
+        async move {
+            match (mode, batched) {
+                (SyncMode::Batch, Some((done, ticket))) => Shared::wait(done, ticket).await,
+                (SyncMode::Always, _) => tokio::task::spawn_blocking(move || shared.timed_flush())
+                    .await
+                    .map_err(std::io::Error::other)?,
+                _ => Ok(()),
+            }
+        }
+    }
+
     /// Reports every later flush's duration to `observer`. A second
     /// observer is ignored: one process, one set of metrics.
     pub fn observe(&self, observer: FlushObserver) {
@@ -180,9 +201,22 @@ impl GroupCommit {
     }
 
     async fn batched(&self) -> std::io::Result<()> {
-        let mut done = self.shared.done.subscribe();
-        let ticket = lock(&self.shared.queue).issue();
-        self.shared.work.notify_one();
+        let (done, ticket) = Shared::take_ticket(&self.shared);
+        Shared::wait(done, ticket).await
+    }
+}
+
+impl Shared {
+    /// A ticket, with the receiver that learns when it is flushed
+    /// (subscribed first, so that no flush between the two is missed).
+    fn take_ticket(shared: &Shared) -> (watch::Receiver<Done>, u64) {
+        let done = shared.done.subscribe();
+        let ticket = lock(&shared.queue).issue();
+        shared.work.notify_one();
+        (done, ticket)
+    }
+
+    async fn wait(mut done: watch::Receiver<Done>, ticket: u64) -> std::io::Result<()> {
         let outcome = *done
             .wait_for(|d| d.attempted >= ticket)
             .await
@@ -284,6 +318,22 @@ mod tests {
         }
         let n = flushes.load(Ordering::SeqCst);
         assert!((1..50).contains(&n), "{n} flushes for 50 writers");
+    }
+
+    #[tokio::test]
+    async fn a_ticket_taken_before_a_write_is_waited_on_by_whoever_holds_it() {
+        let flushes = Arc::new(AtomicU64::new(0));
+        let counter = flushes.clone();
+        let commit = GroupCommit::new(
+            SyncMode::Batch,
+            Arc::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        );
+        let ticket = commit.ticket();
+        tokio::spawn(ticket).await.unwrap().unwrap();
+        assert!(flushes.load(Ordering::SeqCst) >= 1);
     }
 
     fn queue_with_gap(gap: Duration) -> Queue {

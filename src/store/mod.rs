@@ -290,6 +290,12 @@ pub struct Along<'a> {
     pub upstream_event: Option<&'a str>,
     /// The stream leaves (or re-enters) `Live`.
     pub end: Option<Finish>,
+    /// The writer does not wait for durability: the seqs are the messages'
+    /// on return, and readers see them once a flush covers them (a backend
+    /// that cannot part the two waits as usual). For entries nobody waits
+    /// on, like a request stream's opening entries: their flush then runs
+    /// while the request travels upstream instead of before.
+    pub ahead: bool,
 }
 
 /// How much a stream holds: what its caps are checked against, cheaper to

@@ -40,7 +40,8 @@ use crate::id::{Seq, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
-    now_ms, Change, Finish, Outcome, Result, SharedStore, StoreError, StreamMeta, StreamStatus,
+    now_ms, Along, Change, Finish, Outcome, Result, SharedStore, StoreError, StreamMeta,
+    StreamStatus,
 };
 
 /// The log as the rest of the proxy sees it.
@@ -179,6 +180,19 @@ impl Log {
     pub async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
         let last = self.store.append(stream, messages).await?;
         self.appended(stream, last, messages, None);
+        Ok(last)
+    }
+
+    /// Appends entries nobody waits on (see [`Along::ahead`]): their seqs
+    /// are taken on return, and readers see them once a flush covers them.
+    /// Never handed over: a reader must not show what is not durable yet.
+    pub async fn append_ahead(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
+        let along = Along {
+            ahead: true,
+            ..Along::default()
+        };
+        let last = self.store.write(stream, messages, along).await?;
+        self.metrics.appended(messages);
         Ok(last)
     }
 

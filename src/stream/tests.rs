@@ -282,3 +282,31 @@ async fn deleting_a_stream_ends_its_reader() {
     log.store().delete_stream(meta.id).await.unwrap();
     assert_eq!(reader.next(IDLE).await.unwrap(), Next::Gone);
 }
+
+#[tokio::test]
+async fn entries_appended_ahead_take_their_seqs_at_once_and_show_once_durable() {
+    let (_dir, log) = log().await;
+    let meta = opened(&log).await;
+    let mut reader = log.attach(meta.id, 0);
+    let last = log.append_ahead(meta.id, &numbered(0..2)).await.unwrap();
+    assert_eq!(last, 2, "seqs are taken before the flush");
+    assert_eq!(reader.handed(), None, "nothing unflushed is handed over");
+    log.append_final(meta.id, &numbered(2..3), StreamStatus::Completed, None)
+        .await
+        .unwrap();
+    let (got, end) = drain(&mut reader).await;
+    assert_eq!(got, numbered(0..3));
+    assert_eq!(end, Next::End(StreamStatus::Completed));
+}
+
+#[tokio::test]
+async fn entries_appended_ahead_show_without_a_later_append() {
+    let (_dir, log) = log().await;
+    let meta = opened(&log).await;
+    let mut reader = log.attach(meta.id, 0);
+    log.append_ahead(meta.id, &numbered(0..1)).await.unwrap();
+    let Next::Entries(entries) = reader.next(IDLE).await.unwrap() else {
+        panic!("the flush that covers them shows them");
+    };
+    assert_eq!(entries.len(), 1);
+}

@@ -277,9 +277,9 @@ impl Journal {
         &self,
         stream: StreamId,
         messages: &[Bytes],
-        finish: Option<Finish>,
-        upstream: Option<&str>,
+        along: Along<'_>,
     ) -> Result<Seq> {
+        let (finish, upstream) = (along.end, along.upstream_event);
         let (last, watermark) = {
             let mut guard = self.lock();
             let inner = &mut *guard;
@@ -316,24 +316,40 @@ impl Journal {
             self.wrote(inner);
             (last, watermark)
         };
+        if along.ahead {
+            let durable = self.commit.ticket();
+            tokio::spawn(async move {
+                // A failed flush leaves them unseen: the stream's next
+                // append waits for a flush that covers them too.
+                if durable.await.is_ok() {
+                    advance(&watermark, last, finish);
+                }
+            });
+            return Ok(last);
+        }
         self.durable().await?;
-        // Concurrent appends to one stream were written in seq order, so a
-        // flush covering this one covers every lower seq too.
-        watermark.send_if_modified(|w| {
-            let mut moved = false;
-            if last > w.seq {
-                w.seq = last;
-                moved = true;
-            }
-            if let Some(end) = finish {
-                let finished = !end.status.is_live();
-                moved |= w.finished != finished;
-                w.finished = finished;
-            }
-            moved
-        });
+        advance(&watermark, last, finish);
         Ok(last)
     }
+}
+
+/// Moves a stream's watermark to `last` (and its end) once they are
+/// durable. Concurrent appends to one stream were written in seq order, so
+/// a flush covering this one covers every lower seq too.
+fn advance(watermark: &watch::Sender<Watermark>, last: Seq, finish: Option<Finish>) {
+    watermark.send_if_modified(|w| {
+        let mut moved = false;
+        if last > w.seq {
+            w.seq = last;
+            moved = true;
+        }
+        if let Some(end) = finish {
+            let finished = !end.status.is_live();
+            moved |= w.finished != finished;
+            w.finished = finished;
+        }
+        moved
+    });
 }
 
 impl Journal {
@@ -719,8 +735,7 @@ impl Store for Journal {
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
-        self.append_inner(stream, messages, along.end, along.upstream_event)
-            .await
+        self.append_inner(stream, messages, along).await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {
