@@ -3,10 +3,10 @@
 //!
 //! Every exchange first opens the request's stream and lets the session's
 //! dialects author its first entries (the resume policy, `stream/create`),
-//! written before the request goes upstream and shown once durable: their
-//! flush overlaps the request's trip upstream (it used to precede it, a
-//! second flush per call for a client that negotiated dialects), and the
-//! client holds an event id as soon as that flush is done.
+//! written before the request goes upstream and shown once a flush covers
+//! them: the answer's, for a call answered within a few milliseconds, or
+//! else one of their own. (They used to be flushed before the request went
+//! upstream: a second flush per call for a client that negotiated dialects.)
 //!
 //! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
 //! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
@@ -164,8 +164,8 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     let meta = log.open(meta).await?;
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
     if !opening.is_empty() {
-        // Shown once durable, like every entry; the request need not wait
-        // for their flush, which then overlaps its trip upstream.
+        // Shown once durable, like every entry; the request does not wait
+        // for their flush (see the module docs).
         log.append_ahead(meta.id, &opening).await?;
     }
     session.track(&meta);

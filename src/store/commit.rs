@@ -173,24 +173,13 @@ impl GroupCommit {
         }
     }
 
-    /// What [`GroupCommit::durable`] waits for, with the ticket taken now:
-    /// the returned future owns what it needs, so a writer can hand the wait
-    /// to a task of its own and carry on (its inserts are covered by a flush
-    /// that starts after this call, whoever waits for it).
-    pub fn ticket(
-        &self,
-    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static {
-        let mode = self.mode;
-        let shared = self.shared.clone();
-        let batched = (mode == SyncMode::Batch).then(|| Shared::take_ticket(&shared));
-        async move {
-            match (mode, batched) {
-                (SyncMode::Batch, Some((done, ticket))) => Shared::wait(done, ticket).await,
-                (SyncMode::Always, _) => tokio::task::spawn_blocking(move || shared.timed_flush())
-                    .await
-                    .map_err(std::io::Error::other)?,
-                _ => Ok(()),
-            }
+    /// A handle that waits as [`GroupCommit::durable`] does, for a task
+    /// that outlives the writer's borrow (it takes its ticket when it
+    /// waits, so it covers what was written before then).
+    pub fn later(&self) -> Later {
+        Later {
+            mode: self.mode,
+            shared: self.shared.clone(),
         }
     }
 
@@ -201,22 +190,36 @@ impl GroupCommit {
     }
 
     async fn batched(&self) -> std::io::Result<()> {
-        let (done, ticket) = Shared::take_ticket(&self.shared);
-        Shared::wait(done, ticket).await
+        self.shared.batched().await
+    }
+}
+
+/// See [`GroupCommit::later`].
+pub struct Later {
+    mode: SyncMode,
+    shared: Arc<Shared>,
+}
+
+impl Later {
+    pub async fn durable(self) -> std::io::Result<()> {
+        match self.mode {
+            SyncMode::Never => Ok(()),
+            SyncMode::Always => tokio::task::spawn_blocking(move || self.shared.timed_flush())
+                .await
+                .map_err(std::io::Error::other)?,
+            SyncMode::Batch => self.shared.batched().await,
+        }
     }
 }
 
 impl Shared {
-    /// A ticket, with the receiver that learns when it is flushed
-    /// (subscribed first, so that no flush between the two is missed).
-    fn take_ticket(shared: &Shared) -> (watch::Receiver<Done>, u64) {
-        let done = shared.done.subscribe();
-        let ticket = lock(&shared.queue).issue();
-        shared.work.notify_one();
-        (done, ticket)
-    }
-
-    async fn wait(mut done: watch::Receiver<Done>, ticket: u64) -> std::io::Result<()> {
+    /// Takes a ticket and waits for a flush that covers it. Subscribed
+    /// before the ticket is taken, so that no flush between the two is
+    /// missed.
+    async fn batched(&self) -> std::io::Result<()> {
+        let mut done = self.done.subscribe();
+        let ticket = lock(&self.queue).issue();
+        self.work.notify_one();
         let outcome = *done
             .wait_for(|d| d.attempted >= ticket)
             .await
@@ -321,7 +324,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_ticket_taken_before_a_write_is_waited_on_by_whoever_holds_it() {
+    async fn a_later_wait_flushes_from_a_task_of_its_own() {
         let flushes = Arc::new(AtomicU64::new(0));
         let counter = flushes.clone();
         let commit = GroupCommit::new(
@@ -331,8 +334,8 @@ mod tests {
                 Ok(())
             }),
         );
-        let ticket = commit.ticket();
-        tokio::spawn(ticket).await.unwrap().unwrap();
+        let later = commit.later();
+        tokio::spawn(later.durable()).await.unwrap().unwrap();
         assert!(flushes.load(Ordering::SeqCst) >= 1);
     }
 

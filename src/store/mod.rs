@@ -293,8 +293,9 @@ pub struct Along<'a> {
     /// The writer does not wait for durability: the seqs are the messages'
     /// on return, and readers see them once a flush covers them (a backend
     /// that cannot part the two waits as usual). For entries nobody waits
-    /// on, like a request stream's opening entries: their flush then runs
-    /// while the request travels upstream instead of before.
+    /// on, like a request stream's opening entries: the request goes
+    /// upstream without waiting for them, and the journal lets a fast
+    /// answer's flush cover them too.
     pub ahead: bool,
 }
 

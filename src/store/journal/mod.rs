@@ -317,14 +317,7 @@ impl Journal {
             (last, watermark)
         };
         if along.ahead {
-            let durable = self.commit.ticket();
-            tokio::spawn(async move {
-                // A failed flush leaves them unseen: the stream's next
-                // append waits for a flush that covers them too.
-                if durable.await.is_ok() {
-                    advance(&watermark, last, finish);
-                }
-            });
+            self.show_when_durable(watermark, last, finish);
             return Ok(last);
         }
         self.durable().await?;
@@ -332,6 +325,37 @@ impl Journal {
         Ok(last)
     }
 }
+
+impl Journal {
+    /// Moves the watermark over entries written [`Along::ahead`] once they
+    /// are durable: after [`AHEAD_GRACE`], by a flush of their own unless
+    /// one that covers them moved it meanwhile (a call answered within the
+    /// grace pays one flush for its opening entries and its answer). A
+    /// failed flush leaves them unseen: the stream's next append waits for
+    /// a flush that covers them too.
+    fn show_when_durable(
+        &self,
+        watermark: Arc<watch::Sender<Watermark>>,
+        last: Seq,
+        finish: Option<Finish>,
+    ) {
+        let later = self.commit.later();
+        tokio::spawn(async move {
+            tokio::time::sleep(AHEAD_GRACE).await;
+            if watermark.borrow().seq >= last {
+                return;
+            }
+            if later.durable().await.is_ok() {
+                advance(&watermark, last, finish);
+            }
+        });
+    }
+}
+
+/// How long entries written ahead wait for a flush someone else asks for:
+/// a request's opening entries matter to a client whose call runs long,
+/// and a fast call's answer is flushed within it anyway.
+const AHEAD_GRACE: Duration = Duration::from_millis(5);
 
 /// Moves a stream's watermark to `last` (and its end) once they are
 /// durable. Concurrent appends to one stream were written in seq order, so
