@@ -185,18 +185,19 @@ impl Log {
 
     /// Appends entries nobody waits on (see [`Along::ahead`]): their seqs
     /// are taken on return, and readers see them once a flush covers them.
-    /// Never handed over: a reader must not show what is not durable yet.
+    /// Handed over at once: the reader takes them only once the watermark
+    /// covers them.
     pub async fn append_ahead(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
         let along = Along {
             ahead: true,
             ..Along::default()
         };
         let last = self.store.write(stream, messages, along).await?;
-        self.metrics.appended(messages);
+        self.appended(stream, last, messages, None);
         Ok(last)
     }
 
-    /// Counts a durable append and hands it to the stream's reader here.
+    /// Counts an append and hands it to the stream's reader here.
     fn appended(&self, stream: StreamId, last: Seq, messages: &[Bytes], end: Option<StreamStatus>) {
         self.metrics.appended(messages);
         if let Some(attached) = self.readers.get(&stream) {

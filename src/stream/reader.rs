@@ -137,7 +137,7 @@ impl Reader {
             let mut appended = self.log.store.subscribe(self.stream);
             let mark = *appended.borrow_and_update();
             if mark.seq > self.cursor {
-                if let Some(entries) = self.take(mark.coalesced).await? {
+                if let Some(entries) = self.take(mark.seq, mark.coalesced).await? {
                     self.still_reading().await;
                     return Ok(Next::Entries(entries));
                 }
@@ -207,8 +207,8 @@ impl Reader {
         }
     }
 
-    async fn take(&mut self, coalesced: bool) -> Result<Option<Vec<Entry>>> {
-        let mut entries = match self.handed() {
+    async fn take(&mut self, durable: Seq, coalesced: bool) -> Result<Option<Vec<Entry>>> {
+        let mut entries = match self.handed(durable) {
             Some(entries) => entries,
             None => {
                 self.log
@@ -229,10 +229,11 @@ impl Reader {
 }
 
 impl Reader {
-    /// The entries after the cursor that this process just appended, if
-    /// the batch handed over follows the cursor (`None`: read the store).
-    pub(super) fn handed(&mut self) -> Option<Vec<Entry>> {
-        let taken = self.exclusive.as_ref()?.handed.after(self.cursor);
+    /// The entries after the cursor, up to `durable`, that this process
+    /// just appended, if the run handed over follows the cursor (`None`:
+    /// read the store).
+    pub(super) fn handed(&mut self, durable: Seq) -> Option<Vec<Entry>> {
+        let taken = self.exclusive.as_ref()?.handed.after(self.cursor, durable);
         if taken.end.is_some() {
             self.ended = taken.end;
         }

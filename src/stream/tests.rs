@@ -84,20 +84,21 @@ async fn a_reader_is_handed_what_its_process_just_appended() {
     let meta = opened(&log).await;
     let mut reader = log.attach(meta.id, 0);
     log.append(meta.id, &numbered(0..3)).await.unwrap();
-    let handed = reader.handed().expect("the batch follows the cursor");
+    let handed = reader.handed(3).expect("the batch follows the cursor");
     let seqs: Vec<Seq> = handed.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3]);
-    assert_eq!(reader.handed(), None, "a batch is handed once");
+    assert_eq!(reader.handed(3), None, "a batch is handed once");
 }
 
 #[tokio::test]
 async fn a_handed_batch_past_a_gap_waits_while_the_gap_is_read_from_the_store() {
     let (_dir, log) = log().await;
     let meta = opened(&log).await;
-    let mut reader = log.attach(meta.id, 0);
-    // The second batch replaces the first: the reader at 0 must read
-    // 1..=3 from the store, then take 4..=5 as handed.
+    // The first batch is appended before any reader is attached, so only
+    // the second is handed: the reader at 0 must read 1..=3 from the
+    // store, then take 4..=5 as handed.
     log.append(meta.id, &numbered(0..3)).await.unwrap();
+    let mut reader = log.attach(meta.id, 0);
     log.append_final(meta.id, &numbered(3..5), StreamStatus::Completed, None)
         .await
         .unwrap();
@@ -290,7 +291,7 @@ async fn entries_appended_ahead_take_their_seqs_at_once_and_show_once_durable() 
     let mut reader = log.attach(meta.id, 0);
     let last = log.append_ahead(meta.id, &numbered(0..2)).await.unwrap();
     assert_eq!(last, 2, "seqs are taken before the flush");
-    assert_eq!(reader.handed(), None, "nothing unflushed is handed over");
+    assert_eq!(reader.handed(0), None, "nothing unflushed is taken");
     log.append_final(meta.id, &numbered(2..3), StreamStatus::Completed, None)
         .await
         .unwrap();
