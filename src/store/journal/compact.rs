@@ -1,90 +1,150 @@
-//! Copying forward: emptying sealed segments that are mostly dead.
+//! Copying forward: emptying the oldest segments once they are mostly dead.
 //!
-//! A segment is deleted once no stream has entries in it, which retention
-//! brings about for request streams within minutes. A long-lived stream (a
-//! session's GET stream, an hours-long call) would otherwise keep every
-//! segment it ever wrote to, and with it everyone else's deleted entries; so
-//! at each rollover the entries still needed in sparse segments are written
-//! again into the new segment and the old files can go. Recovery lets the
-//! later copy of an entry win. This module only moves entries; deciding when
-//! to delete a file stays with `mod.rs`.
-
-use std::collections::HashMap;
+//! Segments are deleted oldest first, once nothing in them is needed (see
+//! `holdings.rs`). Retention empties a request stream's segment within
+//! minutes, but a long-lived stream (a session's GET stream, an hours-long
+//! call) or a long-lived session or task record would keep the oldest
+//! segment, and with it every younger one, forever. So at each rollover the
+//! oldest sealed segments that are mostly dead have what is still needed in
+//! them written again into the active segment — entries, and the full
+//! records of sessions, streams and tasks — and the files can go. Recovery
+//! lets the later copy win. Only the leading run of such segments is
+//! copied: a younger one cannot be deleted before the older ones anyway,
+//! and retention is likely to empty it meanwhile. This module only moves
+//! what is needed; deleting files stays with `mod.rs`.
 
 use bytes::Bytes;
 
+use super::holdings::Object;
 use super::index::SegmentNo;
-use super::{encode_entries, io, locate, read_locs, Inner, Journal};
+use super::{encode_entries, io, locate, read_locs, record, Inner, Journal};
 use crate::id::{Seq, StreamId};
 use crate::store::Result;
 
-/// A sealed segment whose still-needed entries fill less than 1/SPARSE of
-/// a segment is emptied (entries copied forward) at the next rollover.
+/// A sealed segment whose still-needed contents fill less than 1/SPARSE of
+/// a segment is emptied (copied forward) at the next rollover.
 const SPARSE: u64 = 4;
 
+/// What a full record is counted as when judging how full a segment is
+/// (records are a few hundred bytes; their exact sizes are not kept).
+const RECORD_WEIGHT: u64 = 512;
+
 impl Journal {
-    /// Copies the entries still needed out of sealed segments that are
-    /// mostly dead into the active one, so those files can go. Without this a
-    /// long-lived stream (a session's GET stream, an hours-long call) would
-    /// keep every segment it ever wrote to, and with it everyone else's
-    /// deleted entries. Durable before it returns: the caller deletes the
-    /// emptied segments next.
+    /// Copies what is still needed out of the oldest sealed segments that
+    /// are mostly dead into the active one, so those files can go. Durable
+    /// before it returns: the caller deletes the emptied segments next.
     pub(super) fn copy_forward(&self, inner: &mut Inner) -> Result<()> {
-        let active = inner.writer.no;
-        let mut live: HashMap<SegmentNo, u64> = HashMap::new();
-        for state in inner.index.streams.values() {
-            for loc in state.locs.iter().filter(|l| l.segment != active) {
-                *live.entry(loc.segment).or_default() += loc.len as u64;
+        let sparse = self.oldest_sparse(inner);
+        let mut streams: Vec<StreamId> = Vec::new();
+        let mut records: Vec<Object> = Vec::new();
+        for no in &sparse {
+            if let Some(held) = inner.index.holding(*no) {
+                streams.extend(held.streams.iter().copied());
+                records.extend(held.records.iter().copied());
             }
         }
-        let sparse: Vec<SegmentNo> = live
-            .into_iter()
-            .filter(|&(_, bytes)| bytes.saturating_mul(SPARSE) < self.segment_bytes)
-            .map(|(no, _)| no)
-            .collect();
-        if sparse.is_empty() {
+        if streams.is_empty() && records.is_empty() {
             return Ok(());
         }
-        let streams: Vec<StreamId> = inner
-            .index
-            .streams
-            .values()
-            .filter(|s| s.segments.iter().any(|no| sparse.contains(no)))
-            .map(|s| s.meta.id)
-            .collect();
+        streams.sort_unstable();
+        streams.dedup();
         let mut copied = 0usize;
         for id in streams {
-            let Some(locs) = inner.index.streams.get(&id).map(|s| s.locs.clone()) else {
+            copied += self.copy_entries(inner, id, &sparse)?;
+        }
+        self.rewrite_records(inner, &records)?;
+        inner.writer.file.sync_data().map_err(io)?;
+        tracing::debug!(
+            segments = ?sparse,
+            entries = copied,
+            records = records.len(),
+            "journal segments copied forward"
+        );
+        Ok(())
+    }
+
+    /// The oldest sealed segments, up to the first that is not mostly dead.
+    fn oldest_sparse(&self, inner: &Inner) -> Vec<SegmentNo> {
+        let active = inner.writer.no;
+        let mut numbers: Vec<SegmentNo> = inner
+            .files
+            .keys()
+            .copied()
+            .filter(|&no| no != active)
+            .collect();
+        numbers.sort_unstable();
+        numbers
+            .into_iter()
+            .take_while(|&no| {
+                let live = inner.index.holding(no).map_or(0, |held| {
+                    held.bytes + held.records.len() as u64 * RECORD_WEIGHT
+                });
+                live.saturating_mul(SPARSE) < self.segment_bytes
+            })
+            .collect()
+    }
+
+    /// Writes `stream`'s entries that sit in `sparse` segments again, each
+    /// run of them as one record; returns how many it copied.
+    fn copy_entries(&self, inner: &mut Inner, id: StreamId, sparse: &[SegmentNo]) -> Result<usize> {
+        let Some(locs) = inner.index.streams.get(&id).map(|s| s.locs.clone()) else {
+            return Ok(0);
+        };
+        let active = inner.writer.no;
+        let mut copied = 0;
+        let mut i = 0;
+        while i < locs.len() {
+            if !sparse.contains(&locs[i].segment) {
+                i += 1;
                 continue;
-            };
-            let mut i = 0;
-            while i < locs.len() {
-                if !sparse.contains(&locs[i].segment) {
-                    i += 1;
-                    continue;
+            }
+            let start = i;
+            while i < locs.len() && sparse.contains(&locs[i].segment) {
+                i += 1;
+            }
+            let messages: Vec<Bytes> = read_locs(
+                |no| inner.files.get(&no).cloned(),
+                start as Seq + 1,
+                &locs[start..i],
+            )?
+            .into_iter()
+            .map(|e| e.message)
+            .collect();
+            let placed = encode_entries(&mut inner.buf, id, start as Seq + 1, &messages);
+            let written = inner.writer.append(&inner.buf);
+            inner.buf.clear();
+            let moved = locate(placed, active, written.map_err(io)?);
+            inner.index.move_locs(id, start, &moved);
+            copied += moved.len();
+        }
+        Ok(copied)
+    }
+
+    /// Writes the full records of `objects` again, as they stand now.
+    fn rewrite_records(&self, inner: &mut Inner, objects: &[Object]) -> Result<()> {
+        for object in objects {
+            match object {
+                Object::Session(id) => {
+                    if let Some(session) = inner.index.sessions.get(id) {
+                        record::session(&mut inner.buf, session);
+                    }
                 }
-                let start = i;
-                while i < locs.len() && sparse.contains(&locs[i].segment) {
-                    i += 1;
+                Object::Stream(id) => {
+                    if let Some(state) = inner.index.streams.get(id) {
+                        record::stream(&mut inner.buf, &state.meta);
+                    }
                 }
-                let messages: Vec<Bytes> = read_locs(
-                    |no| inner.files.get(&no).cloned(),
-                    start as Seq + 1,
-                    &locs[start..i],
-                )?
-                .into_iter()
-                .map(|e| e.message)
-                .collect();
-                let placed = encode_entries(&mut inner.buf, id, start as Seq + 1, &messages);
-                let written = inner.writer.append(&inner.buf);
-                inner.buf.clear();
-                let moved = locate(placed, active, written.map_err(io)?);
-                inner.index.move_locs(id, start, &moved);
-                copied += moved.len();
+                Object::Task(id) => {
+                    if let Some(task) = inner.index.tasks.get(id) {
+                        record::task(&mut inner.buf, task);
+                    }
+                }
             }
         }
-        inner.writer.file.sync_data().map_err(io)?;
-        tracing::debug!(segments = ?sparse, entries = copied, "journal entries copied forward");
+        let (no, _) = self.write(inner)?;
+        for object in objects {
+            inner.index.rewrote(*object, no);
+        }
         Ok(())
     }
 }

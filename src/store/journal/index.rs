@@ -1,16 +1,18 @@
 //! The journal's in-memory index: every session, stream and task record, and
 //! where each entry's bytes sit on disk.
 //!
-//! The index is the journal's source of truth for *metadata* (it is small,
-//! and a snapshot of it opens every segment), while entries stay on disk and
-//! are found through a [`Loc`] per entry. It also keeps the accounting that
-//! decides when a segment file may be deleted: the number of streams with
-//! entries in it. It performs no I/O.
+//! The index is the journal's source of truth for *metadata* (recovery
+//! rebuilds it by replaying every segment's records), while entries stay on
+//! disk and are found through a [`Loc`] per entry. It also keeps the
+//! accounting that decides when a segment file may be deleted or compacted
+//! ([`Holdings`]). It performs no I/O.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::watch;
+
+use super::holdings::{Holding, Holdings, Object};
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -68,8 +70,8 @@ pub struct Index {
     /// A set: every task leg has the one session [`SessionId::TASKS`], and
     /// removing one of thousands must not walk them all.
     by_session: HashMap<SessionId, HashSet<StreamId>>,
-    /// For each segment, how many streams have entries in it.
-    users: BTreeMap<SegmentNo, u32>,
+    /// What each segment holds that is still needed.
+    holdings: Holdings,
     /// (session, request id) → the newest stream answering it.
     by_request: HashMap<(SessionId, RequestId), StreamId>,
     /// Abandonment deadlines, soonest first.
@@ -82,18 +84,17 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn add_stream(&mut self, state: StreamState) {
+    /// Adds a stream whose full record is in segment `record`.
+    pub fn add_stream(&mut self, state: StreamState, record: SegmentNo) {
         let id = state.meta.id;
         self.by_session
             .entry(state.meta.session)
             .or_default()
             .insert(id);
-        let segments = distinct_segments(&state.locs);
-        for s in &segments {
-            *self.users.entry(*s).or_default() += 1;
-        }
+        self.holdings.record(Object::Stream(id), record);
+        self.holdings.add_entries(id, &state.locs);
         let mut state = state;
-        state.segments = segments;
+        state.segments = distinct_segments(&state.locs);
         let meta = &state.meta;
         for request in &meta.origin_ids {
             // Recovery adds streams in no particular order: the newest one
@@ -173,16 +174,16 @@ impl Index {
         for loc in locs {
             if !state.segments.contains(&loc.segment) {
                 state.segments.push(loc.segment);
-                *self.users.entry(loc.segment).or_default() += 1;
             }
             state.meta.bytes += loc.len as u64;
         }
+        self.holdings.add_entries(stream, locs);
         state.locs.extend_from_slice(locs);
         state.meta.entries = state.locs.len() as Seq;
     }
 
     /// Points entries `start + 1 ..` of `stream` at new locations (copies
-    /// written elsewhere). Segments left without users are found by
+    /// written elsewhere). Segments left holding nothing are found by
     /// `in_use` when the journal next drops unused files.
     pub fn move_locs(&mut self, stream: StreamId, start: usize, locs: &[Loc]) {
         let Some(state) = self.streams.get_mut(&stream) else {
@@ -191,19 +192,22 @@ impl Index {
         let Some(slots) = state.locs.get_mut(start..start + locs.len()) else {
             return;
         };
+        let old: Vec<Loc> = slots.to_vec();
         slots.copy_from_slice(locs);
-        let now = distinct_segments(&state.locs);
-        let before = std::mem::replace(&mut state.segments, now.clone());
-        for s in now.iter().filter(|s| !before.contains(s)) {
-            *self.users.entry(*s).or_default() += 1;
-        }
-        for s in before.iter().filter(|s| !now.contains(s)) {
-            if let Some(n) = self.users.get_mut(s) {
-                *n -= 1;
-                if *n == 0 {
-                    self.users.remove(s);
-                }
-            }
+        state.segments = distinct_segments(&state.locs);
+        self.holdings.add_entries(stream, locs);
+        self.holdings.drop_entries(stream, &old, &state.segments);
+    }
+
+    /// Notes that an object's full record was written again, to `segment`.
+    pub fn rewrote(&mut self, object: Object, segment: SegmentNo) {
+        let exists = match object {
+            Object::Session(id) => self.sessions.contains_key(&id),
+            Object::Stream(id) => self.streams.contains_key(&id),
+            Object::Task(id) => self.tasks.contains_key(&id),
+        };
+        if exists {
+            self.holdings.record(object, segment);
         }
     }
 
@@ -217,8 +221,8 @@ impl Index {
         self.edit(stream, |meta| meta.finish(end));
     }
 
-    /// Forgets a stream; its readers learn it is over. Returns segments that
-    /// no stream uses any more (candidates for deletion).
+    /// Forgets a stream; its readers learn it is over. Returns the segments
+    /// it left holding nothing (candidates for deletion).
     pub fn remove_stream(&mut self, id: StreamId) -> Vec<SegmentNo> {
         let Some(state) = self.streams.remove(&id) else {
             return Vec::new();
@@ -238,17 +242,22 @@ impl Index {
                 self.by_session.remove(&state.meta.session);
             }
         }
-        let mut unused = Vec::new();
-        for s in state.segments {
-            if let Some(n) = self.users.get_mut(&s) {
-                *n -= 1;
-                if *n == 0 {
-                    self.users.remove(&s);
-                    unused.push(s);
-                }
-            }
-        }
+        self.holdings.drop_entries(id, &state.locs, &[]);
+        let mut unused = state.segments;
+        unused.extend(self.holdings.forget(Object::Stream(id)));
+        unused.retain(|&s| !self.holdings.in_use(s));
         unused
+    }
+
+    /// Creates or replaces a session record, written whole to `segment`.
+    pub fn put_session(&mut self, session: SessionRecord, segment: SegmentNo) {
+        self.holdings.record(Object::Session(session.id), segment);
+        self.sessions.insert(session.id, session);
+    }
+
+    pub fn remove_session(&mut self, id: SessionId) {
+        self.holdings.forget(Object::Session(id));
+        self.sessions.remove(&id);
     }
 
     /// The session's streams, in no particular order.
@@ -259,8 +268,10 @@ impl Index {
             .unwrap_or_default()
     }
 
-    /// Creates or replaces a task record, moving its expiry.
-    pub fn put_task(&mut self, task: TaskRecord) {
+    /// Creates or replaces a task record, written whole to `segment`,
+    /// moving its expiry.
+    pub fn put_task(&mut self, task: TaskRecord, segment: SegmentNo) {
+        self.holdings.record(Object::Task(task.id), segment);
         if let Some(old) = self.tasks.get(&task.id) {
             self.task_expiry.remove(&(old.expires_ms(), old.id));
         }
@@ -271,6 +282,7 @@ impl Index {
     /// Forgets a task record (its legs are the caller's to remove).
     pub fn remove_task(&mut self, id: TaskId) -> Option<TaskRecord> {
         let task = self.tasks.remove(&id)?;
+        self.holdings.forget(Object::Task(id));
         self.task_expiry.remove(&(task.expires_ms(), id));
         Some(task)
     }
@@ -282,9 +294,15 @@ impl Index {
             .collect()
     }
 
-    /// Whether any stream still has entries in `segment`.
+    /// Whether `segment` still holds entries or a full record of something
+    /// that exists.
     pub fn in_use(&self, segment: SegmentNo) -> bool {
-        self.users.contains_key(&segment)
+        self.holdings.in_use(segment)
+    }
+
+    /// What `segment` still holds (`None`: nothing).
+    pub fn holding(&self, segment: SegmentNo) -> Option<&Holding> {
+        self.holdings.of(segment)
     }
 }
 
@@ -338,13 +356,14 @@ mod tests {
         let session = SessionId::random();
         let (a, b) = (state(session), state(session));
         let (ida, idb) = (a.meta.id, b.meta.id);
-        index.add_stream(a);
-        index.add_stream(b);
+        // Their records are in segment 3, their entries in 1 and 2.
+        index.add_stream(a, 3);
+        index.add_stream(b, 3);
         index.push_locs(ida, &[loc(1), loc(1), loc(2)]);
         index.push_locs(idb, &[loc(2)]);
         assert_eq!(index.remove_stream(ida), vec![1]);
-        assert!(index.in_use(2));
-        assert_eq!(index.remove_stream(idb), vec![2]);
+        assert!(index.in_use(2) && index.in_use(3));
+        assert_eq!(index.remove_stream(idb), vec![2, 3], "records gone too");
         assert!(index.streams_of(session).is_empty());
     }
 }

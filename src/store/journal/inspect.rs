@@ -2,7 +2,7 @@
 //! the proxy that owns it runs, or after it died.
 //!
 //! It reads the segment files the way recovery does (`recover.rs`'s scan:
-//! metadata from the newest complete snapshot, entries from every segment)
+//! metadata replayed from every segment in order, entries from every segment)
 //! but it must never write: it takes no lock, creates, truncates and deletes
 //! nothing. A torn or half-written record — a crash's tail, or a write the
 //! running proxy is making right now — is simply where reading that segment
@@ -100,7 +100,7 @@ impl JournalView {
             let Some(bytes) = segment::read_open(&file, dir, no).map_err(io)? else {
                 continue;
             };
-            let scanned = recover::scan_segment(&bytes, no, &mut entries);
+            let scanned = recover::scan_segment(&bytes, no, &mut entries, &mut metadata);
             if let (Some(why), false) = (&scanned.torn, is_last) {
                 // In the newest segment this is a write in progress or a
                 // crash's tail; in a sealed one it is damage, worth a word.
@@ -111,16 +111,6 @@ impl JournalView {
                 ));
             }
             view.files.insert(no, file);
-            if scanned.complete {
-                metadata = scanned.metadata;
-            } else if !is_last {
-                view.notes.push(format!(
-                    "{}: no complete snapshot; its metadata is ignored",
-                    path.display()
-                ));
-            }
-            // An incomplete newest segment is a snapshot being written: the
-            // previous segment's metadata is still the current one.
         }
         view.sessions = metadata.sessions;
         for (meta, locs) in recover::streams(metadata.streams, entries) {

@@ -10,13 +10,15 @@
 //! started. The measured cost per call is a few microseconds plus the shared
 //! sync, where sled spent hundreds (see BENCHMARKS.md).
 //!
-//! Metadata lives in memory (`index.rs`) and is written as a snapshot at the
-//! head of every new segment, so recovery (`recover.rs`) needs only the newest
-//! segment's metadata plus the entries of older segments. A segment file is
-//! deleted as soon as no stream has entries in it — retention, session
-//! deletion and task expiry therefore give disk space back; the few entries
-//! long-lived streams keep in mostly dead segments are copied forward at
-//! rollover. Entries are read with positioned reads straight from the files
+//! Metadata lives in memory (`index.rs`); on disk it is the records as they
+//! were written, which recovery (`recover.rs`) replays from every segment in
+//! order. A rollover therefore costs the same however many streams the log
+//! retains. Segment files are deleted oldest first, as soon as nothing in
+//! them is needed (`holdings.rs`: entries of an existing stream, the full
+//! record of an existing object) — retention, session deletion and task
+//! expiry therefore give disk space back; what long-lived streams, sessions
+//! and tasks keep in the oldest, mostly dead segments is copied forward at
+//! rollover (`compact.rs`). Entries are read with positioned reads straight from the files
 //! (the page cache keeps recent ones hot); the index holds 16 bytes per
 //! entry, never the messages.
 //!
@@ -24,6 +26,7 @@
 //! move a stream's watermark before the entries below it are durable.
 
 mod compact;
+mod holdings;
 mod index;
 pub mod inspect;
 mod record;
@@ -108,8 +111,8 @@ impl Journal {
         std::fs::create_dir_all(&dir).map_err(io)?;
         let dir_lock = lock_dir(&dir)?;
         let recovered = recover::recover(&dir)?;
-        // Every open starts a new segment whose snapshot records the
-        // recovered state; the old segments then only serve entries.
+        // Every open starts a new segment: a torn tail stays behind in the
+        // old one, and the new one is written from a known length.
         let writer = Writer::create(&dir, recovered.last + 1).map_err(io)?;
         let active = Arc::new(Mutex::new(writer.file.clone()));
         let flush_target = active.clone();
@@ -138,10 +141,6 @@ impl Journal {
         });
         {
             let mut inner = journal.lock();
-            let Inner {
-                writer, index, buf, ..
-            } = &mut *inner;
-            journal.write_snapshot(writer, index, buf)?;
             journal.copy_forward(&mut inner)?;
             journal.drop_unused_segments(&mut inner)?;
         }
@@ -176,24 +175,26 @@ impl Journal {
     /// the segments the index says nobody needs. A failed rollover leaves
     /// the active segment in place and is tried again at the next change.
     fn wrote(&self, inner: &mut Inner) {
-        let since_snapshot = inner.writer.len - inner.writer.snapshot_end;
-        if since_snapshot >= self.segment_bytes {
+        if inner.writer.len >= self.segment_bytes {
             if let Err(e) = self.roll_over(inner) {
                 tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
             }
         }
     }
 
-    /// Starts the next segment with a snapshot, seals the active one, then
-    /// copies forward and deletes segments no stream needs any more.
+    /// Starts the next segment and seals the active one, then copies
+    /// forward and deletes segments nothing needs any more. Costs the same
+    /// however many streams the log retains: no record is written again
+    /// except those in the oldest, mostly dead segments (`compact.rs`).
     fn roll_over(&self, inner: &mut Inner) -> Result<()> {
-        let mut next = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
-        let ready = self
-            .write_snapshot(&mut next, &inner.index, &mut inner.buf)
-            .and_then(|()| inner.writer.seal().map_err(io));
-        if let Err(e) = ready {
+        let next = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
+        let sealed = inner
+            .writer
+            .seal()
+            .and_then(|()| segment::sync_dir(&self.dir));
+        if let Err(e) = sealed {
             let _ = std::fs::remove_file(segment::path(&self.dir, next.no));
-            return Err(e);
+            return Err(io(e));
         }
         inner.files.insert(next.no, next.file.clone());
         *lock(&self.active) = next.file.clone();
@@ -202,39 +203,20 @@ impl Journal {
         self.drop_unused_segments(inner)
     }
 
-    /// Writes every session, task and stream record and the snapshot's end
-    /// into the (new) active segment, durably.
-    fn write_snapshot(&self, writer: &mut Writer, index: &Index, buf: &mut Vec<u8>) -> Result<()> {
-        buf.clear();
-        for session in index.sessions.values() {
-            record::session(buf, session);
-        }
-        for task in index.tasks.values() {
-            record::task(buf, task);
-        }
-        for state in index.streams.values() {
-            record::stream(buf, &state.meta);
-        }
-        record::snapshot_end(buf);
-        let written = writer.append(buf);
-        buf.clear();
-        written.map_err(io)?;
-        writer.snapshot_end = writer.len;
-        writer.file.sync_data().map_err(io)?;
-        segment::sync_dir(&self.dir).map_err(io)
-    }
-
-    /// Deletes sealed segments without entries of any existing stream. Only
-    /// called when what made them unused is durable (a snapshot, or a sync
-    /// just done), so a crash cannot bring back a stream whose entries are
-    /// gone.
+    /// Deletes the oldest sealed segments while nothing in them is needed
+    /// (no entries of an existing stream, no full record of an existing
+    /// object), stopping at the first that is: recovery replays every
+    /// segment in order, so a segment must never outlive one older than it
+    /// (a tombstone or status in it would be lost while the record it
+    /// changes stays). Only called when what made them unused is durable (a
+    /// copy forward, or a sync just done).
     fn drop_unused_segments(&self, inner: &mut Inner) -> Result<()> {
         let active = inner.writer.no;
-        let unused: Vec<SegmentNo> = inner
-            .files
-            .keys()
-            .copied()
-            .filter(|&no| no != active && !inner.index.in_use(no))
+        let mut numbers: Vec<SegmentNo> = inner.files.keys().copied().collect();
+        numbers.sort_unstable();
+        let unused: Vec<SegmentNo> = numbers
+            .into_iter()
+            .take_while(|&no| no != active && !inner.index.in_use(no))
             .collect();
         if unused.is_empty() {
             return Ok(());
@@ -423,8 +405,8 @@ impl Journal {
                 return Ok(false);
             }
             record::task(&mut inner.buf, task);
-            self.write(&mut inner)?;
-            inner.index.put_task(task.clone());
+            let (no, _) = self.write(&mut inner)?;
+            inner.index.put_task(task.clone(), no);
             self.wrote(&mut inner);
         }
         self.durable().await?;
@@ -555,8 +537,8 @@ impl Store for Journal {
         {
             let mut inner = self.lock();
             record::session(&mut inner.buf, session);
-            self.write(&mut inner)?;
-            inner.index.sessions.insert(session.id, session.clone());
+            let (no, _) = self.write(&mut inner)?;
+            inner.index.put_session(session.clone(), no);
             self.wrote(&mut inner);
         }
         self.durable().await
@@ -579,7 +561,7 @@ impl Store for Journal {
             }
             record::session_gone(&mut inner.buf, id);
             self.write(&mut inner)?;
-            inner.index.sessions.remove(&id);
+            inner.index.remove_session(id);
             self.forget_streams(&mut inner, &streams)?;
             self.wrote(&mut inner);
         }
@@ -596,8 +578,8 @@ impl Store for Journal {
         let state = StreamState::new(meta.clone(), Vec::new());
         let mut inner = self.lock();
         inner.buf.extend_from_slice(&encoded);
-        self.write(&mut inner)?;
-        inner.index.add_stream(state);
+        let (no, _) = self.write(&mut inner)?;
+        inner.index.add_stream(state, no);
         self.wrote(&mut inner);
         Ok(())
     }

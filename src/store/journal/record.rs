@@ -49,7 +49,8 @@ const TASK_GONE: u8 = 11;
 pub enum Record {
     Session(SessionRecord),
     SessionGone(SessionId),
-    /// A stream's full metadata: written when it is created and in snapshots.
+    /// A stream's full metadata: written when it is created, and again when
+    /// compaction empties the segment that held it.
     Stream(Box<StreamMeta>),
     Status {
         stream: StreamId,
@@ -72,12 +73,13 @@ pub enum Record {
         messages: Vec<(u64, u32)>,
     },
     StreamGone(StreamId),
-    /// A task's whole record: written when it is created or updated, and in
-    /// snapshots.
+    /// A task's whole record: written when it is created or updated, and
+    /// again when compaction empties the segment that held it.
     Task(Box<TaskRecord>),
     TaskGone(TaskId),
-    /// Closes the snapshot every segment starts with: the metadata before it
-    /// is complete, so older segments' metadata records can be ignored.
+    /// Closed the snapshot every segment started with in journals written
+    /// before replay-all recovery: the metadata before it was complete, so
+    /// what it did not hold was gone. Read, never written any more.
     SnapshotEnd,
 }
 
@@ -180,6 +182,8 @@ pub fn task_gone(out: &mut Vec<u8>, id: TaskId) {
     frame(out, TASK_GONE, |o| o.extend_from_slice(id.as_bytes()));
 }
 
+/// A legacy snapshot's end (tests write journals as older versions did).
+#[cfg(test)]
 pub fn snapshot_end(out: &mut Vec<u8>) {
     frame(out, SNAPSHOT_END, |_| {});
 }

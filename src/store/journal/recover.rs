@@ -1,8 +1,14 @@
 //! Rebuilding the index from the segment files at start.
 //!
-//! Metadata comes from the newest complete segment alone: every segment opens
-//! with a snapshot of all sessions, tasks and streams, and the records after it are
-//! the changes since, so older segments' metadata records are superseded.
+//! Metadata comes from replaying every segment's records in order: an object
+//! lives from its full record (created, or written again whole when its
+//! segment was compacted) through the changes after it to its tombstone.
+//! Segments are deleted oldest first and only once nothing in them is needed
+//! (see `holdings.rs`), so whatever survives replays to the state that was
+//! written. Journals written before that opened every segment with a
+//! snapshot of all sessions, tasks and streams (ended by a `SnapshotEnd`
+//! record) and deleted segments in any order: a snapshot still resets the
+//! metadata to what it holds, so they recover as they always did.
 //! Entries come from every segment, kept only for streams that still exist;
 //! where two records hold the same seq (an entry copied forward), the later
 //! one wins, and a stream keeps its entries up to the first missing seq. A torn record can only be at the end of the last segment (writes
@@ -16,6 +22,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::holdings::Object;
 use super::index::{Index, Loc, SegmentNo, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
 use super::segment;
@@ -29,24 +36,30 @@ pub struct Recovered {
     pub last: SegmentNo,
 }
 
-/// Sessions, tasks and streams as a segment's metadata records leave them.
+/// Sessions, tasks and streams as the metadata records replayed so far
+/// leave them.
 #[derive(Default)]
 pub struct Metadata {
     pub sessions: HashMap<SessionId, SessionRecord>,
     pub streams: HashMap<StreamId, StreamMeta>,
     pub tasks: HashMap<TaskId, TaskRecord>,
+    /// The segment each object's full record was last written to.
+    pub records: HashMap<Object, SegmentNo>,
 }
 
 impl Metadata {
-    fn apply(&mut self, record: &Record) {
+    fn apply(&mut self, record: &Record, no: SegmentNo) {
         match record {
             Record::Session(s) => {
+                self.records.insert(Object::Session(s.id), no);
                 self.sessions.insert(s.id, s.clone());
             }
             Record::SessionGone(id) => {
+                self.records.remove(&Object::Session(*id));
                 self.sessions.remove(id);
             }
             Record::Stream(meta) => {
+                self.records.insert(Object::Stream(meta.id), no);
                 self.streams.insert(meta.id, (**meta).clone());
             }
             Record::Status { stream, end } => {
@@ -65,16 +78,34 @@ impl Metadata {
                 }
             }
             Record::StreamGone(id) => {
+                self.records.remove(&Object::Stream(*id));
                 self.streams.remove(id);
             }
             Record::Task(task) => {
+                self.records.insert(Object::Task(task.id), no);
                 self.tasks.insert(task.id, (**task).clone());
             }
             Record::TaskGone(id) => {
+                self.records.remove(&Object::Task(*id));
                 self.tasks.remove(id);
             }
-            Record::Entries { .. } | Record::SnapshotEnd => {}
+            Record::SnapshotEnd => self.keep_snapshot(no),
+            Record::Entries { .. } => {}
         }
+    }
+
+    /// A snapshot (written by journals before replay-all recovery) held
+    /// every object there was: what the segment did not record is gone.
+    /// Nothing but the snapshot precedes its end in a segment.
+    fn keep_snapshot(&mut self, no: SegmentNo) {
+        self.records.retain(|_, at| *at == no);
+        let records = &self.records;
+        self.sessions
+            .retain(|id, _| records.contains_key(&Object::Session(*id)));
+        self.streams
+            .retain(|id, _| records.contains_key(&Object::Stream(*id)));
+        self.tasks
+            .retain(|id, _| records.contains_key(&Object::Task(*id)));
     }
 }
 
@@ -105,7 +136,7 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             }
             return Err(corrupt(dir, no, 0, "segment shorter than its header"));
         };
-        let scanned = scan_segment(&bytes, no, &mut entries);
+        let scanned = scan_segment(&bytes, no, &mut entries, &mut metadata);
         if let Some(why) = &scanned.torn {
             let at = scanned.end;
             if !(is_last && only_zeros_after(&bytes[at..])) {
@@ -123,32 +154,24 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
                 .and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
                 .map_err(io)?;
         }
-        if !scanned.complete {
-            if is_last {
-                // The crash came while the snapshot that opens it was being
-                // written: nothing else can be in it.
-                std::fs::remove_file(segment::path(dir, no)).map_err(io)?;
-                continue;
-            }
-            return Err(corrupt(
-                dir,
-                no,
-                scanned.end,
-                "segment has no complete snapshot",
-            ));
-        }
-        metadata = scanned.metadata;
         files.insert(no, segment::open_read(dir, no).map_err(io)?);
         last = no;
     }
 
     let mut index = Index::default();
-    index.sessions = metadata.sessions;
+    let records = std::mem::take(&mut metadata.records);
+    let record_of = |object| records.get(&object).copied().unwrap_or(last);
+    for session in metadata.sessions.into_values() {
+        let at = record_of(Object::Session(session.id));
+        index.put_session(session, at);
+    }
     for task in metadata.tasks.into_values() {
-        index.put_task(task);
+        let at = record_of(Object::Task(task.id));
+        index.put_task(task, at);
     }
     for (meta, locs) in streams(metadata.streams, entries) {
-        index.add_stream(StreamState::new(meta, locs));
+        let at = record_of(Object::Stream(meta.id));
+        index.add_stream(StreamState::new(meta, locs), at);
     }
     Ok(Recovered { index, files, last })
 }
@@ -157,12 +180,8 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
 /// placed them so far.
 pub type Slots = HashMap<StreamId, Vec<Option<Loc>>>;
 
-/// What one segment's records say.
+/// How reading one segment went.
 pub struct SegmentScan {
-    /// The segment's own metadata: its snapshot and the changes after it.
-    pub metadata: Metadata,
-    /// Whether the snapshot that opens it was complete.
-    pub complete: bool,
     /// Where reading stopped: the end of the records, or a bad record.
     pub end: usize,
     /// Why the record at `end` is not one (torn, or damage); what that
@@ -171,12 +190,16 @@ pub struct SegmentScan {
 }
 
 /// Reads the records of segment `no` (all of it, `MAGIC` included), placing
-/// its entries in `entries`. Shared by recovery and the read-only
-/// [`super::snapshot`], so both read the log the same way.
-pub fn scan_segment(bytes: &[u8], no: SegmentNo, entries: &mut Slots) -> SegmentScan {
+/// its entries in `entries` and replaying its metadata records onto
+/// `metadata`. Shared by recovery and the read-only [`super::inspect`], so
+/// both read the log the same way.
+pub fn scan_segment(
+    bytes: &[u8],
+    no: SegmentNo,
+    entries: &mut Slots,
+    metadata: &mut Metadata,
+) -> SegmentScan {
     let mut scanned = SegmentScan {
-        metadata: Metadata::default(),
-        complete: false,
         end: MAGIC.len(),
         torn: None,
     };
@@ -192,7 +215,6 @@ pub fn scan_segment(bytes: &[u8], no: SegmentNo, entries: &mut Slots) -> Segment
             }
             Scan::Record(record, used) => {
                 match &record {
-                    Record::SnapshotEnd => scanned.complete = true,
                     Record::Entries {
                         stream,
                         first,
@@ -201,7 +223,7 @@ pub fn scan_segment(bytes: &[u8], no: SegmentNo, entries: &mut Slots) -> Segment
                         let locs = entries.entry(*stream).or_default();
                         place(locs, *first, messages, no, scanned.end as u64);
                     }
-                    _ => scanned.metadata.apply(&record),
+                    _ => metadata.apply(&record, no),
                 }
                 scanned.end += used;
                 rest = &rest[used..];

@@ -57,11 +57,6 @@ pub struct Writer {
     pub file: Arc<File>,
     /// Bytes written so far: where the next record goes.
     pub len: u64,
-    /// Where the snapshot that opens the segment ends: a segment is full
-    /// when this much *more* was written (a snapshot of many retained
-    /// streams can be large, and must not by itself make the next write
-    /// roll over again).
-    pub snapshot_end: u64,
     /// Bytes of the file that exist (records, then zeroes).
     filled: u64,
 }
@@ -80,7 +75,6 @@ impl Writer {
             no,
             file: Arc::new(file),
             len: MAGIC.len() as u64,
-            snapshot_end: MAGIC.len() as u64,
             filled: MAGIC.len() as u64,
         };
         writer.zero_ahead()?;

@@ -227,8 +227,8 @@ async fn a_crash_during_rollover_leaves_a_journal_that_opens() {
         store.create_stream(&m).await.unwrap();
         store.append(m.id, &[progress(1)]).await.unwrap();
     }
-    // The next segment was created, and the crash came before its
-    // snapshot was complete: only part of a record made it.
+    // The next segment was created, and the crash came in the middle of
+    // its first record: only part of it made it.
     let journal = dir.path().join("journal");
     let next = segments(dir.path()).last().unwrap() + 1;
     let mut partial = record::MAGIC.to_vec();
@@ -271,28 +271,112 @@ async fn concurrent_appends_to_one_stream_get_distinct_ordered_seqs() {
 }
 
 #[tokio::test]
-async fn a_snapshot_larger_than_a_segment_does_not_make_every_write_roll_over() {
+async fn a_rollover_writes_nothing_again_for_the_streams_the_log_retains() {
     let dir = tempfile::tempdir().unwrap();
     let store = Journal::open_with(dir.path(), SyncMode::Never, 4096).unwrap();
     let session = SessionId::random();
-    // Enough retained streams that their metadata alone outgrows a segment.
+    // Retained streams whose records alone outgrow a segment.
     for _ in 0..100 {
         let m = meta(session);
         store.create_stream(&m).await.unwrap();
         store.append(m.id, &[progress(1)]).await.unwrap();
     }
-    let before = segments(dir.path()).last().copied().unwrap();
     let m = meta(session);
     store.create_stream(&m).await.unwrap();
-    for i in 0..20 {
-        store.append(m.id, &[progress(i)]).await.unwrap();
+    let before = segments(dir.path()).last().copied().unwrap();
+    while segments(dir.path()).last().copied().unwrap() == before {
+        store.append(m.id, &[progress(2)]).await.unwrap();
     }
-    let after = segments(dir.path()).last().copied().unwrap();
-    assert!(
-        after - before <= 2,
-        "20 small appends rolled over {} times",
-        after - before
+    let fresh = store.lock().writer.len;
+    assert_eq!(
+        fresh,
+        record::MAGIC.len() as u64,
+        "the new segment starts empty"
     );
+}
+
+#[tokio::test]
+async fn a_deleted_stream_stays_deleted_while_an_older_segment_keeps_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = SessionId::random();
+    let (gone, kept) = (meta(session), meta(session));
+    {
+        let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+        store.create_stream(&gone).await.unwrap();
+        store.create_stream(&kept).await.unwrap();
+        // Enough of `kept` in segment 1 that it is not mostly dead.
+        for i in 0..300 {
+            store.append(kept.id, &[progress(i)]).await.unwrap();
+        }
+        let filler = meta(session);
+        store.create_stream(&filler).await.unwrap();
+        let fill_up = |store: Arc<Journal>| async move {
+            let from = store.lock().writer.no;
+            while store.lock().writer.no == from {
+                store.append(filler.id, &[progress(0)]).await.unwrap();
+            }
+        };
+        fill_up(store.clone()).await;
+        // The tombstone goes to segment 2, which then holds nothing needed
+        // once `filler` is gone: it must stay while segment 1 does.
+        store.delete_stream(gone.id).await.unwrap();
+        fill_up(store.clone()).await;
+        store.delete_stream(filler.id).await.unwrap();
+        assert!(segments(dir.path()).contains(&1));
+        assert!(segments(dir.path()).contains(&2));
+    }
+    let store = Journal::open_with(dir.path(), SyncMode::Batch, SMALL).unwrap();
+    assert_eq!(store.stream_meta(gone.id).await.unwrap(), None);
+    assert_eq!(
+        store.stream_meta(kept.id).await.unwrap().map(|m| m.entries),
+        Some(300)
+    );
+}
+
+#[tokio::test]
+async fn a_session_record_outlives_the_segment_it_was_written_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = session(SessionId::random());
+    {
+        let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+        store.put_session(&s).await.unwrap();
+        let mut churn = Churn::new(10);
+        for i in 1..=2_000u32 {
+            churn.step(&*store, progress(i)).await;
+        }
+        // Copied forward out of the oldest segment, so that it could go.
+        assert!(!segments(dir.path()).contains(&1));
+    }
+    let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
+    assert_eq!(store.get_session(s.id).await.unwrap(), Some(s));
+}
+
+#[tokio::test]
+async fn a_journal_written_with_snapshots_recovers_the_newest_snapshots_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    std::fs::create_dir_all(&journal).unwrap();
+    let session = SessionId::random();
+    let (kept, dropped) = (meta(session), meta(session));
+    // As versions before replay-all recovery wrote it: every segment opens
+    // with a snapshot, and `dropped` was deleted in a segment since gone.
+    let mut first = record::MAGIC.to_vec();
+    record::stream(&mut first, &kept);
+    record::stream(&mut first, &dropped);
+    record::snapshot_end(&mut first);
+    let at = first.len() as u64;
+    let placed = encode_entries(&mut first, kept.id, 1, &[progress(1)]);
+    std::fs::write(segment::path(&journal, 1), &first).unwrap();
+    let mut third = record::MAGIC.to_vec();
+    record::stream(&mut third, &kept);
+    record::snapshot_end(&mut third);
+    std::fs::write(segment::path(&journal, 3), &third).unwrap();
+    assert_eq!(placed.len(), 1, "one entry at {at}");
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    assert_eq!(store.stream_meta(dropped.id).await.unwrap(), None);
+    let entries = store.read_after(kept.id, 0, 10).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].message, progress(1));
 }
 
 #[tokio::test]
@@ -306,7 +390,7 @@ async fn a_task_record_outlives_the_segment_it_was_written_in() {
         for i in 1..=2_000u32 {
             churn.step(&*store, progress(i)).await;
         }
-        // Carried by each new segment's snapshot, so the first could go.
+        // Copied forward out of the oldest segment, so that it could go.
         assert!(!segments(dir.path()).contains(&1));
     }
     let store = Journal::open_with(dir.path(), SyncMode::Never, SMALL).unwrap();
