@@ -16,11 +16,11 @@
 //! `PR_SET_PDEATHSIG` when the harness itself dies; every scenario runs under
 //! a timeout.
 //!
-//! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects` (default:
-//! all five) and `peers` (only with `--peers`: the `small` load through the Rust
+//! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `scale`
+//! (default: all six) and `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
-//! `--smoke` runs the five at tiny sizes in a few seconds and exits non-zero
+//! `--smoke` runs the six at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
@@ -30,7 +30,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `dialects`, `peers`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `scale`, `peers`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -55,6 +55,7 @@ mod nginx;
 mod peers;
 mod procs;
 mod replay;
+mod scale;
 mod small;
 mod streaming;
 
@@ -96,9 +97,10 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
-       [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]";
+       [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
+       [--retained 0,10000,100000]";
 
 /// The fast upstream's process: `load upstream --port P`.
 fn run_upstream(args: &[String]) {
@@ -161,6 +163,9 @@ struct Opts {
     replay_entries: u32,
     idle_streams: usize,
     idle_hold: Duration,
+    /// Retained streams the `scale` scenario fills the proxy with, one
+    /// pass each.
+    retained: Vec<usize>,
     /// `[store] sync` modes (or `redis`, the Redis backend) under test in
     /// `small` and `streaming` (`None`:
     /// each scenario's own list).
@@ -185,6 +190,7 @@ impl Opts {
             replay_entries: 10_000,
             idle_streams: 10_000,
             idle_hold: Duration::from_secs(3),
+            retained: vec![0, 10_000, 100_000],
             sync: None,
         };
         let mut explicit: Vec<&str> = Vec::new();
@@ -243,6 +249,13 @@ impl Opts {
                     o.idle_streams = value()?.parse()?;
                     explicit.push("idle-streams");
                 }
+                "--retained" => {
+                    o.retained = value()?
+                        .split(',')
+                        .map(str::parse)
+                        .collect::<Result<_, _>>()?;
+                    explicit.push("retained");
+                }
                 "--idle-hold" => {
                     o.idle_hold = Duration::from_secs_f64(value()?.parse()?);
                     explicit.push("idle-hold");
@@ -290,12 +303,15 @@ impl Opts {
             if !keep("idle-hold") {
                 o.idle_hold = Duration::from_millis(200);
             }
+            if !keep("retained") {
+                o.retained = vec![0, 20];
+            }
         }
         if o.check {
             o.check_alone(&explicit)?;
         }
         if o.scenarios.is_empty() {
-            o.scenarios = ["small", "streaming", "replay", "idle", "dialects"]
+            o.scenarios = ["small", "streaming", "replay", "idle", "dialects", "scale"]
                 .map(str::to_owned)
                 .to_vec();
         }
@@ -304,7 +320,7 @@ impl Opts {
         }
         for s in &o.scenarios {
             match s.as_str() {
-                "small" | "streaming" | "replay" | "idle" | "dialects" => {}
+                "small" | "streaming" | "replay" | "idle" | "dialects" | "scale" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -418,6 +434,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "replay" => bounded(limit, replay::run(o, bin)).await,
             "idle" => bounded(limit, idle::run(o, bin)).await,
             "dialects" => bounded(limit, dialects::run(o, bin)).await,
+            "scale" => bounded(limit, scale::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
             _ => unreachable!("checked in Opts::parse"),
         };
@@ -446,6 +463,16 @@ fn scenario_limit(name: &str, o: &Opts) -> Duration {
             per_run * (o.rounds * o.concurrency.len() * 7) as u32 + Duration::from_secs(1800)
         }
         "idle" => Duration::from_secs(120) + o.idle_hold * 2,
+        // Per retained count: the fill (~20,000 calls a second, at least
+        // 2,000), two targets' rounds, the logged call and its replays (at
+        // least 1,000 messages a second), and a recovery.
+        "scale" => {
+            let calls: usize = o.retained.iter().sum();
+            let rounds = per_run * (o.rounds * o.concurrency.len() * 2) as u32;
+            let replays = (2 * o.rounds + 1) as u64 * u64::from(o.replay_entries) / 1_000;
+            Duration::from_secs(calls as u64 / 2_000 + 30)
+                + (rounds + Duration::from_secs(130 + replays)) * o.retained.len() as u32
+        }
         _ => Duration::from_secs(60 + 30 * o.rounds as u64),
     }
 }

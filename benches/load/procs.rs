@@ -89,6 +89,55 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// Kills the process with SIGKILL and hands back its directory, which
+    /// would otherwise go with it: a restart on the same data.
+    pub fn kill_keeping_dir(mut self) -> Option<tempfile::TempDir> {
+        self._dir.take()
+    }
+}
+
+/// Starts the proxy again on the directory a killed one left (see
+/// [`start_proxy_with`]'s layout), on the same port; returns it and how
+/// long it took from spawn to accepting connections: the recovery time.
+pub async fn restart_proxy(
+    bin: &Path,
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+) -> Result<(Proc, Duration)> {
+    let log = std::fs::File::create(dir.path().join("proxy-restarted.log"))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("--config")
+        .arg(dir.path().join("proxy.toml"))
+        .stdout(Stdio::null())
+        .stderr(log);
+    let t0 = Instant::now();
+    let (p, _) = Proc::spawn_listening(
+        "proxy (restarted)",
+        cmd,
+        Some(dir),
+        addr.port(),
+        Duration::from_secs(120),
+    )
+    .await?;
+    Ok((p, t0.elapsed()))
+}
+
+/// Bytes of the files under `dir`, recursively.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -59,13 +59,60 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     }
     let first_id = first_id.ok_or_else(|| anyhow!("the proxy sent no event id"))?;
     let session = session_used.expect("set with first_id");
+    let logged = Logged {
+        session,
+        first_id,
+        messages: n - 1,
+    };
     for round in 1..=o.rounds {
+        let (first, total) = logged.replay(&proxied).await?;
+        row(
+            &mut out,
+            &format!("replay {round} (Last-Event-ID = 1st)"),
+            logged.messages,
+            first,
+            total,
+        )?;
+    }
+    Ok(out)
+}
+
+/// A long answer in the proxy's log, ready to be replayed from its first
+/// event id.
+pub struct Logged {
+    session: String,
+    first_id: String,
+    /// Messages after the first: what a replay must deliver.
+    pub messages: u64,
+}
+
+impl Logged {
+    /// Makes one call through `proxied` whose answer is `entries` progress
+    /// notifications and the result.
+    pub async fn call(proxied: &Target, entries: u32) -> Result<Logged> {
+        let args = format!("{{\"delay_ms\":1,\"progress\":{entries}}}");
+        let mut conn = connect(proxied.addr).await?;
+        let session = open_session(&mut conn, proxied).await?;
+        let reply = call(&mut conn, proxied, &session, 1, &args).await?;
+        let first_id = reply
+            .first_id
+            .ok_or_else(|| anyhow!("the proxy sent no event id"))?;
+        Ok(Logged {
+            session,
+            first_id,
+            messages: u64::from(entries),
+        })
+    }
+
+    /// Replays everything after the first event on a fresh connection: the
+    /// time to the first and to the last message.
+    pub async fn replay(&self, proxied: &Target) -> Result<(Option<Duration>, Duration)> {
         let mut conn = connect(proxied.addr).await?;
         let req = request(
-            &proxied,
+            proxied,
             Method::GET,
-            Some(&session),
-            Some(&first_id),
+            Some(&self.session),
+            Some(&self.first_id),
             Bytes::new(),
         )?;
         let t0 = Instant::now();
@@ -73,22 +120,15 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let total = t0.elapsed();
         // Everything after the first entry: the rest of the progress and the
         // result.
-        if reply.messages != n - 1 || !reply.result {
+        if reply.messages != self.messages || !reply.result {
             bail!(
-                "replay {round}: {} messages, expected {}",
+                "replay: {} messages, expected {}",
                 reply.messages,
-                n - 1
+                self.messages
             );
         }
-        row(
-            &mut out,
-            &format!("replay {round} (Last-Event-ID = 1st)"),
-            reply.messages,
-            reply.first_message_at.map(|f| f - t0),
-            total,
-        )?;
+        Ok((reply.first_message_at.map(|f| f - t0), total))
     }
-    Ok(out)
 }
 
 /// One line of the table: the time to the first and to the last message,

@@ -1,0 +1,111 @@
+//! The `scale` scenario: whether the proxy stays flat as its log grows.
+//! For each count of retained streams (`--retained`, default 0, 10,000 and
+//! 100,000), a fresh proxy (`batch`) is filled with that many finished
+//! calls (retention keeps them 15 minutes), then the `small` load runs
+//! against it beside the upstream reached directly, rounds interleaved.
+//! One more call logs a long answer (`--replay-entries`) that is replayed
+//! from its first event id, before and after the proxy is killed with
+//! SIGKILL and started again on the same data: the time from spawn to
+//! accepting connections is its recovery, and its memory before and after
+//! is the index's cost per retained stream.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+
+use crate::client::{call, connect_many, open_session, Target};
+use crate::procs::{dir_bytes, restart_proxy, rss_kib, start_proxy, start_upstream};
+use crate::replay::Logged;
+use crate::small::{measure, write_table};
+use crate::Opts;
+
+/// Connections the fill uses.
+const FILL_CONCURRENCY: usize = 32;
+
+pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
+    let (_upstream, up_addr) = start_upstream(o.upstream).await?;
+    let mut out = String::new();
+    let mut summary = String::new();
+    for &retained in &o.retained {
+        let (proxy, target) = start_proxy(bin, up_addr, "batch").await?;
+        let filled = Instant::now();
+        fill(&target, retained).await?;
+        let fill_secs = filled.elapsed().as_secs_f64();
+        let targets = [Target::direct(up_addr), target.clone()];
+        for &c in &o.concurrency {
+            let rows = measure(&targets, c, o).await?;
+            let title = format!("scale, {retained} retained streams");
+            write_table(&mut out, &title, c, o, &rows)?;
+        }
+        let logged = Logged::call(&target, o.replay_entries).await?;
+        let replay_before = replay_rate(&logged, &target, o.rounds).await?;
+        let rss_before = rss_kib(proxy.pid())?;
+        let dir = proxy
+            .kill_keeping_dir()
+            .ok_or_else(|| anyhow!("the proxy has no directory"))?;
+        let log_bytes = dir_bytes(&dir.path().join("data"));
+        let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
+        let rss_after = rss_kib(restarted.pid())?;
+        let replay_after = replay_rate(&logged, &target, o.rounds).await?;
+        writeln!(
+            summary,
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {replay_before:>15.0} {replay_after:>15.0}",
+            log_bytes as f64 / 1_048_576.0,
+            recovery.as_secs_f64() * 1000.0,
+        )?;
+    }
+    writeln!(
+        out,
+        "## scale: the log, memory and recovery per retained count"
+    )?;
+    writeln!(
+        out,
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  replay msg/s  after restart"
+    )?;
+    out.push_str(&summary);
+    writeln!(out)?;
+    Ok(out)
+}
+
+/// The median replay rate of `logged` over `rounds` replays, in messages
+/// a second.
+async fn replay_rate(logged: &Logged, target: &Target, rounds: usize) -> Result<f64> {
+    let mut rates = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let (_, total) = logged.replay(target).await?;
+        rates.push(logged.messages as f64 / total.as_secs_f64());
+    }
+    rates.sort_by(f64::total_cmp);
+    Ok(rates[rates.len() / 2])
+}
+
+/// Makes `n` calls through `target` on [`FILL_CONCURRENCY`] connections;
+/// each leaves a finished stream the proxy retains.
+async fn fill(target: &Target, n: usize) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let mut conns = connect_many(target.addr, FILL_CONCURRENCY).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for mut conn in conns.drain(..) {
+        let (t, next) = (target.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let session = open_session(&mut conn, &t).await?;
+            let mut id = 1;
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                call(&mut conn, &t, &session, id, "{}").await?;
+                id += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
