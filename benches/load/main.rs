@@ -100,7 +100,7 @@ fn main() {
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
-       [--retained 0,10000,100000]";
+       [--retained 0,10000,100000] [--fill-progress N]";
 
 /// The fast upstream's process: `load upstream --port P`.
 fn run_upstream(args: &[String]) {
@@ -166,6 +166,9 @@ struct Opts {
     /// Retained streams the `scale` scenario fills the proxy with, one
     /// pass each.
     retained: Vec<usize>,
+    /// Progress notifications in each of those calls' answers: how much
+    /// log each retained stream holds.
+    fill_progress: u32,
     /// `[store] sync` modes (or `redis`, the Redis backend) under test in
     /// `small` and `streaming` (`None`:
     /// each scenario's own list).
@@ -191,6 +194,7 @@ impl Opts {
             idle_streams: 10_000,
             idle_hold: Duration::from_secs(3),
             retained: vec![0, 10_000, 100_000],
+            fill_progress: 0,
             sync: None,
         };
         let mut explicit: Vec<&str> = Vec::new();
@@ -255,6 +259,10 @@ impl Opts {
                         .map(str::parse)
                         .collect::<Result<_, _>>()?;
                     explicit.push("retained");
+                }
+                "--fill-progress" => {
+                    o.fill_progress = value()?.parse()?;
+                    explicit.push("fill-progress");
                 }
                 "--idle-hold" => {
                     o.idle_hold = Duration::from_secs_f64(value()?.parse()?);
@@ -467,7 +475,7 @@ fn scenario_limit(name: &str, o: &Opts) -> Duration {
         // 2,000), two targets' rounds, the logged call and its replays (at
         // least 1,000 messages a second), and a recovery.
         "scale" => {
-            let calls: usize = o.retained.iter().sum();
+            let calls = o.retained.iter().sum::<usize>() * (1 + o.fill_progress as usize / 10);
             let rounds = per_run * (o.rounds * o.concurrency.len() * 2) as u32;
             let replays = (2 * o.rounds + 1) as u64 * u64::from(o.replay_entries) / 1_000;
             Duration::from_secs(calls as u64 / 2_000 + 30)

@@ -99,7 +99,9 @@ impl Proc {
 
 /// Starts the proxy again on the directory a killed one left (see
 /// [`start_proxy_with`]'s layout), on the same port; returns it and how
-/// long it took from spawn to accepting connections: the recovery time.
+/// long it took from spawn to answering `GET /healthz`: the recovery time.
+/// (The proxy binds its port before it opens the log, so a connection is
+/// accepted by the kernel long before the recovery ends.)
 pub async fn restart_proxy(
     bin: &Path,
     dir: tempfile::TempDir,
@@ -120,7 +122,29 @@ pub async fn restart_proxy(
         Duration::from_secs(120),
     )
     .await?;
+    healthz(addr).await?;
     Ok((p, t0.elapsed()))
+}
+
+/// Waits for the answer to one `GET /healthz`: the proxy serves it only
+/// once its log is open and recovered.
+async fn healthz(addr: SocketAddr) -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut conn = TcpStream::connect(addr).await?;
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    let read = conn.read_to_end(&mut answer);
+    tokio::time::timeout(Duration::from_secs(120), read)
+        .await
+        .context("the restarted proxy did not answer /healthz")??;
+    if !answer.starts_with(b"HTTP/1.1 200") {
+        bail!(
+            "the restarted proxy answered /healthz with {:?}",
+            String::from_utf8_lossy(&answer[..answer.len().min(60)])
+        );
+    }
+    Ok(())
 }
 
 /// Bytes of the files under `dir`, recursively.

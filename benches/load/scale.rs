@@ -1,7 +1,8 @@
 //! The `scale` scenario: whether the proxy stays flat as its log grows.
 //! For each count of retained streams (`--retained`, default 0, 10,000 and
 //! 100,000), a fresh proxy (`batch`) is filled with that many finished
-//! calls (retention keeps them 15 minutes), then the `small` load runs
+//! calls (retention keeps them 15 minutes; `--fill-progress N` gives each
+//! answer N progress notifications, for a larger log), then the `small` load runs
 //! against it beside the upstream reached directly, rounds interleaved.
 //! One more call logs a long answer (`--replay-entries`) that is replayed
 //! from its first event id, before and after the proxy is killed with
@@ -33,7 +34,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     for &retained in &o.retained {
         let (proxy, target) = start_proxy(bin, up_addr, "batch").await?;
         let filled = Instant::now();
-        fill(&target, retained).await?;
+        fill(&target, retained, o.fill_progress).await?;
         let fill_secs = filled.elapsed().as_secs_f64();
         let targets = [Target::direct(up_addr), target.clone()];
         for &c in &o.concurrency {
@@ -84,21 +85,27 @@ async fn replay_rate(logged: &Logged, target: &Target, rounds: usize) -> Result<
 }
 
 /// Makes `n` calls through `target` on [`FILL_CONCURRENCY`] connections;
-/// each leaves a finished stream the proxy retains.
-async fn fill(target: &Target, n: usize) -> Result<()> {
+/// each leaves a finished stream the proxy retains, of `progress`
+/// notifications and the result.
+async fn fill(target: &Target, n: usize, progress: u32) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
+    let args: Arc<str> = if progress == 0 {
+        "{}".into()
+    } else {
+        format!("{{\"progress\":{progress}}}").into()
+    };
     let mut conns = connect_many(target.addr, FILL_CONCURRENCY).await?;
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for mut conn in conns.drain(..) {
-        let (t, next) = (target.clone(), next.clone());
+        let (t, next, args) = (target.clone(), next.clone(), args.clone());
         tasks.push(tokio::spawn(async move {
             let session = open_session(&mut conn, &t).await?;
             let mut id = 1;
             while next.fetch_add(1, Ordering::Relaxed) < n {
-                call(&mut conn, &t, &session, id, "{}").await?;
+                call(&mut conn, &t, &session, id, &args).await?;
                 id += 1;
             }
             anyhow::Ok(())
