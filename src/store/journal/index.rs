@@ -84,6 +84,17 @@ pub struct Index {
 }
 
 impl Index {
+    /// An index with room for `streams` streams, as recovery knows it will
+    /// hold: its largest tables are allocated once at their final size
+    /// instead of doubled and copied while they fill, page faults included.
+    pub fn with_capacity(streams: usize) -> Self {
+        Self {
+            streams: HashMap::with_capacity(streams),
+            by_request: HashMap::with_capacity(streams),
+            ..Self::default()
+        }
+    }
+
     /// Adds a stream whose full record is in segment `record`.
     pub fn add_stream(&mut self, state: StreamState, record: SegmentNo) {
         let id = state.meta.id;

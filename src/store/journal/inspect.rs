@@ -87,6 +87,7 @@ impl JournalView {
         let mut view = Self::empty();
         let mut entries = Slots::new();
         let mut metadata = Metadata::default();
+        let mut bytes = Vec::new();
         for (i, &no) in numbers.iter().enumerate() {
             let is_last = i + 1 == numbers.len();
             let path = segment::path(dir, no);
@@ -97,9 +98,9 @@ impl JournalView {
             };
             // Too short for its header: being created right now (or a crash
             // did that); it holds nothing yet.
-            let Some(bytes) = segment::read_open(&file, dir, no).map_err(io)? else {
+            if !segment::read_open(&file, dir, no, &mut bytes).map_err(io)? {
                 continue;
-            };
+            }
             let scanned = recover::scan_segment(&bytes, no, &mut entries, &mut metadata);
             if let (Some(why), false) = (&scanned.torn, is_last) {
                 // In the newest segment this is a write in progress or a

@@ -729,7 +729,19 @@ impl Store for Journal {
     }
 
     async fn orphans(&self) -> Result<Vec<StreamMeta>> {
-        self.orphans.take(self.list_streams()).await
+        // Only the live ones are copied: at start the index may hold
+        // hundreds of thousands of finished streams retention keeps.
+        let live = async {
+            Ok(self
+                .lock()
+                .index
+                .streams
+                .values()
+                .filter(|s| s.meta.status.is_live())
+                .map(StreamState::visible)
+                .collect())
+        };
+        self.orphans.take(live).await
     }
 
     async fn flush(&self) -> Result<()> {

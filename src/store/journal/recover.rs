@@ -48,46 +48,46 @@ pub struct Metadata {
 }
 
 impl Metadata {
-    fn apply(&mut self, record: &Record, no: SegmentNo) {
+    fn apply(&mut self, record: Record, no: SegmentNo) {
         match record {
             Record::Session(s) => {
                 self.records.insert(Object::Session(s.id), no);
-                self.sessions.insert(s.id, s.clone());
+                self.sessions.insert(s.id, s);
             }
             Record::SessionGone(id) => {
-                self.records.remove(&Object::Session(*id));
-                self.sessions.remove(id);
+                self.records.remove(&Object::Session(id));
+                self.sessions.remove(&id);
             }
             Record::Stream(meta) => {
                 self.records.insert(Object::Stream(meta.id), no);
-                self.streams.insert(meta.id, (**meta).clone());
+                self.streams.insert(meta.id, *meta);
             }
             Record::Status { stream, end } => {
-                if let Some(meta) = self.streams.get_mut(stream) {
-                    meta.finish(end);
+                if let Some(meta) = self.streams.get_mut(&stream) {
+                    meta.finish(&end);
                 }
             }
             Record::Change { stream, change } => {
-                if let Some(meta) = self.streams.get_mut(stream) {
-                    meta.apply(change);
+                if let Some(meta) = self.streams.get_mut(&stream) {
+                    meta.apply(&change);
                 }
             }
             Record::Upstream { stream, mark } => {
-                if let Some(meta) = self.streams.get_mut(stream) {
-                    meta.upstream = Some(mark.clone());
+                if let Some(meta) = self.streams.get_mut(&stream) {
+                    meta.upstream = Some(mark);
                 }
             }
             Record::StreamGone(id) => {
-                self.records.remove(&Object::Stream(*id));
-                self.streams.remove(id);
+                self.records.remove(&Object::Stream(id));
+                self.streams.remove(&id);
             }
             Record::Task(task) => {
                 self.records.insert(Object::Task(task.id), no);
-                self.tasks.insert(task.id, (**task).clone());
+                self.tasks.insert(task.id, *task);
             }
             Record::TaskGone(id) => {
-                self.records.remove(&Object::Task(*id));
-                self.tasks.remove(id);
+                self.records.remove(&Object::Task(id));
+                self.tasks.remove(&id);
             }
             Record::SnapshotEnd => self.keep_snapshot(no),
             Record::Entries { .. } => {}
@@ -126,16 +126,17 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
     let mut metadata = Metadata::default();
     let mut files = HashMap::new();
     let mut last = 0;
+    let mut bytes = Vec::new();
     for (i, &no) in numbers.iter().enumerate() {
         let is_last = i + 1 == numbers.len();
-        let Some(bytes) = segment::read_all(dir, no).map_err(io)? else {
+        if !segment::read_all(dir, no, &mut bytes).map_err(io)? {
             if is_last {
                 // Created, then the crash: it holds nothing.
                 std::fs::remove_file(segment::path(dir, no)).map_err(io)?;
                 continue;
             }
             return Err(corrupt(dir, no, 0, "segment shorter than its header"));
-        };
+        }
         let scanned = scan_segment(&bytes, no, &mut entries, &mut metadata);
         if let Some(why) = &scanned.torn {
             let at = scanned.end;
@@ -158,7 +159,7 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         last = no;
     }
 
-    let mut index = Index::default();
+    let mut index = Index::with_capacity(metadata.streams.len());
     let records = std::mem::take(&mut metadata.records);
     let record_of = |object| records.get(&object).copied().unwrap_or(last);
     for session in metadata.sessions.into_values() {
@@ -214,16 +215,16 @@ pub fn scan_segment(
                 break;
             }
             Scan::Record(record, used) => {
-                match &record {
+                match record {
                     Record::Entries {
                         stream,
                         first,
                         messages,
                     } => {
-                        let locs = entries.entry(*stream).or_default();
-                        place(locs, *first, messages, no, scanned.end as u64);
+                        let locs = entries.entry(stream).or_default();
+                        place(locs, first, &messages, no, scanned.end as u64);
                     }
-                    _ => metadata.apply(&record, no),
+                    other => metadata.apply(other, no),
                 }
                 scanned.end += used;
                 rest = &rest[used..];

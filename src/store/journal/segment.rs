@@ -122,31 +122,30 @@ impl Writer {
     }
 }
 
-/// Reads a whole segment for recovery; `Err(InvalidData)` if it does not start
-/// with `MAGIC` (`Ok(None)` for a file too short to hold it: a segment whose
-/// creation a crash interrupted).
-pub fn read_all(dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
-    checked(std::fs::read(path(dir, no))?, dir, no)
+/// Reads a whole segment for recovery into `buf` (replacing what it held):
+/// `false` for a file too short to hold `MAGIC` (a segment whose creation a
+/// crash interrupted), `Err(InvalidData)` if it does not start with it.
+/// One buffer serves every segment: a fresh 64 MiB allocation per segment
+/// is fresh pages the kernel must fault in and zero, which cost more than
+/// the read itself.
+pub fn read_all(dir: &Path, no: SegmentNo, buf: &mut Vec<u8>) -> io::Result<bool> {
+    read_open(&File::open(path(dir, no))?, dir, no, buf)
 }
 
 /// Reads the whole of an open segment file, as [`read_all`] does. Reading
 /// through a descriptor held open keeps the bytes readable even if a
 /// running journal deletes the file meanwhile.
-pub fn read_open(file: &File, dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
-    let mut bytes = Vec::new();
-    (&*file).read_to_end(&mut bytes)?;
-    checked(bytes, dir, no)
-}
-
-fn checked(bytes: Vec<u8>, dir: &Path, no: SegmentNo) -> io::Result<Option<Vec<u8>>> {
-    if bytes.len() < MAGIC.len() {
-        return Ok(None);
+pub fn read_open(file: &File, dir: &Path, no: SegmentNo, buf: &mut Vec<u8>) -> io::Result<bool> {
+    buf.clear();
+    (&*file).read_to_end(buf)?;
+    if buf.len() < MAGIC.len() {
+        return Ok(false);
     }
-    if &bytes[..MAGIC.len()] != MAGIC {
+    if &buf[..MAGIC.len()] != MAGIC {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is not a journal segment", path(dir, no).display()),
         ));
     }
-    Ok(Some(bytes))
+    Ok(true)
 }
