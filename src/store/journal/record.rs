@@ -17,7 +17,16 @@ use crate::store::{
 
 /// Bytes before the first record of every segment: a foreign or truncated
 /// file is refused instead of being read as garbage.
-pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x01";
+///
+/// Version 2 segments do not open with a snapshot. Versions that read
+/// version 1 take the metadata of the newest segment alone and delete a last
+/// segment without a complete snapshot, so they must refuse these files
+/// (they do: the bytes differ) rather than lose the streams in them.
+pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x02";
+
+/// Segments written before replay-all recovery: read (their snapshot resets
+/// the metadata to what it holds), never written.
+pub const MAGIC_V1: &[u8; 8] = b"MCPRJ\x00\x00\x01";
 
 /// `len` + `crc`.
 const FRAME: usize = 8;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::index::SegmentNo;
-use super::record::MAGIC;
+use super::record::{MAGIC, MAGIC_V1};
 
 pub fn path(dir: &Path, no: SegmentNo) -> PathBuf {
     dir.join(format!("{no:010}.seg"))
@@ -141,7 +141,8 @@ pub fn read_open(file: &File, dir: &Path, no: SegmentNo, buf: &mut Vec<u8>) -> i
     if buf.len() < MAGIC.len() {
         return Ok(false);
     }
-    if &buf[..MAGIC.len()] != MAGIC {
+    let head = &buf[..MAGIC.len()];
+    if head != MAGIC && head != MAGIC_V1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is not a journal segment", path(dir, no).display()),

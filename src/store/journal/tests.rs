@@ -360,14 +360,14 @@ async fn a_journal_written_with_snapshots_recovers_the_newest_snapshots_metadata
     let (kept, dropped) = (meta(session), meta(session));
     // As versions before replay-all recovery wrote it: every segment opens
     // with a snapshot, and `dropped` was deleted in a segment since gone.
-    let mut first = record::MAGIC.to_vec();
+    let mut first = record::MAGIC_V1.to_vec();
     record::stream(&mut first, &kept);
     record::stream(&mut first, &dropped);
     record::snapshot_end(&mut first);
     let at = first.len() as u64;
     let placed = encode_entries(&mut first, kept.id, 1, &[progress(1)]);
     std::fs::write(segment::path(&journal, 1), &first).unwrap();
-    let mut third = record::MAGIC.to_vec();
+    let mut third = record::MAGIC_V1.to_vec();
     record::stream(&mut third, &kept);
     record::snapshot_end(&mut third);
     std::fs::write(segment::path(&journal, 3), &third).unwrap();
@@ -445,4 +445,37 @@ async fn a_task_deletion_a_crash_tore_keeps_the_task_to_delete_again() {
     assert_eq!(store.tasks_expired_by(u64::MAX).await.unwrap(), vec![t.id]);
     store.delete_task(t.id).await.unwrap();
     assert_eq!(store.get_task(t.id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn segments_written_now_carry_a_version_that_snapshot_reading_versions_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    store.flush().await.unwrap();
+    let first = segments(dir.path())[0];
+    let bytes = std::fs::read(segment::path(&dir.path().join("journal"), first)).unwrap();
+    // Older versions take a segment without a snapshot for a torn one and
+    // delete it: they must see a version they do not know instead.
+    assert_eq!(&bytes[..8], record::MAGIC);
+    assert_ne!(&bytes[..8], record::MAGIC_V1);
+}
+
+#[tokio::test]
+async fn a_stream_recovers_its_entries_up_to_the_first_missing_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    std::fs::create_dir_all(&journal).unwrap();
+    let m = meta(SessionId::random());
+    let mut bytes = record::MAGIC.to_vec();
+    record::stream(&mut bytes, &m);
+    encode_entries(&mut bytes, m.id, 1, &[progress(1), progress(2)]);
+    // Seq 3 never made it to disk; 4 and 5 did (damage, not a crash).
+    encode_entries(&mut bytes, m.id, 4, &[progress(4), progress(5)]);
+    std::fs::write(segment::path(&journal, 1), &bytes).unwrap();
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    let entries = store.read_after(m.id, 0, 10).await.unwrap();
+    let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, [1, 2]);
 }
