@@ -178,8 +178,8 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
 }
 
 /// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments
-/// placed them so far.
-pub type Slots = HashMap<StreamId, Vec<Option<Loc>>>;
+/// placed them so far ([`Loc::MISSING`] where none did yet).
+pub type Slots = HashMap<StreamId, Vec<Loc>>;
 
 /// How reading one segment went.
 pub struct SegmentScan {
@@ -241,10 +241,15 @@ pub fn streams(
     mut entries: Slots,
 ) -> impl Iterator<Item = (StreamMeta, Vec<Loc>)> {
     metadata.into_iter().map(move |(id, meta)| {
-        let slots = entries.remove(&id).unwrap_or_default();
-        let locs: Vec<Loc> = slots.iter().map_while(|slot| *slot).collect();
-        if locs.len() < slots.len() {
-            tracing::warn!(stream = %id, kept = locs.len(), "journal entries after a gap ignored");
+        let mut locs = entries.remove(&id).unwrap_or_default();
+        if let Some(gap) = locs.iter().position(|l| *l == Loc::MISSING) {
+            tracing::warn!(stream = %id, kept = gap, "journal entries after a gap ignored");
+            locs.truncate(gap);
+        }
+        // Growth by doubling may have left up to half unused; a stream
+        // retained for minutes should not carry that.
+        if locs.capacity() > locs.len() + locs.len() / 4 {
+            locs.shrink_to_fit();
         }
         (meta, locs)
     })
@@ -263,22 +268,16 @@ fn only_zeros_after(bytes: &[u8]) -> bool {
 /// Puts the entries of one record at their seqs; a later record for the
 /// same seq (an entry copied forward out of a sparse segment) wins. Records
 /// may come in any seq order: copies forward are written after newer entries.
-fn place(
-    slots: &mut Vec<Option<Loc>>,
-    first: u64,
-    messages: &[(u64, u32)],
-    no: SegmentNo,
-    record_at: u64,
-) {
+fn place(slots: &mut Vec<Loc>, first: u64, messages: &[(u64, u32)], no: SegmentNo, record_at: u64) {
     let start = (first - 1) as usize;
     if slots.len() < start + messages.len() {
-        slots.resize(start + messages.len(), None);
+        slots.resize(start + messages.len(), Loc::MISSING);
     }
     for (i, &(offset, len)) in messages.iter().enumerate() {
-        slots[start + i] = Some(Loc {
+        slots[start + i] = Loc {
             segment: no,
             len,
             offset: record_at + offset,
-        });
+        };
     }
 }
