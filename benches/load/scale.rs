@@ -2,27 +2,66 @@
 //! For each count of retained streams (`--retained`, default 0, 10,000 and
 //! 100,000), a fresh proxy (`batch`) is filled with that many finished
 //! calls (retention keeps them 15 minutes; `--fill-progress N` gives each
-//! answer N progress notifications, for a larger log), then the `small` load runs
-//! against it beside the upstream reached directly, rounds interleaved.
-//! One more call logs a long answer (`--replay-entries`) that is replayed
-//! from its first event id, before and after the proxy is killed with
-//! SIGKILL and started again on the same data (once per round): the median
-//! time from spawn to answering `GET /healthz` is its recovery, and its
-//! memory before and after is the index's cost per retained stream.
+//! answer N progress notifications, for a larger log). One more call logs a
+//! long answer (`--replay-entries`) that is replayed from its first event
+//! id, before and after the proxy is killed with SIGKILL and started again on
+//! the same data (once per round): the median time from spawn to answering
+//! `GET /healthz` is its recovery, and its memory before and after is the
+//! index's cost per retained stream. Then the `small` load runs against the
+//! restarted proxy beside the upstream reached directly, rounds interleaved
+//! (after the restarts, so that its own calls, retained too, do not swell
+//! the log recovery reads).
 
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 
 use crate::client::{call, connect_many, open_session, Target};
-use crate::procs::{dir_bytes, restart_proxy, rss_kib, start_proxy, start_upstream};
+use crate::procs::{dir_bytes, restart_proxy, rss_kib, start_proxy, start_upstream, Proc};
 use crate::replay::Logged;
 use crate::small::{measure, write_table};
 use crate::Opts;
+
+/// The proxy after its last restart, and what the restarts found.
+struct Restarted {
+    running: Proc,
+    /// The median time from spawn to the first `/healthz` answer.
+    recovery: Duration,
+    /// The data directory's size at the last kill.
+    log_bytes: u64,
+}
+
+/// Kills the proxy with SIGKILL and starts it again on the same data,
+/// `times` times.
+async fn kill_and_restart(
+    times: usize,
+    proxy: Proc,
+    bin: &Path,
+    target: &Target,
+) -> Result<Restarted> {
+    let mut running = proxy;
+    let mut recoveries = Vec::with_capacity(times);
+    let mut log_bytes = 0;
+    for _ in 0..times {
+        let dir = running
+            .kill_keeping_dir()
+            .ok_or_else(|| anyhow!("the proxy has no directory"))?;
+        log_bytes = dir_bytes(&dir.path().join("data"));
+        let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
+        recoveries.push(recovery);
+        running = restarted;
+    }
+    recoveries.sort();
+    Ok(Restarted {
+        running,
+        recovery: recoveries[recoveries.len() / 2],
+        log_bytes,
+    })
+}
 
 /// Connections the fill uses.
 const FILL_CONCURRENCY: usize = 32;
@@ -36,31 +75,24 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let filled = Instant::now();
         fill(&target, retained, o.fill_progress).await?;
         let fill_secs = filled.elapsed().as_secs_f64();
-        let targets = [Target::direct(up_addr), target.clone()];
-        for &c in &o.concurrency {
-            let rows = measure(&targets, c, o).await?;
-            let title = format!("scale, {retained} retained streams");
-            write_table(&mut out, &title, c, o, &rows)?;
-        }
+        // The restarts come before the load: its calls are retained too,
+        // and would otherwise be most of what recovery reads at small counts.
         let logged = Logged::call(&target, o.replay_entries).await?;
         let replay_before = replay_rate(&logged, &target, o.rounds).await?;
         let rss_before = rss_kib(proxy.pid())?;
-        let mut running = proxy;
-        let mut recoveries = Vec::with_capacity(o.rounds);
-        let mut log_bytes = 0;
-        for _ in 0..o.rounds.max(1) {
-            let dir = running
-                .kill_keeping_dir()
-                .ok_or_else(|| anyhow!("the proxy has no directory"))?;
-            log_bytes = dir_bytes(&dir.path().join("data"));
-            let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
-            recoveries.push(recovery);
-            running = restarted;
-        }
-        recoveries.sort();
-        let recovery = recoveries[recoveries.len() / 2];
+        let Restarted {
+            running,
+            recovery,
+            log_bytes,
+        } = kill_and_restart(o.rounds.max(1), proxy, bin, &target).await?;
         let rss_after = rss_kib(running.pid())?;
         let replay_after = replay_rate(&logged, &target, o.rounds).await?;
+        let targets = [Target::direct(up_addr), target.clone()];
+        for &c in &o.concurrency {
+            let rows = measure(&targets, c, o).await?;
+            let title = format!("scale, {retained} retained streams, after a restart");
+            write_table(&mut out, &title, c, o, &rows)?;
+        }
         writeln!(
             summary,
             "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {replay_before:>15.0} {replay_after:>15.0}",
