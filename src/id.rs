@@ -4,9 +4,12 @@
 //! Both ids are 128 random bits from the operating system's CSPRNG, so they are
 //! unguessable on their own; tokens and event ids built on them are still
 //! authenticated (see `token.rs`) because a client must never be able to point
-//! at a stream by editing bytes. This module only mints, prints and parses.
+//! at a stream by editing bytes. This module only mints, prints, parses and
+//! hashes them.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::str::FromStr;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -74,8 +77,15 @@ pub fn hex(bytes: &[u8]) -> String {
 macro_rules! random_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
         pub struct $name(pub [u8; 16]);
+
+        impl Hash for $name {
+            /// One word: the bits are uniform already (see [`IdHasher`]).
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                state.write_u64(fold(&self.0));
+            }
+        }
 
         impl $name {
             pub fn random() -> Self {
@@ -132,6 +142,55 @@ macro_rules! random_id {
         }
     };
 }
+
+/// The two halves of an id folded into one word.
+fn fold(id: &[u8; 16]) -> u64 {
+    let (low, high) = id.split_at(8);
+    let word = |half: &[u8]| half.try_into().map(u64::from_le_bytes).unwrap_or_default();
+    word(low) ^ word(high)
+}
+
+/// A hasher for maps keyed by ids, where SipHash's protection buys nothing:
+/// every id the proxy keeps is 128 bits from the CSPRNG or a SHA-256 output
+/// (a client can name an id, never choose the one a map stores), so a
+/// multiply is as even as SipHash and recovery hashes millions of them (SipHash
+/// was ~11 % of its CPU). Keys with client-chosen parts (a JSON-RPC request
+/// id, a string) must keep the default hasher: they could be made to collide.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write_u64(&mut self, word: u64) {
+        // FxHash's step: enough to combine an enum's discriminant with an id.
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_isize(&mut self, n: isize) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by ids (or things made of ids and small integers).
+pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A set of ids.
+pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 fn hex_digit(c: u8) -> Result<u8, ()> {
     match c {
@@ -209,5 +268,33 @@ mod tests {
         assert!("".parse::<StreamId>().is_err());
         assert!("zz".repeat(16).parse::<StreamId>().is_err());
         assert!("ab".repeat(17).parse::<StreamId>().is_err());
+    }
+
+    #[test]
+    fn id_hashes_spread_over_the_bits_a_hash_table_uses() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let hashes: Vec<u64> = (0..4096)
+            .map(|_| build.hash_one(StreamId::random()))
+            .collect();
+        // hashbrown picks the bucket from the low bits and the control byte
+        // from the top seven: both must take (nearly) every value.
+        let low: HashSet<u64> = hashes.iter().map(|h| h & 0x3ff).collect();
+        let top: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        assert!(low.len() > 950, "{} of 1024 low values", low.len());
+        assert_eq!(top.len(), 128);
+    }
+
+    #[test]
+    fn ids_that_differ_in_either_half_hash_apart() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<IdHasher>::default();
+        let a = StreamId([7; 16]);
+        let mut b = a;
+        b.0[15] ^= 1;
+        let mut c = a;
+        c.0[0] ^= 1;
+        assert_ne!(build.hash_one(a), build.hash_one(b));
+        assert_ne!(build.hash_one(a), build.hash_one(c));
     }
 }

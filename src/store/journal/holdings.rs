@@ -12,10 +12,10 @@
 //! This module only counts; it performs no I/O and decides nothing about
 //! files.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use super::index::{Loc, SegmentNo};
-use crate::id::{SessionId, StreamId, TaskId};
+use crate::id::{IdMap, IdSet, SessionId, StreamId, TaskId};
 
 /// Something the journal keeps a full record of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,11 +29,11 @@ pub enum Object {
 #[derive(Default, Debug)]
 pub struct Holding {
     /// Streams with entries in it.
-    pub streams: HashSet<StreamId>,
+    pub streams: IdSet<StreamId>,
     /// The bytes of those entries.
     pub bytes: u64,
     /// Objects whose full record is in it.
-    pub records: HashSet<Object>,
+    pub records: IdSet<Object>,
 }
 
 impl Holding {
@@ -46,7 +46,7 @@ impl Holding {
 pub struct Holdings {
     by_segment: BTreeMap<SegmentNo, Holding>,
     /// Where each existing object's full record is.
-    record_of: HashMap<Object, SegmentNo>,
+    record_of: IdMap<Object, SegmentNo>,
 }
 
 impl Holdings {

@@ -7,14 +7,14 @@
 //! accounting that decides when a segment file may be deleted or compacted
 //! ([`Holdings`]). It performs no I/O.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use super::holdings::{Holding, Holdings, Object};
 
-use crate::id::{Seq, SessionId, StreamId, TaskId};
+use crate::id::{IdMap, IdSet, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 use crate::store::{
     Change, Finish, SessionRecord, StreamMeta, TaskRecord, UpstreamMark, Watermark,
@@ -76,13 +76,13 @@ impl StreamState {
 
 #[derive(Default)]
 pub struct Index {
-    pub sessions: HashMap<SessionId, SessionRecord>,
-    pub streams: HashMap<StreamId, StreamState>,
-    pub tasks: HashMap<TaskId, TaskRecord>,
+    pub sessions: IdMap<SessionId, SessionRecord>,
+    pub streams: IdMap<StreamId, StreamState>,
+    pub tasks: IdMap<TaskId, TaskRecord>,
     /// Streams per session, for `streams_of_session` and session deletion.
     /// A set: every task leg has the one session [`SessionId::TASKS`], and
     /// removing one of thousands must not walk them all.
-    by_session: HashMap<SessionId, HashSet<StreamId>>,
+    by_session: IdMap<SessionId, IdSet<StreamId>>,
     /// What each segment holds that is still needed.
     holdings: Holdings,
     /// (session, request id) → the newest stream answering it.
@@ -102,7 +102,7 @@ impl Index {
     /// instead of doubled and copied while they fill, page faults included.
     pub fn with_capacity(streams: usize) -> Self {
         Self {
-            streams: HashMap::with_capacity(streams),
+            streams: IdMap::with_capacity_and_hasher(streams, Default::default()),
             by_request: HashMap::with_capacity(streams),
             ..Self::default()
         }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::index::{Loc, SegmentNo, StreamState};
 use super::recover::{self, Metadata, Slots};
 use super::segment;
-use crate::id::{Seq, SessionId, StreamId};
+use crate::id::{IdMap, Seq, SessionId, StreamId};
 use crate::store::{Entry, Result, SessionRecord, StoreError, StreamMeta};
 
 /// Scans before giving up on a directory whose segments keep changing (a
@@ -33,8 +33,8 @@ fn io(e: std::io::Error) -> StoreError {
 
 /// What a journal held when it was read.
 pub struct JournalView {
-    pub sessions: HashMap<SessionId, SessionRecord>,
-    streams: HashMap<StreamId, (StreamMeta, Vec<Loc>)>,
+    pub sessions: IdMap<SessionId, SessionRecord>,
+    streams: IdMap<StreamId, (StreamMeta, Vec<Loc>)>,
     /// Every segment read, kept open so entries can be read after a running
     /// proxy deleted the file.
     files: HashMap<SegmentNo, Arc<File>>,
@@ -74,8 +74,8 @@ impl JournalView {
 
     fn empty() -> Self {
         Self {
-            sessions: HashMap::new(),
-            streams: HashMap::new(),
+            sessions: IdMap::default(),
+            streams: IdMap::default(),
             files: HashMap::new(),
             notes: Vec::new(),
         }
@@ -85,7 +85,7 @@ impl JournalView {
     /// proxy deleted it after the listing: the caller lists again).
     fn read(dir: &Path, numbers: &[SegmentNo]) -> Result<Option<Self>> {
         let mut view = Self::empty();
-        let mut entries = Slots::new();
+        let mut entries = Slots::default();
         let mut metadata = Metadata::default();
         let mut bytes = Vec::new();
         for (i, &no) in numbers.iter().enumerate() {

@@ -26,7 +26,7 @@ use super::holdings::Object;
 use super::index::{Index, Loc, SegmentNo, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
 use super::segment;
-use crate::id::{SessionId, StreamId, TaskId};
+use crate::id::{IdMap, SessionId, StreamId, TaskId};
 use crate::store::{Result, SessionRecord, StoreError, StreamMeta, TaskRecord};
 
 pub struct Recovered {
@@ -40,11 +40,11 @@ pub struct Recovered {
 /// leave them.
 #[derive(Default)]
 pub struct Metadata {
-    pub sessions: HashMap<SessionId, SessionRecord>,
-    pub streams: HashMap<StreamId, StreamMeta>,
-    pub tasks: HashMap<TaskId, TaskRecord>,
+    pub sessions: IdMap<SessionId, SessionRecord>,
+    pub streams: IdMap<StreamId, StreamMeta>,
+    pub tasks: IdMap<TaskId, TaskRecord>,
     /// The segment each object's full record was last written to.
-    pub records: HashMap<Object, SegmentNo>,
+    pub records: IdMap<Object, SegmentNo>,
 }
 
 impl Metadata {
@@ -122,7 +122,7 @@ fn io(e: std::io::Error) -> StoreError {
 
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
-    let mut entries = Slots::new();
+    let mut entries = Slots::default();
     let mut metadata = Metadata::default();
     let mut files = HashMap::new();
     let mut last = 0;
@@ -179,7 +179,7 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
 
 /// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments
 /// placed them so far ([`Loc::MISSING`] where none did yet).
-pub type Slots = HashMap<StreamId, Vec<Loc>>;
+pub type Slots = IdMap<StreamId, Vec<Loc>>;
 
 /// How reading one segment went.
 pub struct SegmentScan {
@@ -237,7 +237,7 @@ pub fn scan_segment(
 /// Pairs each stream of the newest metadata with its entries' locations, up
 /// to the first missing seq (streams that no longer exist lose theirs).
 pub fn streams(
-    metadata: HashMap<StreamId, StreamMeta>,
+    metadata: IdMap<StreamId, StreamMeta>,
     mut entries: Slots,
 ) -> impl Iterator<Item = (StreamMeta, Vec<Loc>)> {
     metadata.into_iter().map(move |(id, meta)| {
