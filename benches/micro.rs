@@ -3,7 +3,10 @@
 //! envelope classification (`jsonrpc::classify`, `jsonrpc::parse_body`),
 //! sealed event ids (`token::Keyring`) and both log backends, the journal
 //! (default) and sled (`append` with `sync = "never"` and `"batch"`, one
-//! stream and 16 concurrent streams, and `read_after`). Every message is one of two sizes seen on the wire: a
+//! stream and 16 concurrent streams, and `read_after`), and one sweep of the
+//! lifetime sweeper over a journal retaining 100,000 streams of 10,000
+//! sessions, none due (beside listing every session, the scan the sweeper
+//! used to make). Every message is one of two sizes seen on the wire: a
 //! ~200-byte progress notification and a ~10 KB tool result.
 //!
 //! Each group is kept short (0.5 s warm-up, 3 s measurement, 20 samples) so the
@@ -17,13 +20,19 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mcp_resume_proxy::config::StoreConfig;
 use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::jsonrpc;
+use mcp_resume_proxy::lifetime::{sweep, Canceller};
+use mcp_resume_proxy::session::Sessions;
 use mcp_resume_proxy::sse::{encode_event, Decoder};
 use mcp_resume_proxy::store::commit::SyncMode;
 use mcp_resume_proxy::store::journal::Journal;
 use mcp_resume_proxy::store::sled::SledStore;
-use mcp_resume_proxy::store::{now_ms, SharedStore, StreamKind, StreamMeta};
+use mcp_resume_proxy::store::{
+    now_ms, Finish, SessionRecord, SharedStore, StreamKind, StreamMeta, StreamStatus,
+};
+use mcp_resume_proxy::stream::Log;
 use mcp_resume_proxy::token::Keyring;
 
 /// A `notifications/progress` of about 200 bytes.
@@ -263,12 +272,82 @@ fn store(c: &mut Criterion) {
     g.finish();
 }
 
+/// The sweeper's canceller when no upstream is behind the log.
+struct NoUpstream;
+
+#[async_trait::async_trait]
+impl Canceller for NoUpstream {
+    async fn cancel(&self, _stream: &StreamMeta, _why: &str) {}
+}
+
+/// A journal retaining `per_session` finished streams for each of
+/// `sessions` sessions, all seen just now.
+async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
+    for _ in 0..sessions {
+        let now = now_ms();
+        let session = SessionRecord {
+            id: SessionId::random(),
+            route: "/mcp".into(),
+            upstream_session: Some("up".into()),
+            protocol_version: Some("2025-11-25".into()),
+            principal: "p".into(),
+            initialize: None,
+            created_ms: now,
+            last_seen_ms: now,
+            closed_ms: None,
+            dialects: Vec::new(),
+        };
+        store.put_session(&session).await.expect("put session");
+        for _ in 0..per_session {
+            let meta = StreamMeta::new(
+                StreamId::random(),
+                session.id,
+                StreamKind::Request,
+                Vec::new(),
+                Some("tools/call".into()),
+                now,
+            );
+            store.create_stream(&meta).await.expect("create stream");
+            let end = Finish::new(StreamStatus::Completed, None);
+            store
+                .append_final(meta.id, &[small_message()], end)
+                .await
+                .expect("answer");
+        }
+    }
+}
+
+fn sweeper(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open_journal(dir.path(), SyncMode::Never);
+    rt.block_on(retained(&store, 10_000, 10));
+    let log = Log::new(store.clone());
+    let sessions = Sessions::new(store.clone());
+    let config = StoreConfig::default();
+    let mut g = c.benchmark_group("sweep");
+    g.bench_function("journal/100k_streams_10k_sessions/none_due", |b| {
+        b.iter(|| {
+            rt.block_on(sweep(&log, &sessions, &config, &NoUpstream))
+                .expect("sweep")
+        })
+    });
+    g.bench_function("journal/10k_sessions/list_all", |b| {
+        b.iter(|| rt.block_on(store.list_sessions()).expect("list"))
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = micro;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .sample_size(20);
-    targets = sse, json, token, store
+    targets = sse, json, token, store, sweeper
 }
 criterion_main!(micro);

@@ -132,7 +132,8 @@ pub async fn sweep(
     }
     swept.expired_tasks = expire_tasks(log, now).await?;
     let idle = config.session_idle_secs.saturating_mul(1000);
-    for record in log.store().list_sessions().await? {
+    let (seen_by, closed_by) = (now.saturating_sub(idle), now.saturating_sub(retention));
+    for record in log.store().sessions_idle_by(seen_by, closed_by).await? {
         // The newer of what this process saw and what is stored: with a
         // shared log, another instance may have served the session since.
         let last_seen = sessions

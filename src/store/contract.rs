@@ -224,6 +224,50 @@ pub async fn deleting_a_session_removes_its_streams_only(open: Opener) {
     assert_eq!(messages(&store, mb.id, 0).await.len(), 1);
 }
 
+pub async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Never);
+    let at = |ms: u64, closed: Option<u64>| SessionRecord {
+        last_seen_ms: ms,
+        closed_ms: closed,
+        ..session(SessionId::random())
+    };
+    let (old, recent, closed, touched) = (
+        at(100, None),
+        at(900, None),
+        at(900, Some(200)),
+        at(100, None),
+    );
+    for s in [&old, &recent, &closed, &touched] {
+        store.put_session(s).await.unwrap();
+    }
+    // Seen again since: its record moved out of the idle range.
+    let touched = SessionRecord {
+        last_seen_ms: 950,
+        ..touched
+    };
+    store.put_session(&touched).await.unwrap();
+    let gone = at(50, None);
+    store.put_session(&gone).await.unwrap();
+    store.delete_session(gone.id).await.unwrap();
+    let idle = |store: SharedStore| async move {
+        let mut ids: Vec<SessionId> = store
+            .sessions_idle_by(500, 300)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut want = vec![old.id, closed.id];
+    want.sort();
+    assert_eq!(idle(store.clone()).await, want);
+    drop(store);
+    assert_eq!(idle(open(dir.path(), SyncMode::Never)).await, want);
+}
+
 pub async fn a_deleted_stream_is_gone_and_its_readers_are_told(open: Opener) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), SyncMode::Batch);
@@ -751,6 +795,12 @@ macro_rules! contract_tests {
             async fn appended_entries_read_back_in_order_after_any_cursor() {
                 let _guard = ($guard)();
                 c::appended_entries_read_back_in_order_after_any_cursor(open).await
+            }
+
+            #[tokio::test]
+            async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen() {
+                let _guard = ($guard)();
+                c::idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(open).await
             }
 
             #[tokio::test]

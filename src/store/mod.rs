@@ -77,6 +77,14 @@ pub struct SessionRecord {
     pub dialects: Vec<String>,
 }
 
+impl SessionRecord {
+    /// Whether it was last seen at or before `seen_by_ms`, or closed at or
+    /// before `closed_by_ms`.
+    pub fn idle_by(&self, seen_by_ms: u64, closed_by_ms: u64) -> bool {
+        self.last_seen_ms <= seen_by_ms || self.closed_ms.is_some_and(|at| at <= closed_by_ms)
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum StreamStatus {
@@ -382,6 +390,19 @@ pub trait Store: Send + Sync + 'static {
     async fn put_session(&self, session: &SessionRecord) -> Result<()>;
     async fn get_session(&self, id: SessionId) -> Result<Option<SessionRecord>>;
     async fn list_sessions(&self) -> Result<Vec<SessionRecord>>;
+    /// Sessions last seen at or before `seen_by_ms`, or closed at or before
+    /// `closed_by_ms`: what the sweeper may end. By default every session
+    /// is listed and filtered; a backend with ordered indexes answers
+    /// without reading the others.
+    async fn sessions_idle_by(
+        &self,
+        seen_by_ms: u64,
+        closed_by_ms: u64,
+    ) -> Result<Vec<SessionRecord>> {
+        let mut sessions = self.list_sessions().await?;
+        sessions.retain(|s| s.idle_by(seen_by_ms, closed_by_ms));
+        Ok(sessions)
+    }
     /// Deletes the session and every stream and entry it owns.
     async fn delete_session(&self, id: SessionId) -> Result<()>;
 

@@ -94,6 +94,11 @@ pub struct Index {
     finished_at: BTreeSet<(u64, StreamId)>,
     /// When tasks expire (`expires_ms`), soonest first.
     task_expiry: BTreeSet<(u64, TaskId)>,
+    /// Sessions by the `last_seen_ms` of their record, and the closed ones
+    /// by `closed_ms`, oldest first: the sweeper asks for the idle ones
+    /// every `sweep_secs` and must not read them all.
+    seen_at: BTreeSet<(u64, SessionId)>,
+    closed_at: BTreeSet<(u64, SessionId)>,
 }
 
 impl Index {
@@ -276,12 +281,47 @@ impl Index {
     /// Creates or replaces a session record, written whole to `segment`.
     pub fn put_session(&mut self, session: SessionRecord, segment: SegmentNo) {
         self.holdings.record(Object::Session(session.id), segment);
-        self.sessions.insert(session.id, session);
+        self.seen_at.insert((session.last_seen_ms, session.id));
+        if let Some(at) = session.closed_ms {
+            self.closed_at.insert((at, session.id));
+        }
+        if let Some(old) = self.sessions.insert(session.id, session) {
+            self.unlist_session(&old);
+        }
     }
 
     pub fn remove_session(&mut self, id: SessionId) {
         self.holdings.forget(Object::Session(id));
-        self.sessions.remove(&id);
+        if let Some(old) = self.sessions.remove(&id) {
+            self.unlist_session(&old);
+        }
+    }
+
+    /// Takes a replaced or removed record out of the ordered sets, unless
+    /// the record now in place is listed under the same time.
+    fn unlist_session(&mut self, old: &SessionRecord) {
+        let now = self.sessions.get(&old.id);
+        if now.map(|s| s.last_seen_ms) != Some(old.last_seen_ms) {
+            self.seen_at.remove(&(old.last_seen_ms, old.id));
+        }
+        if let Some(at) = old.closed_ms {
+            if now.and_then(|s| s.closed_ms) != Some(at) {
+                self.closed_at.remove(&(at, old.id));
+            }
+        }
+    }
+
+    /// Sessions last seen at or before `seen_by_ms` or closed at or before
+    /// `closed_by_ms`, each once.
+    pub fn sessions_idle_by(&self, seen_by_ms: u64, closed_by_ms: u64) -> Vec<SessionRecord> {
+        let seen = self.seen_at.range(..=(seen_by_ms, SessionId([0xff; 16])));
+        let closed = self
+            .closed_at
+            .range(..=(closed_by_ms, SessionId([0xff; 16])));
+        let ids: IdSet<SessionId> = seen.chain(closed).map(|&(_, id)| id).collect();
+        ids.into_iter()
+            .filter_map(|id| self.sessions.get(&id).cloned())
+            .collect()
     }
 
     /// The session's streams, in no particular order.

@@ -552,6 +552,14 @@ impl Store for Journal {
         Ok(self.lock().index.sessions.values().cloned().collect())
     }
 
+    async fn sessions_idle_by(
+        &self,
+        seen_by_ms: u64,
+        closed_by_ms: u64,
+    ) -> Result<Vec<SessionRecord>> {
+        Ok(self.lock().index.sessions_idle_by(seen_by_ms, closed_by_ms))
+    }
+
     async fn delete_session(&self, id: SessionId) -> Result<()> {
         {
             let mut inner = self.lock();
