@@ -20,7 +20,9 @@ use bytes::Bytes;
 use crate::config::LimitsConfig;
 use crate::jsonrpc::{self, Kind};
 use crate::session::Session;
-use crate::store::{Change, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus};
+use crate::store::{
+    Along, Caps, Change, Finish, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus,
+};
 use crate::stream::{keep_latest_progress, Log};
 
 /// What became of a batch.
@@ -96,28 +98,35 @@ pub async fn record(
         upstream_event,
     } = batch;
     let (mut batch, mut noted) = admit(session, stream, messages);
-    if stream.kind == StreamKind::Request {
-        match within_caps(log, limits, stream, &mut batch).await {
-            Ok(Caps::Fit) => {}
-            // Rare: the batch changed, note it again.
-            Ok(Caps::Coalesced) => noted = note(&batch),
-            Ok(Caps::Overflow) => return fail(log, stream, OVERFLOWED).await,
-            Err(e) => return failed_append(log, stream, e).await,
-        }
-    }
-    let logged = if complete {
-        let outcome = noted.outcome.or(Some(Outcome::Result));
-        log.append_final(stream.id, &batch, StreamStatus::Completed, outcome)
-            .await
-    } else if let Some(event) = &upstream_event {
-        log.append_upstream(stream.id, &batch, event).await
-    } else if batch.is_empty() {
+    if !complete && upstream_event.is_none() && batch.is_empty() {
         return Recorded::Appended;
-    } else {
-        log.append(stream.id, &batch).await
+    }
+    let along = |noted: &Noted| Along {
+        upstream_event: upstream_event.as_deref(),
+        end: complete.then(|| {
+            let outcome = noted.outcome.or(Some(Outcome::Result));
+            Finish::new(StreamStatus::Completed, outcome)
+        }),
+        ahead: false,
+        caps: (stream.kind == StreamKind::Request).then_some(Caps {
+            entries: limits.stream_max_entries,
+            bytes: limits.stream_max_bytes,
+        }),
+    };
+    let logged = match log.write(stream.id, &batch, along(&noted)).await {
+        // Rare: the batch changed, note it again.
+        Err(StoreError::OverCaps(_)) => match coalesce(log, stream, &mut batch).await {
+            Ok(()) => {
+                noted = note(&batch);
+                log.write(stream.id, &batch, along(&noted)).await
+            }
+            Err(e) => Err(e),
+        },
+        logged => logged,
     };
     let last = match logged {
         Ok(last) => last,
+        Err(StoreError::OverCaps(_)) => return fail(log, stream, OVERFLOWED).await,
         Err(e) => return failed_append(log, stream, e).await,
     };
     if let Some(i) = noted.last_request {
@@ -162,45 +171,26 @@ fn admit(session: &Session, stream: &StreamMeta, batch: Vec<Bytes>) -> (Vec<Byte
     (kept, noted)
 }
 
-/// Whether a batch fits its stream's caps.
-enum Caps {
-    Fit,
-    /// Fits once progress was coalesced.
-    Coalesced,
-    Overflow,
-}
-
-/// Keeps a stream within its caps: once a batch would cross one, progress in
-/// it is coalesced per token to the latest. `false` when even that does not
-/// fit.
-async fn within_caps(
+/// Makes a batch the store refused at the stream's caps smaller: progress
+/// in it is coalesced per token to the latest, and the stream is marked
+/// as coalescing (once). Whether it fits now is the store's call again.
+async fn coalesce(
     log: &Log,
-    limits: &LimitsConfig,
     stream: &StreamMeta,
     batch: &mut Vec<Bytes>,
-) -> Result<Caps, StoreError> {
-    let Some(now) = log.store().counts(stream.id).await? else {
-        return Err(StoreError::NoSuchStream(stream.id));
-    };
-    let fits = |batch: &[Bytes]| {
-        now.entries + batch.len() as u64 <= limits.stream_max_entries
-            && now.bytes + batch.iter().map(|m| m.len() as u64).sum::<u64>()
-                <= limits.stream_max_bytes
-    };
-    if fits(batch) {
-        return Ok(Caps::Fit);
-    }
+) -> Result<(), StoreError> {
     keep_latest_progress(batch, |m| m);
-    if !now.coalesced {
+    let marked = log
+        .store()
+        .counts(stream.id)
+        .await?
+        .is_some_and(|c| c.coalesced);
+    if !marked {
         log.store()
             .update_stream(stream.id, Change::Coalesced)
             .await?;
     }
-    Ok(if fits(batch) {
-        Caps::Coalesced
-    } else {
-        Caps::Overflow
-    })
+    Ok(())
 }
 
 impl Noted {

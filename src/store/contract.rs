@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use super::commit::SyncMode;
 use super::{
-    now_ms, Change, Finish, Outcome, PendingInput, SessionRecord, SharedStore, Store, StoreError,
-    StreamKind, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
+    now_ms, Along, Caps, Change, Finish, Outcome, PendingInput, SessionRecord, SharedStore, Store,
+    StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
 };
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -266,6 +266,38 @@ pub async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(op
     assert_eq!(idle(store.clone()).await, want);
     drop(store);
     assert_eq!(idle(open(dir.path(), SyncMode::Never)).await, want);
+}
+
+pub async fn a_write_past_the_caps_is_refused_whole_and_one_within_them_goes_in(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Never);
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    store.append(m.id, &bytes(&["aaaa", "bbbb"])).await.unwrap();
+    let capped = |entries, bytes| Along {
+        caps: Some(Caps { entries, bytes }),
+        ..Along::default()
+    };
+    // Three entries would make 5 > 4; 8 + 5 bytes would pass 12.
+    for along in [capped(4, 100), capped(100, 12)] {
+        let refused = store.write(m.id, &bytes(&["c", "d", "eeeee"]), along).await;
+        assert!(matches!(refused, Err(StoreError::OverCaps(id)) if id == m.id));
+    }
+    assert_eq!(
+        messages(&store, m.id, 0).await.len(),
+        2,
+        "nothing of it written"
+    );
+    let counts = store.counts(m.id).await.unwrap().unwrap();
+    assert_eq!((counts.entries, counts.bytes), (2, 8));
+    // Exactly at the caps fits.
+    assert_eq!(
+        store
+            .write(m.id, &bytes(&["cccc"]), capped(3, 12))
+            .await
+            .unwrap(),
+        3
+    );
 }
 
 pub async fn a_deleted_stream_is_gone_and_its_readers_are_told(open: Opener) {
@@ -795,6 +827,12 @@ macro_rules! contract_tests {
             async fn appended_entries_read_back_in_order_after_any_cursor() {
                 let _guard = ($guard)();
                 c::appended_entries_read_back_in_order_after_any_cursor(open).await
+            }
+
+            #[tokio::test]
+            async fn a_write_past_the_caps_is_refused_whole_and_one_within_them_goes_in() {
+                let _guard = ($guard)();
+                c::a_write_past_the_caps_is_refused_whole_and_one_within_them_goes_in(open).await
             }
 
             #[tokio::test]

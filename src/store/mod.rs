@@ -44,6 +44,10 @@ pub enum StoreError {
     /// out): only the owner logs upstream messages to it.
     #[error("stream {0} is owned by another instance now")]
     NotOwner(StreamId),
+    /// The write would take the stream past its [`Caps`]: nothing of it
+    /// was written.
+    #[error("stream {0} would exceed its caps")]
+    OverCaps(StreamId),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -305,6 +309,27 @@ pub struct Along<'a> {
     /// upstream without waiting for them, and the journal lets a fast
     /// answer's flush cover them too.
     pub ahead: bool,
+    /// Refuse the write whole ([`StoreError::OverCaps`]) if it would take
+    /// the stream past these: checked in the same atomic step as the
+    /// write, so a shared log needs no read before it.
+    pub caps: Option<Caps>,
+}
+
+/// The most a stream may hold (`[limits] stream_max_entries` and
+/// `stream_max_bytes` for request streams).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    pub entries: Seq,
+    pub bytes: u64,
+}
+
+impl Caps {
+    /// Whether `messages` fit on a stream holding `entries` and `bytes`.
+    pub fn admit(&self, entries: Seq, bytes: u64, messages: &[Bytes]) -> bool {
+        let adding: u64 = messages.iter().map(|m| m.len() as u64).sum();
+        entries.saturating_add(messages.len() as Seq) <= self.entries
+            && bytes.saturating_add(adding) <= self.bytes
+    }
 }
 
 /// How much a stream holds: what its caps are checked against, cheaper to

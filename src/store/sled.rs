@@ -216,12 +216,17 @@ impl SledStore {
         &self,
         stream: StreamId,
         messages: &[Bytes],
-        finish: Option<Finish>,
-        upstream: Option<&str>,
+        along: Along<'_>,
     ) -> Result<Seq> {
+        let (finish, upstream) = (along.end, along.upstream_event);
         let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
         let _serial = tail.append.lock().await;
         let mut seq = tail.watermark.borrow().seq;
+        if let Some(caps) = along.caps {
+            if !caps.admit(seq, tail.bytes.load(Ordering::Relaxed), messages) {
+                return Err(StoreError::OverCaps(stream));
+            }
+        }
         if !messages.is_empty() {
             let mut batch = sled::Batch::default();
             for message in messages {
@@ -566,8 +571,7 @@ impl Store for SledStore {
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
-        self.append_inner(stream, messages, along.end, along.upstream_event)
-            .await
+        self.append_inner(stream, messages, along).await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {

@@ -178,8 +178,24 @@ impl Log {
     }
 
     pub async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        let last = self.store.append(stream, messages).await?;
-        self.appended(stream, last, messages, None);
+        self.write(stream, messages, Along::default()).await
+    }
+
+    /// Appends with what goes along (see [`Along`]), hands the messages to
+    /// the stream's reader here, and keeps the live set in step with the
+    /// status it carries.
+    pub async fn write(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        along: Along<'_>,
+    ) -> Result<Seq> {
+        let last = self.store.write(stream, messages, along).await?;
+        let status = along.end.map(|end| end.status);
+        self.appended(stream, last, messages, status);
+        if let Some(status) = status {
+            self.left_live(stream, status);
+        }
         Ok(last)
     }
 
@@ -192,9 +208,7 @@ impl Log {
             ahead: true,
             ..Along::default()
         };
-        let last = self.store.write(stream, messages, along).await?;
-        self.appended(stream, last, messages, None);
-        Ok(last)
+        self.write(stream, messages, along).await
     }
 
     /// Counts an append and hands it to the stream's reader here.
@@ -213,12 +227,11 @@ impl Log {
         messages: &[Bytes],
         event_id: &str,
     ) -> Result<Seq> {
-        let last = self
-            .store
-            .append_upstream(stream, messages, event_id)
-            .await?;
-        self.appended(stream, last, messages, None);
-        Ok(last)
+        let along = Along {
+            upstream_event: Some(event_id),
+            ..Along::default()
+        };
+        self.write(stream, messages, along).await
     }
 
     /// Appends a stream's last messages and finishes it, durable together.
@@ -229,13 +242,11 @@ impl Log {
         status: StreamStatus,
         outcome: Option<Outcome>,
     ) -> Result<Seq> {
-        let last = self
-            .store
-            .append_final(stream, messages, Finish::new(status, outcome))
-            .await?;
-        self.appended(stream, last, messages, Some(status));
-        self.left_live(stream, status);
-        Ok(last)
+        let along = Along {
+            end: Some(Finish::new(status, outcome)),
+            ..Along::default()
+        };
+        self.write(stream, messages, along).await
     }
 
     /// Keeps the live set in step with a status change.

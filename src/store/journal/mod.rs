@@ -270,6 +270,11 @@ impl Journal {
                 .streams
                 .get(&stream)
                 .ok_or(StoreError::NoSuchStream(stream))?;
+            if let Some(caps) = along.caps {
+                if !caps.admit(state.meta.entries, state.meta.bytes, messages) {
+                    return Err(StoreError::OverCaps(stream));
+                }
+            }
             let watermark = state.watermark.clone();
             let first = state.locs.len() as Seq + 1;
             let last = first + messages.len() as Seq - 1;

@@ -300,9 +300,9 @@ impl RedisStore {
         &self,
         stream: StreamId,
         messages: &[Bytes],
-        finish: Option<Finish>,
-        upstream: Option<&str>,
+        along: Along<'_>,
     ) -> Result<Seq> {
+        let (finish, upstream) = (along.end, along.upstream_event);
         let mut invocation = self.scripts.append.prepare_invoke();
         invocation
             .key(self.stream_key(stream, "meta"))
@@ -337,6 +337,10 @@ impl RedisStore {
             .arg(&self.instance)
             .arg(&self.prefix)
             .arg(self.expire_after.finished_stream.as_millis() as u64);
+        match along.caps {
+            Some(caps) => invocation.arg(caps.entries).arg(caps.bytes),
+            None => invocation.arg("").arg(""),
+        };
         for message in messages {
             invocation.arg(message.as_ref());
         }
@@ -346,6 +350,7 @@ impl RedisStore {
             .map_err(backend)?;
         let seq = match seq {
             -2 => return Err(StoreError::NotOwner(stream)),
+            -3 => return Err(StoreError::OverCaps(stream)),
             seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
         };
         // Redis answered: the write is as durable as this backend makes it.
@@ -560,9 +565,11 @@ impl Store for RedisStore {
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
-        self.append_inner(id, &[], Some(end), None)
-            .await
-            .map(|_| ())
+        let along = Along {
+            end: Some(end),
+            ..Along::default()
+        };
+        self.append_inner(id, &[], along).await.map(|_| ())
     }
 
     async fn update_stream(&self, id: StreamId, change: Change) -> Result<()> {
@@ -646,8 +653,7 @@ impl Store for RedisStore {
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
-        self.append_inner(stream, messages, along.end, along.upstream_event)
-            .await
+        self.append_inner(stream, messages, along).await
     }
 
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>> {

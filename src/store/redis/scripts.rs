@@ -101,7 +101,8 @@ return 0
 /// upstream messages or marks (a status alone may come from any instance:
 /// a cancellation, an abandonment). Returns the last seq; -1 for no stream;
 /// -2 when the writer does not own the stream (another instance took it
-/// over).
+/// over); -3, writing nothing, when the messages would take the stream past
+/// the caps given.
 /// A finished stream's keys expire a while after its retention (a backstop:
 /// the sweeper deletes it first, indexes and all, while any instance runs).
 /// A task leg (its metadata has `task`) is deleted with its task instead:
@@ -109,15 +110,21 @@ return 0
 /// KEYS: meta, log, finished, feed.
 /// ARGV: stream id, has mark ('1'/'0'), mark event id, status ('' none),
 /// finished_ms ('' when live), outcome ('' none), instance, prefix, TTL ms
-/// of a finished stream, then the messages.
+/// of a finished stream, most entries and most bytes ('' for no caps), then
+/// the messages.
 const APPEND: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner and owner ~= ARGV[7] and (#ARGV > 9 or ARGV[2] == '1') then return -2 end
+if owner and owner ~= ARGV[7] and (#ARGV > 11 or ARGV[2] == '1') then return -2 end
 local leg = redis.call('HEXISTS', KEYS[1], 'task') == 1
 local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
+if ARGV[10] ~= '' then
+  local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+  for i = 12, #ARGV do bytes = bytes + string.len(ARGV[i]) end
+  if seq + #ARGV - 11 > tonumber(ARGV[10]) or bytes > tonumber(ARGV[11]) then return -3 end
+end
 local added = 0
-for i = 10, #ARGV do
+for i = 12, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], '0-' .. string.format('%d', seq), 'm', ARGV[i])
   added = added + string.len(ARGV[i])
