@@ -315,6 +315,32 @@ pub struct Along<'a> {
     pub caps: Option<Caps>,
 }
 
+impl<'a> Along<'a> {
+    /// Carrying the upstream's event id the messages ended at.
+    pub fn upstream(event_id: &'a str) -> Self {
+        Self {
+            upstream_event: Some(event_id),
+            ..Self::default()
+        }
+    }
+
+    /// Taking the stream out of (or back into) `Live`.
+    pub fn ending(end: Finish) -> Self {
+        Self {
+            end: Some(end),
+            ..Self::default()
+        }
+    }
+
+    /// Not waited on (see the `ahead` field).
+    pub fn written_ahead() -> Self {
+        Self {
+            ahead: true,
+            ..Self::default()
+        }
+    }
+}
+
 /// The most a stream may hold (`[limits] stream_max_entries` and
 /// `stream_max_bytes` for request streams).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,11 +504,7 @@ pub trait Store: Send + Sync + 'static {
     /// durability wait for both (a call's final response costs one flush,
     /// not two).
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
-        let along = Along {
-            end: Some(end),
-            ..Along::default()
-        };
-        self.write(stream, messages, along).await
+        self.write(stream, messages, Along::ending(end)).await
     }
     /// Appends messages read from an upstream SSE stream with the
     /// [`UpstreamMark`]: the upstream's id of the event they ended with (an
@@ -493,11 +515,8 @@ pub trait Store: Send + Sync + 'static {
         messages: &[Bytes],
         event_id: &str,
     ) -> Result<Seq> {
-        let along = Along {
-            upstream_event: Some(event_id),
-            ..Along::default()
-        };
-        self.write(stream, messages, along).await
+        self.write(stream, messages, Along::upstream(event_id))
+            .await
     }
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.

@@ -204,11 +204,7 @@ impl Log {
     /// Handed over at once: the reader takes them only once the watermark
     /// covers them.
     pub async fn append_ahead(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        let along = Along {
-            ahead: true,
-            ..Along::default()
-        };
-        self.write(stream, messages, along).await
+        self.write(stream, messages, Along::written_ahead()).await
     }
 
     /// Counts an append and hands it to the stream's reader here.
@@ -227,11 +223,8 @@ impl Log {
         messages: &[Bytes],
         event_id: &str,
     ) -> Result<Seq> {
-        let along = Along {
-            upstream_event: Some(event_id),
-            ..Along::default()
-        };
-        self.write(stream, messages, along).await
+        self.write(stream, messages, Along::upstream(event_id))
+            .await
     }
 
     /// Appends a stream's last messages and finishes it, durable together.
@@ -242,11 +235,8 @@ impl Log {
         status: StreamStatus,
         outcome: Option<Outcome>,
     ) -> Result<Seq> {
-        let along = Along {
-            end: Some(Finish::new(status, outcome)),
-            ..Along::default()
-        };
-        self.write(stream, messages, along).await
+        let end = Finish::new(status, outcome);
+        self.write(stream, messages, Along::ending(end)).await
     }
 
     /// Keeps the live set in step with a status change.

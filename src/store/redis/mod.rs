@@ -565,11 +565,9 @@ impl Store for RedisStore {
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
-        let along = Along {
-            end: Some(end),
-            ..Along::default()
-        };
-        self.append_inner(id, &[], along).await.map(|_| ())
+        self.append_inner(id, &[], Along::ending(end))
+            .await
+            .map(|_| ())
     }
 
     async fn update_stream(&self, id: StreamId, change: Change) -> Result<()> {
