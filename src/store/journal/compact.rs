@@ -16,7 +16,7 @@
 use bytes::Bytes;
 
 use super::holdings::Object;
-use super::index::SegmentNo;
+use super::segment::SegmentNo;
 use super::{encode_entries, io, locate, read_locs, record, Inner, Journal};
 use crate::id::{Seq, StreamId};
 use crate::store::Result;

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::index::{Loc, SegmentNo};
+use super::segment::{Loc, SegmentNo};
 use crate::id::{IdMap, IdSet, SessionId, StreamId, TaskId};
 
 /// Something the journal keeps a full record of.

@@ -13,36 +13,13 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::holdings::{Holding, Holdings, Object};
+use super::segment::{Loc, SegmentNo};
 
 use crate::id::{IdMap, IdSet, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 use crate::store::{
     Change, Finish, SessionRecord, StreamMeta, TaskRecord, UpstreamMark, Watermark,
 };
-
-/// Segment files are numbered from 1; the number orders them.
-pub type SegmentNo = u32;
-
-/// Where one entry's message bytes are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Loc {
-    pub segment: SegmentNo,
-    pub len: u32,
-    pub offset: u64,
-}
-
-impl Loc {
-    /// A seq recovery has not (yet) found a record for. Segment 0 is never
-    /// a file, so this needs no `Option` around every slot: recovery fills
-    /// the very vector the index keeps (16 bytes a slot instead of 24, and
-    /// no second copy), which at a million entries is most of its page
-    /// faults.
-    pub const MISSING: Loc = Loc {
-        segment: 0,
-        len: 0,
-        offset: 0,
-    };
-}
 
 pub struct StreamState {
     pub meta: StreamMeta,

@@ -16,9 +16,10 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::index::{Loc, SegmentNo, StreamState};
+use super::index::StreamState;
 use super::recover::{self, Metadata, Slots};
 use super::segment;
+use super::segment::{Loc, SegmentNo};
 use crate::id::{IdMap, Seq, SessionId, StreamId};
 use crate::store::{Entry, Result, SessionRecord, StoreError, StreamMeta};
 

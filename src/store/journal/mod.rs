@@ -44,8 +44,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
 
-use self::index::{Index, Loc, SegmentNo, StreamState};
-use self::segment::Writer;
+use self::index::{Index, StreamState};
+use self::segment::{Loc, SegmentNo, Writer};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
     Along, Change, Counts, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,

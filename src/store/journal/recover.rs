@@ -23,9 +23,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::holdings::Object;
-use super::index::{Index, Loc, SegmentNo, StreamState};
+use super::index::{Index, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
 use super::segment;
+use super::segment::{Loc, SegmentNo};
 use crate::id::{IdMap, SessionId, StreamId, TaskId};
 use crate::store::{Result, SessionRecord, StoreError, StreamMeta, TaskRecord};
 
