@@ -69,7 +69,7 @@
 //!   poll cursors — each of its own kind, bound to session (and principal).
 //! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
-//! - [`id`]: session and stream ids.
+//! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
 //! - [`inspect`]: the `streams list|show` command — a read-only look at a
 //!   data directory's log, safe while the proxy runs.
 //! - [`demo`]: the demo MCP server (HTTP and stdio) that also serves the
