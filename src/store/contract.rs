@@ -448,12 +448,18 @@ pub async fn the_upstream_mark_names_its_last_entry_and_survives_reopen(open: Op
             None
         );
         let seq = store
-            .append_upstream(m.id, &bytes(&["b", "c"]), "ev-2")
+            .write(m.id, &bytes(&["b", "c"]), Along::upstream("ev-2"))
             .await
             .unwrap();
         assert_eq!(seq, 3);
         // An event without a message moves the mark, not the seq.
-        assert_eq!(store.append_upstream(m.id, &[], "ev-3").await.unwrap(), 3);
+        assert_eq!(
+            store
+                .write(m.id, &[], Along::upstream("ev-3"))
+                .await
+                .unwrap(),
+            3
+        );
     }
     let store = open(dir.path(), SyncMode::Batch);
     let got = store.stream_meta(m.id).await.unwrap().unwrap();

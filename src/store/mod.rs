@@ -316,7 +316,8 @@ pub struct Along<'a> {
 }
 
 impl<'a> Along<'a> {
-    /// Carrying the upstream's event id the messages ended at.
+    /// Carrying the upstream's event id the messages ended at (the
+    /// [`UpstreamMark`]; an event that carried no message still moves it).
     pub fn upstream(event_id: &'a str) -> Self {
         Self {
             upstream_event: Some(event_id),
@@ -505,18 +506,6 @@ pub trait Store: Send + Sync + 'static {
     /// not two).
     async fn append_final(&self, stream: StreamId, messages: &[Bytes], end: Finish) -> Result<Seq> {
         self.write(stream, messages, Along::ending(end)).await
-    }
-    /// Appends messages read from an upstream SSE stream with the
-    /// [`UpstreamMark`]: the upstream's id of the event they ended with (an
-    /// event that carried no message still moves the mark).
-    async fn append_upstream(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        event_id: &str,
-    ) -> Result<Seq> {
-        self.write(stream, messages, Along::upstream(event_id))
-            .await
     }
     /// Entries with `seq > after`, oldest first, at most `limit`, never past
     /// the durable watermark.

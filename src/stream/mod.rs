@@ -215,18 +215,6 @@ impl Log {
         }
     }
 
-    /// Appends messages read from an upstream SSE stream with the
-    /// upstream's event id they ended at (see [`crate::store::UpstreamMark`]).
-    pub async fn append_upstream(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        event_id: &str,
-    ) -> Result<Seq> {
-        self.write(stream, messages, Along::upstream(event_id))
-            .await
-    }
-
     /// Appends a stream's last messages and finishes it, durable together.
     pub async fn append_final(
         &self,
