@@ -180,11 +180,7 @@ async fn coalesce(
     batch: &mut Vec<Bytes>,
 ) -> Result<(), StoreError> {
     keep_latest_progress(batch, |m| m);
-    let marked = log
-        .store()
-        .counts(stream.id)
-        .await?
-        .is_some_and(|c| c.coalesced);
+    let marked = log.meta(stream.id).await?.is_some_and(|m| m.coalesced);
     if !marked {
         log.store()
             .update_stream(stream.id, Change::Coalesced)

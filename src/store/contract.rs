@@ -288,7 +288,7 @@ pub async fn a_write_past_the_caps_is_refused_whole_and_one_within_them_goes_in(
         2,
         "nothing of it written"
     );
-    let counts = store.counts(m.id).await.unwrap().unwrap();
+    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
     assert_eq!((counts.entries, counts.bytes), (2, 8));
     // Exactly at the caps fits.
     assert_eq!(

@@ -359,15 +359,6 @@ impl Caps {
     }
 }
 
-/// How much a stream holds: what its caps are checked against, cheaper to
-/// ask than the whole metadata on every batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counts {
-    pub entries: Seq,
-    pub bytes: u64,
-    pub coalesced: bool,
-}
-
 /// A small change to a stream's metadata. Changes commute with appends and
 /// with each other (cursors and times only move forward), so a backend can
 /// apply them without reading the stream first — one `HSET`-like write.
@@ -460,14 +451,6 @@ pub trait Store: Send + Sync + 'static {
 
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()>;
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>>;
-    /// The stream's [`Counts`] (what its metadata says, without the rest).
-    async fn counts(&self, id: StreamId) -> Result<Option<Counts>> {
-        Ok(self.stream_meta(id).await?.map(|m| Counts {
-            entries: m.entries,
-            bytes: m.bytes,
-            coalesced: m.coalesced,
-        }))
-    }
     async fn list_streams(&self) -> Result<Vec<StreamMeta>>;
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>>;
     /// Moves a stream out of (or back into) `Live` and wakes its readers.

@@ -48,7 +48,7 @@ use self::index::{Index, StreamState};
 use self::segment::{Loc, SegmentNo, Writer};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Along, Change, Counts, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
+    Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
     StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId, TaskId};
@@ -599,14 +599,6 @@ impl Store for Journal {
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
         Ok(self.lock().index.streams.get(&id).map(StreamState::visible))
-    }
-
-    async fn counts(&self, id: StreamId) -> Result<Option<Counts>> {
-        Ok(self.lock().index.streams.get(&id).map(|s| Counts {
-            entries: s.meta.entries,
-            bytes: s.meta.bytes,
-            coalesced: s.meta.coalesced,
-        }))
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {

@@ -141,7 +141,7 @@ async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_sh
         (fields["entries"].as_str(), fields["bytes"].as_str()),
         ("2", "3")
     );
-    let counts = store.counts(m.id).await.unwrap().unwrap();
+    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
     assert_eq!((counts.entries, counts.bytes), (2, 3));
 }
 
