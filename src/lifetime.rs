@@ -133,17 +133,14 @@ pub async fn sweep(
     swept.expired_tasks = expire_tasks(log, now).await?;
     let idle = config.session_idle_secs.saturating_mul(1000);
     let (seen_by, closed_by) = (now.saturating_sub(idle), now.saturating_sub(retention));
-    for record in log.store().sessions_idle_by(seen_by, closed_by).await? {
+    for mut record in log.store().sessions_idle_by(seen_by, closed_by).await? {
         // The newer of what this process saw and what is stored: with a
         // shared log, another instance may have served the session since.
-        let last_seen = sessions
-            .cached(record.id)
-            .map_or(0, |s| s.record().last_seen_ms)
-            .max(record.last_seen_ms);
-        let closed_long_ago = record
-            .closed_ms
-            .is_some_and(|at| now.saturating_sub(at) >= retention);
-        if closed_long_ago || now.saturating_sub(last_seen) >= idle {
+        if let Some(cached) = sessions.cached(record.id) {
+            let seen = cached.record().last_seen_ms;
+            record.last_seen_ms = record.last_seen_ms.max(seen);
+        }
+        if record.idle_by(seen_by, closed_by) {
             sessions.end(record.id).await?;
             swept.expired_sessions += 1;
         }
