@@ -118,16 +118,15 @@ local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner and owner ~= ARGV[7] and (#ARGV > 11 or ARGV[2] == '1') then return -2 end
 local leg = redis.call('HEXISTS', KEYS[1], 'task') == 1
 local seq = tonumber(redis.call('HGET', KEYS[1], 'entries') or '0')
+local added = 0
+for i = 12, #ARGV do added = added + string.len(ARGV[i]) end
 if ARGV[10] ~= '' then
   local bytes = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
-  for i = 12, #ARGV do bytes = bytes + string.len(ARGV[i]) end
-  if seq + #ARGV - 11 > tonumber(ARGV[10]) or bytes > tonumber(ARGV[11]) then return -3 end
+  if seq + #ARGV - 11 > tonumber(ARGV[10]) or bytes + added > tonumber(ARGV[11]) then return -3 end
 end
-local added = 0
 for i = 12, #ARGV do
   seq = seq + 1
   redis.call('XADD', KEYS[2], '0-' .. string.format('%d', seq), 'm', ARGV[i])
-  added = added + string.len(ARGV[i])
 end
 local fields = {'entries', string.format('%d', seq)}
 if added > 0 then
