@@ -154,15 +154,29 @@ fn token(c: &mut Criterion) {
     g.finish();
 }
 
-fn open_stream(rt: &tokio::runtime::Runtime, store: &SharedStore, session: SessionId) -> StreamId {
-    let meta = StreamMeta::new(
+/// The two worker threads the proxy runs on here.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// A `tools/call` request stream of `session`, created at `at_ms`.
+fn call_meta(session: SessionId, at_ms: u64) -> StreamMeta {
+    StreamMeta::new(
         StreamId::random(),
         session,
         StreamKind::Request,
         Vec::new(),
         Some("tools/call".into()),
-        now_ms(),
-    );
+        at_ms,
+    )
+}
+
+fn open_stream(rt: &tokio::runtime::Runtime, store: &SharedStore, session: SessionId) -> StreamId {
+    let meta = call_meta(session, now_ms());
     rt.block_on(store.create_stream(&meta))
         .expect("create stream");
     meta.id
@@ -179,11 +193,7 @@ fn open_sled(dir: &std::path::Path, sync: SyncMode) -> SharedStore {
 }
 
 fn store(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     let msg = small_message();
     let mut g = c.benchmark_group("store");
     g.throughput(Throughput::Elements(1));
@@ -299,14 +309,7 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
         };
         store.put_session(&session).await.expect("put session");
         for _ in 0..per_session {
-            let meta = StreamMeta::new(
-                StreamId::random(),
-                session.id,
-                StreamKind::Request,
-                Vec::new(),
-                Some("tools/call".into()),
-                now,
-            );
+            let meta = call_meta(session.id, now);
             store.create_stream(&meta).await.expect("create stream");
             let end = Finish::new(StreamStatus::Completed, None);
             store
@@ -318,11 +321,7 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
 }
 
 fn sweeper(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_journal(dir.path(), SyncMode::Never);
     rt.block_on(retained(&store, 10_000, 10));
