@@ -47,6 +47,33 @@ async fn a_session_at_its_stream_cap_gets_429_and_its_running_call_finishes() {
 }
 
 #[tokio::test]
+async fn a_call_re_sent_at_the_stream_cap_is_attached_to_its_stream_not_refused() {
+    let rig = Rig::with(DemoOptions::default(), |c| {
+        c.limits.streams_per_session = 1;
+    })
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = slow_call(2, 3, 50);
+    let running = rig.client.send(Call::post(&call).session(&sid)).await;
+    let again = rig.client.send(Call::post(&call).session(&sid)).await;
+    assert_eq!(
+        again.status(),
+        StatusCode::OK,
+        "the same call takes no new stream"
+    );
+    let (first, second) = (messages(running).await, messages(again).await);
+    assert_eq!(first, second, "both got the one stream");
+    assert!(second.last().unwrap().get("result").is_some());
+    assert_eq!(
+        rig.upstream
+            .stats
+            .calls_started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_principal_at_its_cap_is_refused_in_every_one_of_its_sessions() {
     let rig = Rig::with(DemoOptions::default(), |c| {
         c.limits.streams_per_principal = 1;

@@ -114,6 +114,28 @@ async fn a_call_started_on_a_is_followed_live_on_b_after_last_event_id() {
 }
 
 #[tokio::test]
+async fn a_call_re_sent_on_b_after_a_cut_on_a_runs_once() {
+    let cluster = Cluster::start(DemoOptions::default()).await;
+    let sid = cluster.a.client().initialize(V_LATEST).await;
+    start_call_then_cut(&cluster.a.client(), &sid, 4, 10, 2).await;
+    let res = cluster
+        .b
+        .client()
+        .send(Call::post(&slow_call(4, 10, 100)).session(&sid))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let again = read_to_end(res).await;
+    assert_eq!(
+        progress(&again),
+        (1..=10).collect::<Vec<_>>(),
+        "the same call, from its start"
+    );
+    assert!(response(&again, 4).is_some_and(|r| r.get("result").is_some()));
+    let started = &cluster.upstream.stats.calls_started;
+    assert_eq!(started.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
 async fn requests_resume_on_b_delivers_the_rest_of_a_call_running_on_a() {
     let cluster = Cluster::start(DemoOptions::default()).await;
     let caps = json!({"resumableRequests": {}});

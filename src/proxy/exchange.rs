@@ -40,7 +40,7 @@ use crate::jsonrpc::{self, Body as Message};
 use crate::relay::Relay;
 use crate::reply::Body;
 use crate::session::Session;
-use crate::store::{now_ms, StreamKind, StreamMeta};
+use crate::store::{now_ms, Prior, StreamKind, StreamMeta};
 use crate::stream::Reader;
 use crate::task::Leg;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
@@ -62,6 +62,10 @@ pub struct Post {
     /// The task this request is a leg of (2025-11-25 tasks): its stream is
     /// the one the task's record names, and the task answers the client.
     pub leg: Option<Leg>,
+    /// A call the client may be re-sending after a cut (one request with an
+    /// id, no resume token): when the session has a stream for it, that is
+    /// its stream, and it does not go upstream again (see [`Prior`]).
+    pub may_repeat: bool,
 }
 
 /// The upstream side of a session.
@@ -109,6 +113,28 @@ async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<B
         .await
 }
 
+/// How a POST's stream opened.
+// Returned once per call and taken apart at once: boxing `New` would cost
+// every call an allocation to save stack space on the rare `Repeat`.
+#[allow(clippy::large_enum_variant)]
+enum Opening {
+    New(Opened),
+    /// The call repeats one the session has a stream for: the client gets
+    /// that stream from its start, and nothing goes upstream.
+    Repeat(StreamMeta),
+}
+
+/// Answers a call the client re-sent from its prior stream, from the start.
+async fn answer_again(
+    route: &Route,
+    post: &Post,
+    prior: &StreamMeta,
+) -> Result<Response<Body>, Rejection> {
+    route
+        .answer_again(&post.session, &post.headers, prior)
+        .await
+}
+
 /// A request stream, opened.
 struct Opened {
     stream: StreamMeta,
@@ -122,8 +148,9 @@ struct Opened {
 
 /// Opens the request stream of a POST: armed for abandonment and opened
 /// with the entries the session's dialects author (written now, shown once
-/// durable); its requests and progress tokens tracked.
-async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
+/// durable); its requests and progress tokens tracked. A call the session
+/// has a stream for already opens nothing ([`Opening::Repeat`]).
+async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     let started = Instant::now();
     let session = &post.session;
     let log = &route.shared.log;
@@ -131,13 +158,13 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
         Message::Single(_) => post.message.request_ids().into_iter().next(),
         Message::Batch(_) => None,
     };
-    quota::admit(
+    let admitted = quota::admit(
         &route.shared.config.limits,
         &route.shared.sessions,
         log.store().as_ref(),
         session,
         single_id,
-    )?;
+    );
     let negotiated = Negotiated::of(session);
     let mut meta = StreamMeta::new(
         post.leg.map_or_else(StreamId::random, |leg| leg.stream),
@@ -156,12 +183,14 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     .flatten();
     let tokens = resume_token::applies(&cx.config.resume_tokens, &negotiated, tool.as_deref());
     negotiated.arm(&mut meta, cx.config, tokens);
-    let opening = negotiated.opening(&cx, &meta);
     if matches!(post.message, Message::Single(_)) {
         meta.params_digest = jsonrpc::params_digest(&post.bytes);
     }
     meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    let meta = log.open(meta).await?;
+    if let Some(prior) = create(route, &meta, post.may_repeat, admitted).await? {
+        return Ok(Opening::Repeat(prior));
+    }
+    let opening = negotiated.opening(&cx, &meta);
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
     if !opening.is_empty() {
         // Shown once durable, like every entry; the request does not wait
@@ -171,16 +200,60 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     session.track(&meta);
     session.remember_headers(&post.headers);
     let reader = log.attach(meta.id, 0);
-    Ok(Opened {
+    Ok(Opening::New(Opened {
         stream: meta,
         call,
         reader,
-    })
+    }))
+}
+
+/// Creates the stream of an admitted POST. A call the client may be
+/// re-sending finds its prior stream instead, which it returns: the same
+/// call is not executed twice, even at the quota (it opens nothing), and
+/// another call under its id is refused. Found through the log, so it
+/// holds after a restart.
+async fn create(
+    route: &Route,
+    meta: &StreamMeta,
+    may_repeat: bool,
+    admitted: Result<(), Rejection>,
+) -> Result<Option<StreamMeta>, Rejection> {
+    let log = &route.shared.log;
+    if !may_repeat {
+        admitted?;
+        log.open(meta.clone()).await?;
+        return Ok(None);
+    }
+    let refused = admitted.err();
+    let prior = match refused {
+        None => log.open_call(meta).await?,
+        Some(_) => log.store().prior_call(meta).await?,
+    };
+    let stream = match prior {
+        Some(Prior::Same(stream)) => stream,
+        Some(Prior::Other) => return Err(Rejection::reused_id(meta.origin_ids.first().cloned())),
+        None => return refused.map_or(Ok(None), Err),
+    };
+    match (log.meta(stream).await?, refused) {
+        (Some(prior), _) => {
+            tracing::debug!(%stream, "re-sent call attached to its stream");
+            Ok(Some(prior))
+        }
+        (None, Some(refused)) => Err(refused),
+        // Gone since (retention ran out in between): a new call after all.
+        (None, None) => {
+            log.open(meta.clone()).await?;
+            Ok(None)
+        }
+    }
 }
 
 /// Sends a POST to a stdio child and answers from the log.
 async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
-    let opened = open_stream(route, &post).await?;
+    let opened = match open_stream(route, &post).await? {
+        Opening::New(opened) => opened,
+        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
+    };
     write_to_child(route, child, &post, &opened.stream).await?;
     answer(route, &post, opened).await
 }
@@ -216,8 +289,11 @@ pub async fn start_leg(
     target: Target<'_>,
     post: Post,
 ) -> Result<StreamMeta, Rejection> {
-    let opened = open_stream(route, &post).await?;
-    let stream = opened.stream;
+    let stream = match open_stream(route, &post).await? {
+        Opening::New(opened) => opened.stream,
+        // Never: a leg's stream is the task's, not a call the client re-sends.
+        Opening::Repeat(prior) => return Ok(prior),
+    };
     match target {
         Target::Http(up) => {
             let relay = relay(
@@ -290,7 +366,10 @@ async fn http(
     post: Post,
 ) -> Result<Response<Body>, Rejection> {
     let (session, opens_session) = (&post.session, post.opens_session);
-    let opened = open_stream(route, &post).await?;
+    let opened = match open_stream(route, &post).await? {
+        Opening::New(opened) => opened,
+        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
+    };
     let stream = opened.stream.clone();
     let orphaned = Arc::new(AtomicBool::new(false));
     let mut inline = Inline {

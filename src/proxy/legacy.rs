@@ -23,7 +23,7 @@ use crate::id::SessionId;
 use crate::jsonrpc::{self, Body as Message, RequestId};
 use crate::reply::{self, Body};
 use crate::session::{self, Session};
-use crate::store::{StreamMeta, StreamStatus};
+use crate::store::StreamStatus;
 use crate::upstream::Upstream;
 
 pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
@@ -54,15 +54,11 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     if !message.has_requests() {
         return notify(route, &target, &session, &parts.headers, bytes).await;
     }
-    if let Some(existing) = reissued(route, &session, &message, &bytes).await? {
-        return route
-            .answer_again(&session, &parts.headers, &existing)
-            .await;
-    }
     let post = Post {
         session,
         opens_session: false,
         headers: parts.headers,
+        may_repeat: may_repeat(&message, &bytes),
         bytes,
         message,
         leg: None,
@@ -109,45 +105,23 @@ async fn initialize(
         bytes,
         message,
         leg: None,
+        may_repeat: false,
     };
     exchange::run(route, target, post).await
 }
 
-/// A call re-sent under the id of a live or retained stream of the session
-/// (a client retrying after a cut): the same call — same params digest — is
-/// not executed again, the client gets the existing stream from its start;
-/// other params under that id are refused. A new id is never deduplicated,
-/// and neither is a call carrying a resume token (its dialect, or the
-/// upstream in passthrough, continues it). Found through the log, so it
-/// holds after a restart.
-async fn reissued(
-    route: &Route,
-    session: &Session,
-    message: &Message,
-    bytes: &[u8],
-) -> Result<Option<StreamMeta>, Rejection> {
+/// Whether a POST may re-send a call of the session under the id of a live
+/// or retained stream (a client retrying after a cut): the same call — same
+/// params digest — is then not executed again, the client gets the
+/// existing stream from its start; other params under that id are refused
+/// (see `exchange::create`). A new id is never deduplicated, and neither is
+/// a call carrying a resume token (its dialect, or the upstream in
+/// passthrough, continues it).
+fn may_repeat(message: &Message, bytes: &[u8]) -> bool {
     let Message::Single(envelope) = message else {
-        return Ok(None);
+        return false;
     };
-    let Some(id) = envelope.id.as_ref().filter(|_| envelope.is_request()) else {
-        return Ok(None);
-    };
-    let log = &route.shared.log;
-    let Some(stream) = log.store().stream_of_request(session.id, id).await? else {
-        return Ok(None);
-    };
-    let Some(meta) = log.meta(stream).await? else {
-        return Ok(None);
-    };
-    if meta.params_digest.is_none() || jsonrpc::resume_token(bytes).is_some() {
-        return Ok(None);
-    }
-    if meta.params_digest == jsonrpc::params_digest(bytes) {
-        tracing::debug!(%stream, request = id.as_json(), "re-issued call attached to its stream");
-        Ok(Some(meta))
-    } else {
-        Err(Rejection::reused_id(id.clone()))
-    }
+    envelope.is_request() && envelope.id.is_some() && jsonrpc::resume_token(bytes).is_none()
 }
 
 /// The caller's session: 400 without the header, 404 for an unknown,
@@ -225,6 +199,7 @@ async fn start_task(
                 message: jsonrpc::parse_body(&start.upstream)?,
                 bytes: start.upstream,
                 leg: Some(start.leg),
+                may_repeat: false,
             };
             exchange::start_leg(route, target, post).await
         }

@@ -109,9 +109,9 @@ impl Rejection {
     }
 
     /// A request id the session already used for another call.
-    pub fn reused_id(id: RequestId) -> Self {
+    pub fn reused_id(id: Option<RequestId>) -> Self {
         Self {
-            id: Some(id),
+            id,
             ..Self::new(
                 StatusCode::OK,
                 code::INVALID_REQUEST,

@@ -12,8 +12,8 @@ use bytes::Bytes;
 
 use super::commit::SyncMode;
 use super::{
-    now_ms, Along, Caps, Change, Finish, Outcome, PendingInput, SessionRecord, SharedStore, Store,
-    StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
+    now_ms, Along, Caps, Change, Finish, Outcome, PendingInput, Prior, SessionRecord, SharedStore,
+    Store, StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
 };
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -434,6 +434,88 @@ pub async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen(op
     assert_eq!(store.stream_of_request(a, &two).await.unwrap(), None);
     store.delete_stream(other.id).await.unwrap();
     assert_eq!(store.stream_of_request(b, &one).await.unwrap(), None);
+}
+
+/// A call of session `session` under request id `id` with params digest
+/// `digest`.
+fn call(session: SessionId, id: &str, digest: Option<&str>) -> StreamMeta {
+    StreamMeta {
+        origin_ids: vec![RequestId(id.into())],
+        params_digest: digest.map(str::to_owned),
+        ..meta(session)
+    }
+}
+
+pub async fn a_call_re_sent_finds_its_prior_and_creates_nothing(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let session = SessionId::random();
+    let first = call(session, "1", Some("d1"));
+    assert_eq!(store.create_call(&first).await.unwrap(), None);
+    let again = call(session, "1", Some("d1"));
+    assert_eq!(
+        store.create_call(&again).await.unwrap(),
+        Some(Prior::Same(first.id))
+    );
+    assert_eq!(store.stream_meta(again.id).await.unwrap(), None);
+    assert_eq!(
+        store
+            .stream_of_request(session, &RequestId("1".into()))
+            .await
+            .unwrap(),
+        Some(first.id)
+    );
+}
+
+pub async fn another_call_under_a_prior_id_is_refused_and_creates_nothing(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let session = SessionId::random();
+    store
+        .create_call(&call(session, "1", Some("d1")))
+        .await
+        .unwrap();
+    for other in [Some("d2"), None] {
+        let other = call(session, "1", other);
+        assert_eq!(store.create_call(&other).await.unwrap(), Some(Prior::Other));
+        assert_eq!(store.stream_meta(other.id).await.unwrap(), None);
+    }
+}
+
+pub async fn a_call_has_no_prior_in_another_session_under_another_id_or_without_a_digest(
+    open: Opener,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let (a, b) = (SessionId::random(), SessionId::random());
+    store.create_call(&call(a, "1", Some("d1"))).await.unwrap();
+    store.create_call(&call(a, "2", None)).await.unwrap();
+    let new = [
+        call(b, "1", Some("d1")),
+        call(a, "\"1\"", Some("d1")),
+        call(a, "2", Some("d1")),
+    ];
+    for new in &new {
+        assert_eq!(store.create_call(new).await.unwrap(), None);
+        assert!(store.stream_meta(new.id).await.unwrap().is_some());
+    }
+    // The newest stream under an id is its prior from now on.
+    assert_eq!(
+        store.create_call(&call(a, "2", Some("d1"))).await.unwrap(),
+        Some(Prior::Same(new[2].id))
+    );
+}
+
+pub async fn a_deleted_prior_is_no_prior(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), SyncMode::Batch);
+    let session = SessionId::random();
+    let first = call(session, "1", Some("d1"));
+    store.create_call(&first).await.unwrap();
+    store.delete_stream(first.id).await.unwrap();
+    let again = call(session, "1", Some("d1"));
+    assert_eq!(store.create_call(&again).await.unwrap(), None);
+    assert!(store.stream_meta(again.id).await.unwrap().is_some());
 }
 
 pub async fn the_upstream_mark_names_its_last_entry_and_survives_reopen(open: Opener) {
@@ -893,6 +975,31 @@ macro_rules! contract_tests {
             async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen() {
                 let _guard = ($guard)();
                 c::a_request_id_finds_its_newest_stream_in_its_session_after_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn a_call_re_sent_finds_its_prior_and_creates_nothing() {
+                let _guard = ($guard)();
+                c::a_call_re_sent_finds_its_prior_and_creates_nothing(open).await
+            }
+
+            #[tokio::test]
+            async fn another_call_under_a_prior_id_is_refused_and_creates_nothing() {
+                let _guard = ($guard)();
+                c::another_call_under_a_prior_id_is_refused_and_creates_nothing(open).await
+            }
+
+            #[tokio::test]
+            async fn a_call_has_no_prior_in_another_session_under_another_id_or_without_a_digest() {
+                let _guard = ($guard)();
+                c::a_call_has_no_prior_in_another_session_under_another_id_or_without_a_digest(open)
+                    .await
+            }
+
+            #[tokio::test]
+            async fn a_deleted_prior_is_no_prior() {
+                let _guard = ($guard)();
+                c::a_deleted_prior_is_no_prior(open).await
             }
 
             #[tokio::test]

@@ -374,6 +374,18 @@ pub enum Change {
     Coalesced,
 }
 
+/// A stream the session already has under a call's request id, found when
+/// the call's stream is opened (see [`Store::create_call`]): a client
+/// re-sending a call it never heard back from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prior {
+    /// The same call (same params digest): it is not executed again; the
+    /// client gets this stream.
+    Same(StreamId),
+    /// Another call under the same id (other params): refused.
+    Other,
+}
+
 /// A stream leaving (or re-entering) `Live`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Finish {
@@ -467,6 +479,41 @@ pub trait Store: Send + Sync + 'static {
         session: SessionId,
         id: &RequestId,
     ) -> Result<Option<StreamId>>;
+    /// The prior of the call `meta` opens ([`Prior`]): a stream of the
+    /// session under its single request id whose params digest is known.
+    /// A batch has none, and a stream without a digest never counts.
+    async fn prior_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+        let [id] = meta.origin_ids.as_slice() else {
+            return Ok(None);
+        };
+        let Some(stream) = self.stream_of_request(meta.session, id).await? else {
+            return Ok(None);
+        };
+        let Some(digest) = self
+            .stream_meta(stream)
+            .await?
+            .and_then(|m| m.params_digest)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(if Some(&digest) == meta.params_digest.as_ref() {
+            Prior::Same(stream)
+        } else {
+            Prior::Other
+        }))
+    }
+
+    /// Creates a call's stream unless the call has a prior
+    /// ([`Store::prior_call`]), which it returns instead, creating nothing.
+    /// Redis decides and creates in one script: one round trip, and atomic
+    /// across instances.
+    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+        if let Some(prior) = self.prior_call(meta).await? {
+            return Ok(Some(prior));
+        }
+        self.create_stream(meta).await?;
+        Ok(None)
+    }
     /// Streams whose abandonment deadline is at or before `now_ms`.
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>>;
     /// Finished streams that finished at or before `at_ms` (retention).

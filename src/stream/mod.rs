@@ -40,7 +40,7 @@ use crate::id::{Seq, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
-    now_ms, Along, Change, Finish, Outcome, Result, SharedStore, StoreError, StreamMeta,
+    now_ms, Along, Change, Finish, Outcome, Prior, Result, SharedStore, StoreError, StreamMeta,
     StreamStatus,
 };
 
@@ -171,10 +171,25 @@ impl Log {
     /// Creates a stream from its (new, live) metadata.
     pub async fn open(&self, meta: StreamMeta) -> Result<StreamMeta> {
         self.store.create_stream(&meta).await?;
+        self.opened(&meta);
+        Ok(meta)
+    }
+
+    /// Opens a call's stream unless the call has a prior (a client
+    /// re-sending it; see [`Store::create_call`]), which it returns
+    /// instead, having opened nothing.
+    pub async fn open_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+        let prior = self.store.create_call(meta).await?;
+        if prior.is_none() {
+            self.opened(meta);
+        }
+        Ok(prior)
+    }
+
+    fn opened(&self, meta: &StreamMeta) {
         if meta.status.is_live() {
             self.live.opened(meta.id, |id| self.finished(id));
         }
-        Ok(meta)
     }
 
     pub async fn append(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {

@@ -69,8 +69,8 @@ use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire
 use self::scripts::{Scripts, FEED_LENGTH};
 pub use self::ttl::Lifetimes;
 use super::{
-    now_ms, Along, Change, Entry, Finish, ReaderLease, Result, SessionNews, SessionRecord, Store,
-    StoreError, StreamMeta, Subscription, TaskRecord, Watermark,
+    now_ms, Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord,
+    Store, StoreError, StreamMeta, Subscription, TaskRecord, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -222,6 +222,75 @@ impl RedisStore {
 
     fn global_key(&self, what: &str) -> String {
         format!("{}:{what}", self.prefix)
+    }
+
+    /// Creates a stream in one script, checking first (`prior`) for the
+    /// call's prior, in which case nothing is created.
+    async fn create(&self, meta: &StreamMeta, prior: bool) -> Result<Option<Prior>> {
+        let mut fields = mutable_fields(meta)?;
+        if meta.status.is_live() {
+            fields.push(("owner", self.instance.clone()));
+        }
+        if let Some(task) = meta.task {
+            fields.push(("task", task.to_string()));
+        }
+        let mut invocation = self.scripts.create.prepare_invoke();
+        invocation
+            .key(self.stream_key(meta.id, "meta"))
+            .key(self.session_key(meta.session, "streams"))
+            .key(self.global_key("streams"))
+            .key(self.global_key("abandon"))
+            .key(self.global_key("finished"))
+            .key(self.session_key(meta.session, "requests"))
+            .key(self.owned_key(&self.instance))
+            .key(self.global_key("instances"));
+        if let Some(task) = meta.task {
+            invocation.key(self.task_key(task));
+        }
+        invocation
+            .arg(meta.id.to_string())
+            .arg(meta.created_ms)
+            .arg(
+                meta.abandon_at_ms
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
+            .arg(&self.instance)
+            .arg(self.lease.as_millis() as u64)
+            .arg(if prior { "1" } else { "0" })
+            .arg(meta.params_digest.as_deref().unwrap_or_default())
+            .arg(&self.prefix)
+            .arg(fields.len() + 1)
+            .arg("record")
+            .arg(encode(meta)?);
+        for (field, value) in &fields {
+            invocation.arg(*field).arg(value);
+        }
+        for id in &meta.origin_ids {
+            invocation.arg(id.as_json());
+        }
+        let (found, stream): (i64, String) = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        match found {
+            0 => {}
+            1 => {
+                let stream = stream
+                    .parse()
+                    .map_err(|()| backend(format!("the create script named {stream:?}")))?;
+                return Ok(Some(Prior::Same(stream)));
+            }
+            _ => return Ok(Some(Prior::Other)),
+        }
+        // Its creator knows the new stream's watermark exactly: the reader
+        // that attaches next needs no round trip to learn it.
+        self.follow
+            .tails
+            .entry(meta.id)
+            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
+        Ok(None)
     }
 
     fn owned_key(&self, instance: &str) -> String {
@@ -496,57 +565,11 @@ impl Store for RedisStore {
     }
 
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
-        let mut fields = mutable_fields(meta)?;
-        if meta.status.is_live() {
-            fields.push(("owner", self.instance.clone()));
-        }
-        if let Some(task) = meta.task {
-            fields.push(("task", task.to_string()));
-        }
-        let mut invocation = self.scripts.create.prepare_invoke();
-        invocation
-            .key(self.stream_key(meta.id, "meta"))
-            .key(self.session_key(meta.session, "streams"))
-            .key(self.global_key("streams"))
-            .key(self.global_key("abandon"))
-            .key(self.global_key("finished"))
-            .key(self.session_key(meta.session, "requests"))
-            .key(self.owned_key(&self.instance))
-            .key(self.global_key("instances"));
-        if let Some(task) = meta.task {
-            invocation.key(self.task_key(task));
-        }
-        invocation
-            .arg(meta.id.to_string())
-            .arg(meta.created_ms)
-            .arg(
-                meta.abandon_at_ms
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
-            .arg(&self.instance)
-            .arg(self.lease.as_millis() as u64)
-            .arg(fields.len() + 1)
-            .arg("record")
-            .arg(encode(meta)?);
-        for (field, value) in &fields {
-            invocation.arg(*field).arg(value);
-        }
-        for id in &meta.origin_ids {
-            invocation.arg(id.as_json());
-        }
-        invocation
-            .invoke_async::<i64>(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        // Its creator knows the new stream's watermark exactly: the reader
-        // that attaches next needs no round trip to learn it.
-        self.follow
-            .tails
-            .entry(meta.id)
-            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
-        Ok(())
+        self.create(meta, false).await.map(|_| ())
+    }
+
+    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+        self.create(meta, meta.origin_ids.len() == 1).await
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {

@@ -55,15 +55,36 @@ end
 /// it (so no new stream has an owner nobody knows, nor one whose lease ran
 /// out a moment ago). A task leg is never indexed for retention, and its
 /// keys live as long as its task's (when the task is stored already).
+///
+/// A call that may repeat one of the session's (a client re-sending it) is
+/// checked first, in the same step: when the session's stream under its one
+/// request id is retained and has a params digest, that stream is the
+/// call's prior and nothing is created. Returns `{0, ''}` when it created
+/// the stream, `{1, prior}` for the same call (same digest), `{2, prior}`
+/// for another call under the id.
 /// KEYS: meta, session streams, all streams, abandon, finished, requests,
 /// the creator's owned set, instances, and for a task leg its task.
 /// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
-/// instance, lease ms, number of field/value pairs, the pairs, then the
-/// request ids.
+/// instance, lease ms, check for a prior ('1'/'0'), the call's params
+/// digest ('' none), prefix, number of field/value pairs, the pairs, then
+/// the request ids (exactly one when checking for a prior).
 const CREATE: &str = r#"
+if ARGV[7] == '1' then
+  local old = redis.call('HGET', KEYS[6], ARGV[#ARGV])
+  local space = old and string.find(old, ' ', 1, true)
+  if space then
+    local prior = string.sub(old, space + 1)
+    local record = redis.call('HGET', '{' .. ARGV[9] .. ':' .. prior .. '}:meta', 'record')
+    local digest = record and cjson.decode(record).params_digest
+    if type(digest) == 'string' then
+      if digest == ARGV[8] then return {1, prior} end
+      return {2, prior}
+    end
+  end
+end
 redis.call('DEL', KEYS[1])
-local n = tonumber(ARGV[7])
-local i = 8
+local n = tonumber(ARGV[10])
+local i = 11
 for _ = 1, n do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -93,7 +114,7 @@ while i <= #ARGV do
   if not newer then redis.call('HSET', KEYS[6], ARGV[i], ARGV[2] .. ' ' .. ARGV[1]) end
   i = i + 1
 end
-return 0
+return {0, ''}
 "#;
 
 /// Appends messages, counts them, records the upstream mark and a status
