@@ -9,11 +9,10 @@
 //! Under load the syncer *lingers* before a flush: when writers have been
 //! arriving more often than once per two flushes (both smoothed), it waits
 //! up to one flush's time (at most [`MAX_LINGER`]) for more of them, so a
-//! flush covers more calls (measured at c=32: 1.07 calls per `fdatasync`
-//! before, 1.36 after; the flushes were a third of the proxy's CPU). A lone
-//! writer never waits: one call at a time arrives far more slowly than
-//! that. What a writer is promised does not change: its flush starts after
-//! its ticket.
+//! flush covers more calls; when they crowd in, several per flush's time,
+//! it waits [`CROWDED_LINGER`]. A lone writer never waits: one call at a
+//! time arrives far more slowly than that. What a writer is promised does
+//! not change: its flush starts after its ticket.
 //!
 //! This module owns only the scheduling; what "flush" means is the backend's.
 //! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
@@ -58,8 +57,21 @@ struct Queue {
     gap: Smoothed,
 }
 
-/// The longest a flush waits for more writers.
+/// The longest a flush waits for more writers when they come a few per
+/// flush.
 pub const MAX_LINGER: Duration = Duration::from_micros(400);
+
+/// Writers per flush's time from which the log counts as crowded.
+const CROWD: u32 = 4;
+
+/// How long a flush waits for more writers when the log is crowded (a
+/// thousand streams relaying progress, 32 clients calling at once). Each
+/// flush rewrites the tail page of the segment and costs an `fdatasync`
+/// whatever it covers, so under a crowd fewer, fuller flushes win: in the
+/// `streaming` bench, 800 µs instead of one flush's time took a third less
+/// disk and a fifth less CPU per message, and `small` at c=32 lost no p50
+/// (BENCHMARKS.md, session 11). Longer (1.5 ms) began to cost c=32 latency.
+pub const CROWDED_LINGER: Duration = Duration::from_micros(800);
 
 /// An exponentially smoothed duration (weight 1/4 for each new sample).
 #[derive(Clone, Copy, Default)]
@@ -84,11 +96,13 @@ impl Queue {
         self.issued
     }
 
-    /// How long the next flush waits for more writers: up to one flush's
-    /// time when they have been coming more often than once per two
-    /// flushes, else not at all.
+    /// How long the next flush waits for more writers: [`CROWDED_LINGER`]
+    /// when they have been coming more than [`CROWD`] per flush's time; up
+    /// to one flush's time when more often than once per two flushes; else
+    /// not at all.
     fn linger(&self, flush: Smoothed) -> Duration {
         match (self.gap.0, flush.0) {
+            (Some(gap), Some(flush)) if gap * CROWD < flush => CROWDED_LINGER,
             (Some(gap), Some(flush)) if gap < flush * 2 => flush.min(MAX_LINGER),
             _ => Duration::ZERO,
         }
@@ -356,8 +370,18 @@ mod tests {
         let q = queue_with_gap(Duration::from_micros(50));
         let linger = q.linger(flushes_taking(Duration::from_micros(150)));
         assert_eq!(linger, Duration::from_micros(150));
+        let slow_disk = queue_with_gap(Duration::from_micros(200));
+        let linger = slow_disk.linger(flushes_taking(Duration::from_micros(700)));
+        assert_eq!(linger, MAX_LINGER);
+    }
+
+    #[test]
+    fn a_crowd_of_writers_makes_it_linger_the_crowded_time() {
+        let q = queue_with_gap(Duration::from_micros(20));
+        let linger = q.linger(flushes_taking(Duration::from_micros(150)));
+        assert_eq!(linger, CROWDED_LINGER);
         let slow_disk = q.linger(flushes_taking(Duration::from_millis(5)));
-        assert_eq!(slow_disk, MAX_LINGER);
+        assert_eq!(slow_disk, CROWDED_LINGER);
     }
 
     #[test]
