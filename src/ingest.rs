@@ -280,6 +280,49 @@ mod tests {
             .is_empty());
     }
 
+    #[tokio::test]
+    async fn a_batch_past_the_caps_is_logged_with_its_progress_coalesced_when_that_fits() {
+        use crate::store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
+                .unwrap();
+        let log = Log::new(store.clone());
+        let sessions = crate::session::Sessions::new(store);
+        let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
+        let mut meta = crate::store::contract::meta(session.id);
+        meta.origin_ids = vec![jsonrpc::RequestId("1".into())];
+        meta.progress = vec!["\"a\"".to_owned()];
+        let stream = log.open(meta).await.unwrap();
+        session.track(&stream);
+        let limits = LimitsConfig {
+            stream_max_entries: 3,
+            ..LimitsConfig::default()
+        };
+        let answer = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        let mut messages: Vec<Bytes> = (1..=4).map(|n| progress("a", n)).collect();
+        messages.push(answer.clone());
+        let batch = Batch {
+            messages,
+            complete: true,
+            upstream_event: None,
+        };
+        let recorded = record(&log, &limits, &session, &stream, batch).await;
+        assert_eq!(recorded, Recorded::Appended);
+        let logged = log.store().read_after(stream.id, 0, 10).await.unwrap();
+        let logged: Vec<Bytes> = logged.into_iter().map(|e| e.message).collect();
+        assert_eq!(logged, vec![progress("a", 4), answer]);
+        let meta = log.meta(stream.id).await.unwrap().unwrap();
+        assert!(
+            meta.coalesced,
+            "readers are told to skip superseded progress"
+        );
+        assert_eq!(
+            (meta.status, meta.outcome),
+            (StreamStatus::Completed, Some(Outcome::Result))
+        );
+    }
+
     #[test]
     fn coalescing_keeps_the_latest_progress_of_each_token_in_order() {
         let other = Bytes::from_static(
