@@ -489,12 +489,15 @@ pub async fn a_call_has_no_prior_in_another_session_under_another_id_or_without_
     let store = open(dir.path(), SyncMode::Batch);
     let (a, b) = (SessionId::random(), SessionId::random());
     store.create_call(&call(a, "1", Some("d1"))).await.unwrap();
-    store.create_call(&call(a, "2", None)).await.unwrap();
-    let new = [
+    let without_digest = call(a, "2", None);
+    store.create_call(&without_digest).await.unwrap();
+    let mut new = [
         call(b, "1", Some("d1")),
         call(a, "\"1\"", Some("d1")),
         call(a, "2", Some("d1")),
     ];
+    // Newer by its creation time (two in one millisecond are not ordered).
+    new[2].created_ms = without_digest.created_ms + 1;
     for new in &new {
         assert_eq!(store.create_call(new).await.unwrap(), None);
         assert!(store.stream_meta(new.id).await.unwrap().is_some());
