@@ -282,7 +282,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_past_the_caps_is_logged_with_its_progress_coalesced_when_that_fits() {
-        use crate::store::Store;
         let dir = tempfile::tempdir().unwrap();
         let store =
             crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
