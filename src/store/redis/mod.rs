@@ -26,6 +26,9 @@
 //!   (the newest stream by `created_ms` wins);
 //! - `{P:<task>}:task`: hash — `record` (the `TaskRecord` JSON) and
 //!   `version` (its version, which compare-and-set checks);
+//! - `P:sessions:seen`, `P:sessions:closed`: sorted sets of session ids by
+//!   `last_seen_ms` and `closed_ms`, written with the session record, so a
+//!   sweep reads only the sessions that are due (`sessions.rs`);
 //! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
 //!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms` (task
 //!   legs are never in `P:finished`: they are deleted with their task);
@@ -96,6 +99,9 @@ pub struct RedisStore {
     /// before Redis expires their keys (see [`RedisStore::with_lifetimes`]).
     expire_after: Lifetimes,
     tasks: Arc<Tasks>,
+    /// When a sweep last listed every session into the idle-session index
+    /// (`sessions.rs`); `None` before the first.
+    sessions_indexed: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// The key of one of a stream's values (`meta`, `log`) under `prefix`.
@@ -139,6 +145,7 @@ impl RedisStore {
             lease,
             expire_after: Lifetimes::default(),
             tasks: Tasks::new(),
+            sessions_indexed: std::sync::Mutex::new(None),
         };
         Ok(store)
     }
@@ -505,6 +512,7 @@ impl Store for RedisStore {
                 .arg(ttl)
                 .ignore();
         }
+        self.index_session(&mut pipe, session);
         pipe.cmd("SADD")
             .arg(self.global_key("sessions"))
             .arg(session.id.to_string())
@@ -542,13 +550,22 @@ impl Store for RedisStore {
             .collect()
     }
 
+    async fn sessions_idle_by(
+        &self,
+        seen_by_ms: u64,
+        closed_by_ms: u64,
+    ) -> Result<Vec<SessionRecord>> {
+        self.sessions_due(seen_by_ms, closed_by_ms).await
+    }
+
     async fn delete_session(&self, id: SessionId) -> Result<()> {
         for meta in self.streams_of_session(id).await? {
             self.delete_meta(&meta).await?;
         }
-        redis::pipe()
-            .atomic()
-            .cmd("DEL")
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        self.unindex_session(&mut pipe, id);
+        pipe.cmd("DEL")
             .arg(self.session_key(id, "session"))
             .arg(self.session_key(id, "streams"))
             .arg(self.session_key(id, "requests"))
@@ -816,6 +833,7 @@ mod follow;
 mod lease;
 mod record;
 mod scripts;
+mod sessions;
 #[cfg(test)]
 mod tests;
 mod ttl;

@@ -463,3 +463,98 @@ async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_
         .unwrap();
     assert_eq!(version, "2");
 }
+
+/// Writes a session the way a version without the idle-session index did:
+/// its record and its place in `P:sessions`, nothing else.
+fn put_unindexed_session(prefix: &str, session: &SessionRecord) {
+    let mut conn = connection();
+    let json = serde_json::to_vec(session).unwrap();
+    redis::pipe()
+        .cmd("SET")
+        .arg(format!("{{{prefix}:{}}}:session", session.id))
+        .arg(json)
+        .cmd("SADD")
+        .arg(format!("{prefix}:sessions"))
+        .arg(session.id.to_string())
+        .query::<()>(&mut conn)
+        .unwrap();
+}
+
+fn seen_at(store_session: SessionId, last_seen_ms: u64) -> SessionRecord {
+    SessionRecord {
+        last_seen_ms,
+        ..crate::store::contract::session(store_session)
+    }
+}
+
+async fn idle_ids(store: &SharedStore) -> Vec<SessionId> {
+    let mut ids: Vec<SessionId> = store
+        .sessions_idle_by(500, 300)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn after_the_first_sweep_idle_sessions_are_found_through_the_index_only() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), SyncMode::Batch);
+    let prefix = prefix_of(dir.path());
+    let (idle, busy) = (
+        seen_at(SessionId::random(), 100),
+        seen_at(SessionId::random(), 900),
+    );
+    for s in [&idle, &busy] {
+        store.put_session(s).await.unwrap();
+    }
+    assert_eq!(
+        idle_ids(&store).await,
+        vec![idle.id],
+        "the first sweep lists"
+    );
+    // Not in the index: a sweep that listed every session would find it.
+    put_unindexed_session(&prefix, &seen_at(SessionId::random(), 100));
+    let later = seen_at(SessionId::random(), 200);
+    store.put_session(&later).await.unwrap();
+    let mut want = vec![idle.id, later.id];
+    want.sort();
+    assert_eq!(idle_ids(&store).await, want);
+    store.put_session(&seen_at(idle.id, 950)).await.unwrap();
+    assert_eq!(idle_ids(&store).await, vec![later.id], "seen again since");
+    // Expired by its TTL: not found, and out of the index.
+    let mut conn = connection();
+    redis::cmd("DEL")
+        .arg(format!("{{{prefix}:{}}}:session", later.id))
+        .query::<()>(&mut conn)
+        .unwrap();
+    assert_eq!(idle_ids(&store).await, Vec::<SessionId>::new());
+    let score: Option<u64> = redis::cmd("ZSCORE")
+        .arg(format!("{prefix}:sessions:seen"))
+        .arg(later.id.to_string())
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(score, None);
+}
+
+#[tokio::test]
+async fn a_session_written_without_the_index_is_found_and_indexed_by_the_first_sweep() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), SyncMode::Batch);
+    let prefix = prefix_of(dir.path());
+    let old = seen_at(SessionId::random(), 100);
+    put_unindexed_session(&prefix, &old);
+    assert_eq!(idle_ids(&store).await, vec![old.id]);
+    assert_eq!(idle_ids(&store).await, vec![old.id], "indexed since");
+    let score: Option<u64> = redis::cmd("ZSCORE")
+        .arg(format!("{prefix}:sessions:seen"))
+        .arg(old.id.to_string())
+        .query(&mut connection())
+        .unwrap();
+    assert_eq!(score, Some(100));
+}
