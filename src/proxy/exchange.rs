@@ -221,7 +221,7 @@ async fn create(
     let log = &route.shared.log;
     if !may_repeat {
         admitted?;
-        log.open(meta.clone()).await?;
+        log.create(meta).await?;
         return Ok(None);
     }
     let refused = admitted.err();
@@ -242,7 +242,7 @@ async fn create(
         (None, Some(refused)) => Err(refused),
         // Gone since (retention ran out in between): a new call after all.
         (None, None) => {
-            log.open(meta.clone()).await?;
+            log.create(meta).await?;
             Ok(None)
         }
     }

@@ -170,9 +170,15 @@ impl Log {
 
     /// Creates a stream from its (new, live) metadata.
     pub async fn open(&self, meta: StreamMeta) -> Result<StreamMeta> {
-        self.store.create_stream(&meta).await?;
-        self.opened(&meta);
+        self.create(&meta).await?;
         Ok(meta)
+    }
+
+    /// As [`Log::open`], for a caller that keeps the metadata.
+    pub async fn create(&self, meta: &StreamMeta) -> Result<()> {
+        self.store.create_stream(meta).await?;
+        self.opened(meta);
+        Ok(())
     }
 
     /// Opens a call's stream unless the call has a prior (a client
