@@ -386,6 +386,20 @@ pub enum Prior {
     Other,
 }
 
+impl Prior {
+    /// What `call` finds in `stream`, the session's stream under its
+    /// request id, whose params digest is `digest`: a stream without a
+    /// digest never counts.
+    pub fn judge(call: &StreamMeta, stream: StreamId, digest: Option<&str>) -> Option<Prior> {
+        let digest = digest?;
+        Some(if Some(digest) == call.params_digest.as_deref() {
+            Prior::Same(stream)
+        } else {
+            Prior::Other
+        })
+    }
+}
+
 /// A stream leaving (or re-entering) `Live`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Finish {
@@ -489,24 +503,18 @@ pub trait Store: Send + Sync + 'static {
         let Some(stream) = self.stream_of_request(meta.session, id).await? else {
             return Ok(None);
         };
-        let Some(digest) = self
+        let digest = self
             .stream_meta(stream)
             .await?
-            .and_then(|m| m.params_digest)
-        else {
-            return Ok(None);
-        };
-        Ok(Some(if Some(&digest) == meta.params_digest.as_ref() {
-            Prior::Same(stream)
-        } else {
-            Prior::Other
-        }))
+            .and_then(|m| m.params_digest);
+        Ok(Prior::judge(meta, stream, digest.as_deref()))
     }
 
     /// Creates a call's stream unless the call has a prior
     /// ([`Store::prior_call`]), which it returns instead, creating nothing.
-    /// Redis decides and creates in one script: one round trip, and atomic
-    /// across instances.
+    /// The journal decides and creates under one lock, Redis in one script
+    /// (one round trip, and atomic across instances): two copies of a call
+    /// re-sent at once are not both created.
     async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
         if let Some(prior) = self.prior_call(meta).await? {
             return Ok(Some(prior));

@@ -48,7 +48,7 @@ use self::index::{Index, StreamState};
 use self::segment::{Loc, SegmentNo, Writer};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
-    Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
+    Along, Change, Entry, Finish, OrphansOnce, Prior, Result, SessionRecord, Store, StoreError,
     StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId, TaskId};
@@ -148,6 +148,31 @@ impl Journal {
             spawn_background_sync(Arc::downgrade(&journal));
         }
         Ok(journal)
+    }
+
+    /// Creates a stream unless `prior`, asked under the same lock, finds
+    /// the one it repeats. Not synced on its own: the first append's sync
+    /// covers it (the journal is sequential), and a stream without entries
+    /// that a crash loses was never shown to anyone. Encoded and copied
+    /// before the lock: every request creates a stream, and they all share
+    /// the lock.
+    fn create_unless(
+        &self,
+        meta: &StreamMeta,
+        prior: impl FnOnce(&Index) -> Option<Prior>,
+    ) -> Result<Option<Prior>> {
+        let mut encoded = Vec::with_capacity(512);
+        record::stream(&mut encoded, meta);
+        let state = StreamState::new(meta.clone(), Vec::new());
+        let mut inner = self.lock();
+        if let Some(prior) = prior(&inner.index) {
+            return Ok(Some(prior));
+        }
+        inner.buf.extend_from_slice(&encoded);
+        let (no, _) = self.write(&mut inner)?;
+        inner.index.add_stream(state, no);
+        self.wrote(&mut inner);
+        Ok(None)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -582,19 +607,18 @@ impl Store for Journal {
     }
 
     async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
-        // Not synced on its own: the first append's sync covers it (the
-        // journal is sequential), and a stream without entries that a crash
-        // loses was never shown to anyone. Encoded and copied before the
-        // lock: every request creates a stream, and they all share the lock.
-        let mut encoded = Vec::with_capacity(512);
-        record::stream(&mut encoded, meta);
-        let state = StreamState::new(meta.clone(), Vec::new());
-        let mut inner = self.lock();
-        inner.buf.extend_from_slice(&encoded);
-        let (no, _) = self.write(&mut inner)?;
-        inner.index.add_stream(state, no);
-        self.wrote(&mut inner);
-        Ok(())
+        self.create_unless(meta, |_| None).map(|_| ())
+    }
+
+    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+        self.create_unless(meta, |index| {
+            let [id] = meta.origin_ids.as_slice() else {
+                return None;
+            };
+            let stream = index.stream_of_request(meta.session, id)?;
+            let digest = index.streams.get(&stream)?.meta.params_digest.as_deref();
+            Prior::judge(meta, stream, digest)
+        })
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
