@@ -107,6 +107,43 @@ fn open_store(dir: &Path, _sync: SyncMode) -> SharedStore {
 
 crate::store::contract::contract_tests!(open_store, guard = Cleanup::default);
 
+/// A lookup then a create would let every copy through here (each waits a
+/// round trip between the two); the create script decides and creates in
+/// one step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_of_a_call_created_at_once_make_one_stream() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), SyncMode::Never);
+    let session = SessionId::random();
+    let copies: Vec<_> = (0..16)
+        .map(|_| {
+            let store = store.clone();
+            let copy = StreamMeta {
+                origin_ids: vec![RequestId("1".into())],
+                params_digest: Some("d1".into()),
+                ..crate::store::contract::meta(session)
+            };
+            tokio::spawn(async move { store.create_call(&copy).await.unwrap() })
+        })
+        .collect();
+    let mut created = 0;
+    let mut attached = Vec::new();
+    for copy in copies {
+        match copy.await.unwrap() {
+            None => created += 1,
+            Some(Prior::Same(to)) => attached.push(to),
+            Some(Prior::Other) => panic!("the same call is never another"),
+        }
+    }
+    assert_eq!(created, 1, "one stream for the call");
+    let first = store
+        .stream_of_request(session, &RequestId("1".into()))
+        .await
+        .unwrap();
+    assert!(attached.iter().all(|to| Some(*to) == first));
+}
+
 #[tokio::test]
 async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_share_a_hash_tag() {
     let _cleanup = Cleanup;
