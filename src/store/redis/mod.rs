@@ -39,7 +39,8 @@
 //!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
 //! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
-//! the Lua scripts; `tests.rs` runs the contract suite against a real Redis.
+//! the Lua scripts; `sessions.rs` keeps the idle-session index; `tests.rs`
+//! runs the contract suite against a real Redis.
 //!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
