@@ -231,7 +231,7 @@ async fn create(
     };
     let stream = match prior {
         Some(Prior::Same(stream)) => stream,
-        Some(Prior::Other) => return Err(Rejection::reused_id(meta.origin_ids.first().cloned())),
+        Some(Prior::Other) => return Err(Rejection::reused_id(meta.call_id().cloned())),
         None => return refused.map_or(Ok(None), Err),
     };
     match (log.meta(stream).await?, refused) {

@@ -188,6 +188,15 @@ pub struct StreamMeta {
 }
 
 impl StreamMeta {
+    /// The request id of a stream that answers one request (a batch's
+    /// stream has none): what a re-sent call is recognised by.
+    pub fn call_id(&self) -> Option<&RequestId> {
+        match self.origin_ids.as_slice() {
+            [id] => Some(id),
+            _ => None,
+        }
+    }
+
     /// A new live stream with nothing in it yet.
     pub fn new(
         id: StreamId,
@@ -497,7 +506,7 @@ pub trait Store: Send + Sync + 'static {
     /// session under its single request id whose params digest is known.
     /// A batch has none, and a stream without a digest never counts.
     async fn prior_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
-        let [id] = meta.origin_ids.as_slice() else {
+        let Some(id) = meta.call_id() else {
             return Ok(None);
         };
         let Some(stream) = self.stream_of_request(meta.session, id).await? else {

@@ -612,10 +612,7 @@ impl Store for Journal {
 
     async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
         self.create_unless(meta, |index| {
-            let [id] = meta.origin_ids.as_slice() else {
-                return None;
-            };
-            let stream = index.stream_of_request(meta.session, id)?;
+            let stream = index.stream_of_request(meta.session, meta.call_id()?)?;
             let digest = index.streams.get(&stream)?.meta.params_digest.as_deref();
             Prior::judge(meta, stream, digest)
         })

@@ -587,7 +587,7 @@ impl Store for RedisStore {
     }
 
     async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
-        self.create(meta, meta.origin_ids.len() == 1).await
+        self.create(meta, meta.call_id().is_some()).await
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
