@@ -71,6 +71,7 @@ use self::follow::{Follow, Listener, Tail};
 use self::lease::Tasks;
 use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
 use self::scripts::{Scripts, FEED_LENGTH};
+use self::sessions::Indexing;
 pub use self::ttl::Lifetimes;
 use super::{
     now_ms, Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord,
@@ -351,6 +352,23 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// The records of sessions `ids`, in order, in one round trip; `None`
+    /// for one whose record is gone (deleted, or expired by its TTL).
+    async fn session_records(&self, ids: &[SessionId]) -> Result<Vec<Option<SessionRecord>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("GET").arg(self.session_key(*id, "session"));
+        }
+        let raws: Vec<Option<Vec<u8>>> =
+            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+        raws.into_iter()
+            .map(|raw| raw.map(|r| decode("session", &r)).transpose())
+            .collect()
+    }
+
     async fn members(&self, key: String) -> Result<Vec<String>> {
         redis::cmd("SMEMBERS")
             .arg(key)
@@ -513,7 +531,7 @@ impl Store for RedisStore {
                 .arg(ttl)
                 .ignore();
         }
-        self.index_session(&mut pipe, session);
+        self.index_session(&mut pipe, session, Indexing::WithRecord);
         pipe.cmd("SADD")
             .arg(self.global_key("sessions"))
             .arg(session.id.to_string())
@@ -536,19 +554,8 @@ impl Store for RedisStore {
 
     async fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
         let sessions: Vec<SessionId> = ids(self.members(self.global_key("sessions")).await?);
-        if sessions.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in &sessions {
-            pipe.cmd("GET").arg(self.session_key(*id, "session"));
-        }
-        let raws: Vec<Option<Vec<u8>>> =
-            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-        raws.into_iter()
-            .flatten()
-            .map(|r| decode("session", &r))
-            .collect()
+        let records = self.session_records(&sessions).await?;
+        Ok(records.into_iter().flatten().collect())
     }
 
     async fn sessions_idle_by(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::Pipeline;
 
-use super::record::{backend, decode};
+use super::record::backend;
 use super::RedisStore;
 use crate::id::SessionId;
 use crate::store::{Result, SessionRecord};
@@ -34,17 +34,33 @@ impl RedisStore {
         self.global_key("sessions:closed")
     }
 
-    /// Adds to `pipe` what indexes `session` as its record now says.
-    pub(super) fn index_session(&self, pipe: &mut Pipeline, session: &SessionRecord) {
+    /// Adds to `pipe` what indexes `session`: as its record now says when
+    /// written with it, or, when `Indexing::Backfill`, without lowering a
+    /// score a newer write set or reopening a closed session.
+    pub(super) fn index_session(
+        &self,
+        pipe: &mut Pipeline,
+        session: &SessionRecord,
+        how: Indexing,
+    ) {
         let id = session.id.to_string();
-        pipe.cmd("ZADD")
-            .arg(self.seen_key())
-            .arg(session.last_seen_ms)
-            .arg(&id)
-            .ignore();
-        match session.closed_ms {
-            Some(at) => pipe.cmd("ZADD").arg(self.closed_key()).arg(at).arg(&id),
-            None => pipe.cmd("ZREM").arg(self.closed_key()).arg(&id),
+        let seen = pipe.cmd("ZADD").arg(self.seen_key());
+        if how == Indexing::Backfill {
+            seen.arg("GT");
+        }
+        seen.arg(session.last_seen_ms).arg(&id).ignore();
+        match (session.closed_ms, how) {
+            (Some(at), Indexing::WithRecord) => {
+                pipe.cmd("ZADD").arg(self.closed_key()).arg(at).arg(&id)
+            }
+            (Some(at), Indexing::Backfill) => pipe
+                .cmd("ZADD")
+                .arg(self.closed_key())
+                .arg("NX")
+                .arg(at)
+                .arg(&id),
+            (None, Indexing::WithRecord) => pipe.cmd("ZREM").arg(self.closed_key()).arg(&id),
+            (None, Indexing::Backfill) => return,
         }
         .ignore();
     }
@@ -57,19 +73,26 @@ impl RedisStore {
     }
 
     /// Sessions last seen at or before `seen_by_ms` or closed at or before
-    /// `closed_by_ms`: two range reads, then the records of those only.
+    /// `closed_by_ms`, decided on their records: those the index names, or
+    /// every session when it is time to list them all (see the module docs).
     pub(super) async fn sessions_due(
         &self,
         seen_by_ms: u64,
         closed_by_ms: u64,
     ) -> Result<Vec<SessionRecord>> {
-        let indexed = *self
-            .sessions_indexed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if indexed.is_none_or(|at| at.elapsed() >= REINDEX_EVERY) {
-            return self.index_every_session(seen_by_ms, closed_by_ms).await;
-        }
+        let mut sessions = if self.index_is_stale() {
+            self.index_every_session().await?
+        } else {
+            self.indexed_due(seen_by_ms, closed_by_ms).await?
+        };
+        sessions.retain(|s| s.idle_by(seen_by_ms, closed_by_ms));
+        Ok(sessions)
+    }
+
+    /// The records of the sessions the index has due: two range reads, then
+    /// those records only. An entry whose record is gone (expired by its
+    /// TTL, no sweeper having run in time) leaves the index.
+    async fn indexed_due(&self, seen_by_ms: u64, closed_by_ms: u64) -> Result<Vec<SessionRecord>> {
         let (seen, closed): (Vec<String>, Vec<String>) = redis::pipe()
             .cmd("ZRANGEBYSCORE")
             .arg(self.seen_key())
@@ -86,82 +109,59 @@ impl RedisStore {
         due.extend(super::ids::<SessionId>(closed));
         due.sort_unstable();
         due.dedup();
-        if due.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in &due {
-            pipe.cmd("GET").arg(self.session_key(*id, "session"));
-        }
-        let raws: Vec<Option<Vec<u8>>> =
-            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-        let mut records = Vec::new();
+        let records = self.session_records(&due).await?;
+        let mut found = Vec::with_capacity(records.len());
         let mut vanished = redis::pipe();
-        let mut any_vanished = false;
-        for (id, raw) in due.into_iter().zip(raws) {
-            match raw {
-                Some(raw) => records.push(decode::<SessionRecord>("session", &raw)?),
-                // Expired by its TTL (no sweeper ran in time): nothing to
-                // sweep, and nothing to find again.
-                None => {
-                    self.unindex_session(&mut vanished, id);
-                    any_vanished = true;
-                }
+        for (id, record) in due.iter().zip(records) {
+            match record {
+                Some(record) => found.push(record),
+                None => self.unindex_session(&mut vanished, *id),
             }
         }
-        if any_vanished {
+        if found.len() < due.len() {
             vanished
                 .query_async::<()>(&mut self.conn())
                 .await
                 .map_err(backend)?;
         }
-        records.retain(|s| s.idle_by(seen_by_ms, closed_by_ms));
-        Ok(records)
+        Ok(found)
     }
 
-    /// A sweep that lists every session (see the module docs): each is
-    /// indexed, the due ones returned.
-    async fn index_every_session(
-        &self,
-        seen_by_ms: u64,
-        closed_by_ms: u64,
-    ) -> Result<Vec<SessionRecord>> {
+    /// Every session, listed and indexed (`Indexing::Backfill`).
+    async fn index_every_session(&self) -> Result<Vec<SessionRecord>> {
         use crate::store::Store;
-        let mut sessions = self.list_sessions().await?;
-        if sessions.is_empty() {
-            self.mark_indexed();
-            return Ok(sessions);
-        }
-        let mut pipe = redis::pipe();
-        for s in &sessions {
-            let id = s.id.to_string();
-            pipe.cmd("ZADD")
-                .arg(self.seen_key())
-                .arg("GT")
-                .arg(s.last_seen_ms)
-                .arg(&id)
-                .ignore();
-            if let Some(at) = s.closed_ms {
-                pipe.cmd("ZADD")
-                    .arg(self.closed_key())
-                    .arg("NX")
-                    .arg(at)
-                    .arg(&id)
-                    .ignore();
+        let sessions = self.list_sessions().await?;
+        if !sessions.is_empty() {
+            let mut pipe = redis::pipe();
+            for session in &sessions {
+                self.index_session(&mut pipe, session, Indexing::Backfill);
             }
+            pipe.query_async::<()>(&mut self.conn())
+                .await
+                .map_err(backend)?;
         }
-        pipe.query_async::<()>(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        self.mark_indexed();
-        sessions.retain(|s| s.idle_by(seen_by_ms, closed_by_ms));
+        *self.indexed_at() = Some(Instant::now());
         Ok(sessions)
     }
 
-    fn mark_indexed(&self) {
-        *self
-            .sessions_indexed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    fn index_is_stale(&self) -> bool {
+        self.indexed_at()
+            .is_none_or(|at| at.elapsed() >= REINDEX_EVERY)
     }
+
+    fn indexed_at(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.sessions_indexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How [`RedisStore::index_session`] writes a session's entries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Indexing {
+    /// In the same step as the session record: exactly as it says.
+    WithRecord,
+    /// From a listing (see the module docs): never lowering a score a
+    /// newer write set, never reopening a session.
+    Backfill,
 }
