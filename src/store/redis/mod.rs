@@ -236,6 +236,37 @@ impl RedisStore {
     /// Creates a stream in one script, checking first (`prior`) for the
     /// call's prior, in which case nothing is created.
     async fn create(&self, meta: &StreamMeta, prior: bool) -> Result<Option<Prior>> {
+        let (found, stream): (i64, String) = self
+            .create_invocation(meta, prior)?
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        match found {
+            0 => {}
+            1 => {
+                let stream = stream
+                    .parse()
+                    .map_err(|()| backend(format!("the create script named {stream:?}")))?;
+                return Ok(Some(Prior::Same(stream)));
+            }
+            _ => return Ok(Some(Prior::Other)),
+        }
+        // Its creator knows the new stream's watermark exactly: the reader
+        // that attaches next needs no round trip to learn it.
+        self.follow
+            .tails
+            .entry(meta.id)
+            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
+        Ok(None)
+    }
+
+    /// The create script's keys and arguments for `meta` (see `CREATE` in
+    /// `scripts.rs`).
+    fn create_invocation(
+        &self,
+        meta: &StreamMeta,
+        prior: bool,
+    ) -> Result<redis::ScriptInvocation<'_>> {
         let mut fields = mutable_fields(meta)?;
         if meta.status.is_live() {
             fields.push(("owner", self.instance.clone()));
@@ -279,27 +310,7 @@ impl RedisStore {
         for id in &meta.origin_ids {
             invocation.arg(id.as_json());
         }
-        let (found, stream): (i64, String) = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        match found {
-            0 => {}
-            1 => {
-                let stream = stream
-                    .parse()
-                    .map_err(|()| backend(format!("the create script named {stream:?}")))?;
-                return Ok(Some(Prior::Same(stream)));
-            }
-            _ => return Ok(Some(Prior::Other)),
-        }
-        // Its creator knows the new stream's watermark exactly: the reader
-        // that attaches next needs no round trip to learn it.
-        self.follow
-            .tails
-            .entry(meta.id)
-            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
-        Ok(None)
+        Ok(invocation)
     }
 
     fn owned_key(&self, instance: &str) -> String {
