@@ -224,14 +224,32 @@ pub async fn deleting_a_session_removes_its_streams_only(open: Opener) {
     assert_eq!(messages(&store, mb.id, 0).await.len(), 1);
 }
 
+/// A new session last seen at `last_seen_ms`, closed at `closed_ms`.
+pub fn session_seen_at(last_seen_ms: u64, closed_ms: Option<u64>) -> SessionRecord {
+    SessionRecord {
+        last_seen_ms,
+        closed_ms,
+        ..session(SessionId::random())
+    }
+}
+
+/// The sessions a sweep at 500 ms (closed by 300 ms) finds idle, sorted.
+pub async fn idle_at_500(store: &SharedStore) -> Vec<SessionId> {
+    let mut ids: Vec<SessionId> = store
+        .sessions_idle_by(500, 300)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
 pub async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(open: Opener) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), SyncMode::Never);
-    let at = |ms: u64, closed: Option<u64>| SessionRecord {
-        last_seen_ms: ms,
-        closed_ms: closed,
-        ..session(SessionId::random())
-    };
+    let at = session_seen_at;
     let (old, recent, closed, touched) = (
         at(100, None),
         at(900, None),
@@ -250,22 +268,11 @@ pub async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(op
     let gone = at(50, None);
     store.put_session(&gone).await.unwrap();
     store.delete_session(gone.id).await.unwrap();
-    let idle = |store: SharedStore| async move {
-        let mut ids: Vec<SessionId> = store
-            .sessions_idle_by(500, 300)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
-        ids.sort();
-        ids
-    };
     let mut want = vec![old.id, closed.id];
     want.sort();
-    assert_eq!(idle(store.clone()).await, want);
+    assert_eq!(idle_at_500(&store).await, want);
     drop(store);
-    assert_eq!(idle(open(dir.path(), SyncMode::Never)).await, want);
+    assert_eq!(idle_at_500(&open(dir.path(), SyncMode::Never)).await, want);
 }
 
 pub async fn a_write_past_the_caps_is_refused_whole_and_one_within_them_goes_in(open: Opener) {

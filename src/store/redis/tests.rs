@@ -13,6 +13,7 @@ use std::path::Path;
 
 use super::*;
 use crate::store::commit::SyncMode;
+use crate::store::contract::{idle_at_500, session_seen_at};
 use crate::store::SharedStore;
 
 /// Short, so that the contract's orphan test sees a dropped store's
@@ -107,6 +108,15 @@ fn open_store(dir: &Path, _sync: SyncMode) -> SharedStore {
 
 crate::store::contract::contract_tests!(open_store, guard = Cleanup::default);
 
+/// A store of its own and its key prefix (the directory holds the prefix
+/// and must outlive the test).
+fn one_store() -> (tempfile::TempDir, SharedStore, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), SyncMode::Batch);
+    let prefix = prefix_of(dir.path());
+    (dir, store, prefix)
+}
+
 /// A lookup then a create would let every copy through here (each waits a
 /// round trip between the two); the create script decides and creates in
 /// one step.
@@ -147,9 +157,7 @@ async fn copies_of_a_call_created_at_once_make_one_stream() {
 #[tokio::test]
 async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_share_a_hash_tag() {
     let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path(), SyncMode::Batch);
-    let prefix = prefix_of(dir.path());
+    let (_dir, store, prefix) = one_store();
     let m = crate::store::contract::meta(SessionId::random());
     store.create_stream(&m).await.unwrap();
     store
@@ -517,59 +525,43 @@ fn put_unindexed_session(prefix: &str, session: &SessionRecord) {
         .unwrap();
 }
 
-fn seen_at(store_session: SessionId, last_seen_ms: u64) -> SessionRecord {
-    SessionRecord {
-        last_seen_ms,
-        ..crate::store::contract::session(store_session)
-    }
-}
-
-async fn idle_ids(store: &SharedStore) -> Vec<SessionId> {
-    let mut ids: Vec<SessionId> = store
-        .sessions_idle_by(500, 300)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
-    ids.sort();
-    ids
-}
-
 #[tokio::test]
 async fn after_the_first_sweep_idle_sessions_are_found_through_the_index_only() {
     let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path(), SyncMode::Batch);
-    let prefix = prefix_of(dir.path());
-    let (idle, busy) = (
-        seen_at(SessionId::random(), 100),
-        seen_at(SessionId::random(), 900),
-    );
+    let (_dir, store, prefix) = one_store();
+    let (idle, busy) = (session_seen_at(100, None), session_seen_at(900, None));
     for s in [&idle, &busy] {
         store.put_session(s).await.unwrap();
     }
     assert_eq!(
-        idle_ids(&store).await,
+        idle_at_500(&store).await,
         vec![idle.id],
         "the first sweep lists"
     );
     // Not in the index: a sweep that listed every session would find it.
-    put_unindexed_session(&prefix, &seen_at(SessionId::random(), 100));
-    let later = seen_at(SessionId::random(), 200);
+    put_unindexed_session(&prefix, &session_seen_at(100, None));
+    let later = session_seen_at(200, None);
     store.put_session(&later).await.unwrap();
     let mut want = vec![idle.id, later.id];
     want.sort();
-    assert_eq!(idle_ids(&store).await, want);
-    store.put_session(&seen_at(idle.id, 950)).await.unwrap();
-    assert_eq!(idle_ids(&store).await, vec![later.id], "seen again since");
+    assert_eq!(idle_at_500(&store).await, want);
+    let seen_again = SessionRecord {
+        last_seen_ms: 950,
+        ..idle.clone()
+    };
+    store.put_session(&seen_again).await.unwrap();
+    assert_eq!(
+        idle_at_500(&store).await,
+        vec![later.id],
+        "seen again since"
+    );
     // Expired by its TTL: not found, and out of the index.
     let mut conn = connection();
     redis::cmd("DEL")
         .arg(format!("{{{prefix}:{}}}:session", later.id))
         .query::<()>(&mut conn)
         .unwrap();
-    assert_eq!(idle_ids(&store).await, Vec::<SessionId>::new());
+    assert_eq!(idle_at_500(&store).await, Vec::<SessionId>::new());
     let score: Option<u64> = redis::cmd("ZSCORE")
         .arg(format!("{prefix}:sessions:seen"))
         .arg(later.id.to_string())
@@ -581,13 +573,11 @@ async fn after_the_first_sweep_idle_sessions_are_found_through_the_index_only() 
 #[tokio::test]
 async fn a_session_written_without_the_index_is_found_and_indexed_by_the_first_sweep() {
     let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path(), SyncMode::Batch);
-    let prefix = prefix_of(dir.path());
-    let old = seen_at(SessionId::random(), 100);
+    let (_dir, store, prefix) = one_store();
+    let old = session_seen_at(100, None);
     put_unindexed_session(&prefix, &old);
-    assert_eq!(idle_ids(&store).await, vec![old.id]);
-    assert_eq!(idle_ids(&store).await, vec![old.id], "indexed since");
+    assert_eq!(idle_at_500(&store).await, vec![old.id]);
+    assert_eq!(idle_at_500(&store).await, vec![old.id], "indexed since");
     let score: Option<u64> = redis::cmd("ZSCORE")
         .arg(format!("{prefix}:sessions:seen"))
         .arg(old.id.to_string())
