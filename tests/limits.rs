@@ -18,12 +18,17 @@ async fn refused(res: http::Response<hyper::body::Incoming>, status: StatusCode)
     body
 }
 
-#[tokio::test]
-async fn a_session_at_its_stream_cap_gets_429_and_its_running_call_finishes() {
-    let rig = Rig::with(DemoOptions::default(), |c| {
+/// The demo behind a proxy that lets a session run one request at a time.
+async fn one_stream_per_session() -> Rig {
+    Rig::with(DemoOptions::default(), |c| {
         c.limits.streams_per_session = 1;
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_session_at_its_stream_cap_gets_429_and_its_running_call_finishes() {
+    let rig = one_stream_per_session().await;
     let sid = rig.client.initialize(V_LATEST).await;
     let running = rig
         .client
@@ -48,10 +53,7 @@ async fn a_session_at_its_stream_cap_gets_429_and_its_running_call_finishes() {
 
 #[tokio::test]
 async fn a_call_re_sent_at_the_stream_cap_is_attached_to_its_stream_not_refused() {
-    let rig = Rig::with(DemoOptions::default(), |c| {
-        c.limits.streams_per_session = 1;
-    })
-    .await;
+    let rig = one_stream_per_session().await;
     let sid = rig.client.initialize(V_LATEST).await;
     let call = slow_call(2, 3, 50);
     let running = rig.client.send(Call::post(&call).session(&sid)).await;
