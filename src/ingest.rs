@@ -254,34 +254,15 @@ mod tests {
         ))
     }
 
-    #[tokio::test]
-    async fn progress_for_no_live_request_is_dropped_before_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
-                .unwrap();
-        let sessions = crate::session::Sessions::new(store);
-        let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
-        let mut stream = crate::store::contract::meta(session.id);
-        stream.progress = vec!["\"a\"".to_owned()];
-        session.track(&stream);
-        let spoof = Bytes::from_static(
-            br#"{"jsonrpc":"2.0","method":"notifications/stream/end","params":{"streamId":"x"}}"#,
-        );
-        let (kept, _) = admit(
-            &session,
-            &stream,
-            vec![progress("a", 1), progress("b", 1), spoof],
-        );
-        assert_eq!(kept, vec![progress("a", 1)]);
-        session.release(&stream);
-        assert!(admit(&session, &stream, vec![progress("a", 2)])
-            .0
-            .is_empty());
+    /// A log on a fresh journal, and a session minted in it.
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        log: std::sync::Arc<Log>,
+        _sessions: std::sync::Arc<crate::session::Sessions>,
+        session: std::sync::Arc<Session>,
     }
 
-    #[tokio::test]
-    async fn a_batch_past_the_caps_is_logged_with_its_progress_coalesced_when_that_fits() {
+    fn journal_session() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store =
             crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
@@ -289,6 +270,38 @@ mod tests {
         let log = Log::new(store.clone());
         let sessions = crate::session::Sessions::new(store);
         let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
+        Fixture {
+            _dir: dir,
+            log,
+            _sessions: sessions,
+            session,
+        }
+    }
+
+    #[tokio::test]
+    async fn progress_for_no_live_request_is_dropped_before_the_log() {
+        let Fixture { session, .. } = &journal_session();
+        let mut stream = crate::store::contract::meta(session.id);
+        stream.progress = vec!["\"a\"".to_owned()];
+        session.track(&stream);
+        let spoof = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","method":"notifications/stream/end","params":{"streamId":"x"}}"#,
+        );
+        let (kept, _) = admit(
+            session,
+            &stream,
+            vec![progress("a", 1), progress("b", 1), spoof],
+        );
+        assert_eq!(kept, vec![progress("a", 1)]);
+        session.release(&stream);
+        assert!(admit(session, &stream, vec![progress("a", 2)])
+            .0
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_batch_past_the_caps_is_logged_with_its_progress_coalesced_when_that_fits() {
+        let Fixture { log, session, .. } = &journal_session();
         let mut meta = crate::store::contract::meta(session.id);
         meta.origin_ids = vec![jsonrpc::RequestId("1".into())];
         meta.progress = vec!["\"a\"".to_owned()];
@@ -306,7 +319,7 @@ mod tests {
             complete: true,
             upstream_event: None,
         };
-        let recorded = record(&log, &limits, &session, &stream, batch).await;
+        let recorded = record(log, &limits, session, &stream, batch).await;
         assert_eq!(recorded, Recorded::Appended);
         let logged = log.store().read_after(stream.id, 0, 10).await.unwrap();
         let logged: Vec<Bytes> = logged.into_iter().map(|e| e.message).collect();
