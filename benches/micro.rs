@@ -330,19 +330,8 @@ fn sweeper(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_journal(dir.path(), SyncMode::Never);
     rt.block_on(retained(&store, 10_000, 10));
-    let log = Log::new(store.clone());
-    let sessions = Sessions::new(store.clone());
-    let config = StoreConfig::default();
     let mut g = c.benchmark_group("sweep");
-    g.bench_function("journal/100k_streams_10k_sessions/none_due", |b| {
-        b.iter(|| {
-            rt.block_on(sweep(&log, &sessions, &config, &NoUpstream))
-                .expect("sweep")
-        })
-    });
-    g.bench_function("journal/10k_sessions/list_all", |b| {
-        b.iter(|| rt.block_on(store.list_sessions()).expect("list"))
-    });
+    bench_sweep(&mut g, &rt, "journal/100k_streams_10k_sessions", &store);
     if let Ok(url) = std::env::var("REDIS_URL") {
         // Sessions only: the idle-session index is what differs; streams
         // are due through sorted sets either way.
@@ -351,21 +340,33 @@ fn sweeper(c: &mut Criterion) {
             Arc::new(RedisStore::new(&url, &prefix, Duration::from_secs(10)).expect("redis"))
         });
         rt.block_on(retained(&redis, 10_000, 0));
-        let log = Log::new(redis.clone());
-        // (It follows other instances' changes from a task of its own.)
-        let sessions = rt.block_on(async { Sessions::new(redis.clone()) });
-        g.bench_function("redis/10k_sessions/none_due", |b| {
-            b.iter(|| {
-                rt.block_on(sweep(&log, &sessions, &config, &NoUpstream))
-                    .expect("sweep")
-            })
-        });
-        g.bench_function("redis/10k_sessions/list_all", |b| {
-            b.iter(|| rt.block_on(redis.list_sessions()).expect("list"))
-        });
+        bench_sweep(&mut g, &rt, "redis/10k_sessions", &redis);
         redis_keys::delete_prefix(&url, &prefix);
     }
     g.finish();
+}
+
+/// One sweep of `store` with nothing due, beside listing every session
+/// (the scan a sweep used to make), under `name`.
+fn bench_sweep(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    store: &SharedStore,
+) {
+    let log = Log::new(store.clone());
+    // (On a shared log it follows other instances' changes from a task.)
+    let sessions = rt.block_on(async { Sessions::new(store.clone()) });
+    let config = StoreConfig::default();
+    g.bench_function(format!("{name}/none_due"), |b| {
+        b.iter(|| {
+            rt.block_on(sweep(&log, &sessions, &config, &NoUpstream))
+                .expect("sweep")
+        })
+    });
+    g.bench_function(format!("{name}/list_all"), |b| {
+        b.iter(|| rt.block_on(store.list_sessions()).expect("list"))
+    });
 }
 
 criterion_group! {
