@@ -294,9 +294,7 @@ mod tests {
         );
         assert_eq!(kept, vec![progress("a", 1)]);
         session.release(&stream);
-        assert!(admit(session, &stream, vec![progress("a", 2)])
-            .0
-            .is_empty());
+        assert!(admit(session, &stream, vec![progress("a", 2)]).0.is_empty());
     }
 
     #[tokio::test]

@@ -62,10 +62,27 @@ pub struct Post {
     /// The task this request is a leg of (2025-11-25 tasks): its stream is
     /// the one the task's record names, and the task answers the client.
     pub leg: Option<Leg>,
-    /// A call the client may be re-sending after a cut (one request with an
-    /// id, no resume token): when the session has a stream for it, that is
-    /// its stream, and it does not go upstream again (see [`Prior`]).
-    pub may_repeat: bool,
+}
+
+impl Post {
+    /// Whether this may re-send a call of the session under the id of a
+    /// live or retained stream (a client retrying after a cut): the same
+    /// call — same params digest — is then not executed again, the client
+    /// gets the existing stream from its start; other params under that id
+    /// are refused (see [`create`] and [`Prior`]). A new id is never
+    /// deduplicated; neither is a call carrying a resume token (its dialect,
+    /// or the upstream in passthrough, continues it), an `initialize` that
+    /// opens its session, or a task's leg.
+    fn may_repeat(&self) -> bool {
+        let Message::Single(envelope) = &self.message else {
+            return false;
+        };
+        !self.opens_session
+            && self.leg.is_none()
+            && envelope.is_request()
+            && envelope.id.is_some()
+            && jsonrpc::resume_token(&self.bytes).is_none()
+    }
 }
 
 /// The upstream side of a session.
@@ -187,7 +204,7 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
         meta.params_digest = jsonrpc::params_digest(&post.bytes);
     }
     meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    if let Some(prior) = create(route, &meta, post.may_repeat, admitted).await? {
+    if let Some(prior) = create(route, &meta, post.may_repeat(), admitted).await? {
         return Ok(Opening::Repeat(prior));
     }
     let opening = negotiated.opening(&cx, &meta);

@@ -58,7 +58,6 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
         session,
         opens_session: false,
         headers: parts.headers,
-        may_repeat: may_repeat(&message, &bytes),
         bytes,
         message,
         leg: None,
@@ -105,23 +104,8 @@ async fn initialize(
         bytes,
         message,
         leg: None,
-        may_repeat: false,
     };
     exchange::run(route, target, post).await
-}
-
-/// Whether a POST may re-send a call of the session under the id of a live
-/// or retained stream (a client retrying after a cut): the same call — same
-/// params digest — is then not executed again, the client gets the
-/// existing stream from its start; other params under that id are refused
-/// (see `exchange::create`). A new id is never deduplicated, and neither is
-/// a call carrying a resume token (its dialect, or the upstream in
-/// passthrough, continues it).
-fn may_repeat(message: &Message, bytes: &[u8]) -> bool {
-    let Message::Single(envelope) = message else {
-        return false;
-    };
-    envelope.is_request() && envelope.id.is_some() && jsonrpc::resume_token(bytes).is_none()
 }
 
 /// The caller's session: 400 without the header, 404 for an unknown,
@@ -199,7 +183,6 @@ async fn start_task(
                 message: jsonrpc::parse_body(&start.upstream)?,
                 bytes: start.upstream,
                 leg: Some(start.leg),
-                may_repeat: false,
             };
             exchange::start_leg(route, target, post).await
         }
