@@ -491,6 +491,21 @@ pub fn disk_write_bytes(pid: u32) -> Result<u64> {
     proc_number(pid, "io", "write_bytes")
 }
 
+/// Bytes written to the block device that holds `path`, by every process
+/// (sectors written, from `/sys/dev/block/<major>:<minor>/stat`): what
+/// reached the disk. `write_bytes` counts a page each time a process dirties
+/// it, whether or not it reaches the disk dirty again; the two differ for a
+/// log that writes zeroes ahead of its records. `None` where `path` is on no
+/// block device (tmpfs, overlay).
+pub fn device_written_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
+    Some(sectors * 512)
+}
+
 pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
