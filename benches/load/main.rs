@@ -98,7 +98,7 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|scale|peers]...
-       [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32]
+       [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N]";
 
@@ -158,6 +158,9 @@ struct Opts {
     duration: Duration,
     warmup: Duration,
     concurrency: Vec<usize>,
+    /// Think time each `small` client takes between its calls (none by
+    /// default): an interactive client, whose proxy goes idle between calls.
+    pace: Duration,
     streaming_calls: usize,
     progress: u32,
     replay_entries: u32,
@@ -188,6 +191,7 @@ impl Opts {
             duration: Duration::from_secs(4),
             warmup: Duration::from_secs(1),
             concurrency: vec![1, 32],
+            pace: Duration::ZERO,
             streaming_calls: 1000,
             progress: 100,
             replay_entries: 10_000,
@@ -236,6 +240,10 @@ impl Opts {
                         .map(str::parse)
                         .collect::<Result<_, _>>()?;
                     explicit.push("concurrency");
+                }
+                "--pace" => {
+                    o.pace = Duration::from_secs_f64(value()?.parse::<f64>()? / 1000.0);
+                    explicit.push("pace");
                 }
                 "--streaming-calls" => {
                     o.streaming_calls = value()?.parse()?;
@@ -345,8 +353,13 @@ impl Opts {
     /// `small` scenario, `batch`, at concurrency 1 and 32. Options that would
     /// measure something else are refused rather than compared wrongly.
     fn check_alone(&mut self, explicit: &[&str]) -> Result<()> {
-        if self.smoke || self.peers || self.sync.is_some() || explicit.contains(&"concurrency") {
-            bail!("--check takes no --smoke, --peers, --sync or --concurrency");
+        if self.smoke
+            || self.peers
+            || self.sync.is_some()
+            || explicit.contains(&"concurrency")
+            || explicit.contains(&"pace")
+        {
+            bail!("--check takes no --smoke, --peers, --sync, --concurrency or --pace");
         }
         if self.upstreams != [Upstream::Rust] {
             bail!("--check compares figures recorded behind the rust upstream only");

@@ -41,6 +41,7 @@ async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> 
     let measure_from = start + o.warmup;
     let until = measure_from + o.duration;
     let mut tasks = Vec::new();
+    let pace = o.pace;
     for (mut conn, session) in conns.into_iter().zip(sessions) {
         let t = t.clone();
         tasks.push(tokio::spawn(async move {
@@ -72,6 +73,9 @@ async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> 
                             Err(_) => break,
                         }
                     }
+                }
+                if !pace.is_zero() {
+                    tokio::time::sleep(pace).await;
                 }
             }
             (hist, requests, errors)
