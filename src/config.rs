@@ -41,6 +41,10 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
     pub metrics: bool,
+    /// Threads serving connections, each with its own scheduler (a
+    /// connection and the calls it makes stay on one thread). Unset: one
+    /// per available core.
+    pub workers: Option<usize>,
     pub sse: SseConfig,
     pub store: StoreConfig,
     pub limits: LimitsConfig,
@@ -469,6 +473,7 @@ impl Default for Config {
             principal_header: "authorization".into(),
             shutdown_grace_secs: 5,
             metrics: true,
+            workers: None,
             sse: SseConfig::default(),
             store: StoreConfig::default(),
             limits: LimitsConfig::default(),
@@ -553,6 +558,15 @@ impl Config {
         Self::from_toml(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
+    /// How many worker threads serve connections.
+    pub fn workers(&self) -> usize {
+        self.workers
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+            })
+            .max(1)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |msg: String| Err(ConfigError(msg));
         if self.upstream.is_empty() {
@@ -561,6 +575,9 @@ impl Config {
                  [[upstream]] table with `url` or `command`"
                     .into(),
             );
+        }
+        if self.workers == Some(0) {
+            return fail("workers = 0: at least one thread must serve connections".into());
         }
         if self.max_body < 1024 {
             return fail(format!(
@@ -758,6 +775,15 @@ mod tests {
         assert_eq!(c.upstream[0].path, "/mcp");
         assert_eq!(c.store.sync, SyncMode::Batch);
         assert_eq!(c.max_body, 4 * 1024 * 1024);
+    }
+
+    #[test]
+    fn workers_default_to_the_cores_and_zero_is_refused() {
+        let c = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\n").unwrap();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(c.workers(), cores);
+        let err = Config::from_toml("workers = 0\n[[upstream]]\nurl = \"http://a/\"\n");
+        assert!(err.unwrap_err().0.contains("workers = 0"));
     }
 
     #[test]

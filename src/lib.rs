@@ -17,6 +17,8 @@
 //!   name the key.
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
 //!   start-up order (open log, recover, serve).
+//! - [`workers`]: the threads that serve connections, one single-threaded
+//!   scheduler each, and what each of them keeps for itself.
 //! - [`front_door`]: one connection from socket to hyper — TLS handshake,
 //!   limits on request heads, the client certificate's principal.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
@@ -98,6 +100,7 @@ pub mod task;
 pub mod tls;
 pub mod token;
 pub mod upstream;
+pub mod workers;
 
 pub use config::Config;
 pub use server::Server;

@@ -30,6 +30,7 @@ use crate::token::Keyring;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::stdio::StdioUpstream;
 use crate::upstream::Upstream;
+use crate::workers::Workers;
 
 /// Everything a request needs, built once at start-up.
 pub struct App {
@@ -65,6 +66,7 @@ impl App {
             }
         };
         let log = Log::new(store);
+        let workers = config.workers();
         let sessions = Sessions::new(log.store().clone());
         let shared = Arc::new(Shared {
             config,
@@ -82,9 +84,9 @@ impl App {
                     Some(_) => {
                         Upstream::Stdio(Arc::new(StdioUpstream::new(up, &shared.config.limits)))
                     }
-                    None => {
-                        Upstream::Http(Arc::new(HttpUpstream::new(up).map_err(anyhow::Error::msg)?))
-                    }
+                    None => Upstream::Http(Arc::new(
+                        HttpUpstream::new(up, workers).map_err(anyhow::Error::msg)?,
+                    )),
                 };
                 let mut dialects = shared.config.dialects.clone();
                 dialects.resume_tokens = up.resume_tokens.clone();
@@ -277,7 +279,11 @@ pub struct Server {
     pub addr: SocketAddr,
     app: Arc<App>,
     stop: CancellationToken,
+    workers: Arc<Workers>,
+    /// The accept loop, done once connections have ended or run out of
+    /// grace.
     done: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
@@ -286,11 +292,11 @@ impl Server {
         self.app.shared.log.store()
     }
 
-    /// Binds, loads the TLS files, opens the log, and serves in the
-    /// background.
+    /// Binds, loads the TLS files, opens the log, and serves on the worker
+    /// threads; what runs on no connection's behalf (the sweeper, takeover,
+    /// streams recovered at start-up) stays on the caller's runtime.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let listener = TcpListener::bind(config.listen)
-            .await
+        let listener = listen(config.listen)
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
         let grace = Duration::from_secs(config.shutdown_grace_secs);
@@ -298,6 +304,7 @@ impl Server {
         let store_lease_ms = config.store.lease_ms;
         let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let limits = config.limits.clone();
+        let workers = config.workers();
         let app = App::open(config).await?;
         let stop = CancellationToken::new();
         let sweeper = crate::lifetime::spawn_sweeper(
@@ -320,18 +327,21 @@ impl Server {
             );
         }
         let front_door = Arc::new(FrontDoor::new(app.clone(), tls, &limits));
+        let workers = Arc::new(Workers::start(workers)?);
         let done = tokio::spawn(accept_loop(
             listener,
             front_door,
+            workers.clone(),
             stop.clone(),
             grace,
-            sweeper,
         ));
         Ok(Server {
             addr,
             app,
             stop,
+            workers,
             done,
+            sweeper,
         })
     }
 
@@ -341,16 +351,29 @@ impl Server {
     /// is flushed whatever its `sync` mode, and (for a shared log) the calls
     /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
-        self.app.shared.draining.cancel();
-        self.stop.cancel();
-        let _ = self.done.await;
-        self.app.stop_upstreams().await;
-        let store = self.app.shared.log.store();
+        let Server {
+            app,
+            stop,
+            workers,
+            done,
+            sweeper,
+            ..
+        } = self;
+        app.shared.draining.cancel();
+        stop.cancel();
+        let _ = done.await;
+        sweeper.abort();
+        app.stop_upstreams().await;
+        let store = app.shared.log.store();
         if let Err(e) = store.flush().await {
             tracing::error!(error = %e, "cannot flush the log at shutdown");
         }
         if let Err(e) = store.retire().await {
             tracing::error!(error = %e, "cannot hand this instance's calls over");
+        }
+        // The accept loop held the other reference; it is done.
+        if let Some(workers) = Arc::into_inner(workers) {
+            workers.finish().await;
         }
     }
 
@@ -362,12 +385,27 @@ impl Server {
     }
 }
 
+/// The listening socket, with tokio's backlog
+/// (std's 128 drops connections when thousands of clients come back at
+/// once).
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Accepts until `stop` and hands each connection to a worker; returns
+/// once the connections have ended or run out of grace.
 async fn accept_loop(
     listener: TcpListener,
     front_door: Arc<FrontDoor>,
+    workers: Arc<Workers>,
     stop: CancellationToken,
     grace: Duration,
-    sweeper: tokio::task::JoinHandle<()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -385,8 +423,21 @@ async fn accept_loop(
         };
         let _ = socket.set_nodelay(true);
         // The handshake and everything after it happen in the connection's
-        // task: the loop only accepts.
-        tokio::spawn(front_door.clone().serve(socket, peer, graceful.watcher()));
+        // task, on its worker: the loop only accepts.
+        let socket = match socket.into_std() {
+            Ok(socket) => socket,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "cannot hand a connection over");
+                continue;
+            }
+        };
+        let (front_door, watcher) = (front_door.clone(), graceful.watcher());
+        workers.serve(async move {
+            match tokio::net::TcpStream::from_std(socket) {
+                Ok(socket) => front_door.serve(socket, peer, watcher).await,
+                Err(e) => tracing::debug!(%peer, error = %e, "cannot serve a connection"),
+            }
+        });
     }
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown())
@@ -395,7 +446,6 @@ async fn accept_loop(
     {
         tracing::info!("grace period over; closing remaining connections");
     }
-    sweeper.abort();
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::UpstreamError;
 use crate::config::UpstreamConfig;
 use crate::headers;
 use crate::sse;
+use crate::workers::PerWorker;
 
 /// Largest single upstream message the proxy will log (64 MiB).
 pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
@@ -33,11 +34,14 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 pub struct HttpUpstream {
     pub config: UpstreamConfig,
     url: Uri,
-    client: Client<Connector, Full<Bytes>>,
+    /// One pool per worker: a connection is driven by the worker that
+    /// opened it, so a call that borrowed another worker's connection
+    /// would wake that worker twice.
+    client: PerWorker<Client<Connector, Full<Bytes>>>,
 }
 
 impl HttpUpstream {
-    pub fn new(config: &UpstreamConfig) -> Result<Self, String> {
+    pub fn new(config: &UpstreamConfig, workers: usize) -> Result<Self, String> {
         let text = config.url.as_deref().unwrap_or_default();
         let url: Uri = text
             .parse()
@@ -55,9 +59,11 @@ impl HttpUpstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(https);
+        let client = PerWorker::new(workers, |_| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .build(https.clone())
+        });
         Ok(Self {
             config: config.clone(),
             url,
@@ -81,6 +87,7 @@ impl HttpUpstream {
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
         *req.headers_mut() = headers::to_upstream(client_headers, upstream_session);
         self.client
+            .get()
             .request(req)
             .await
             .map_err(|e| UpstreamError::Connect(error_chain(&e)))
@@ -110,6 +117,7 @@ impl HttpUpstream {
             .map_err(|e| UpstreamError::Broken(e.to_string()))?;
         req.headers_mut().insert(headers::LAST_EVENT_ID, value);
         self.client
+            .get()
             .request(req)
             .await
             .map_err(|e| UpstreamError::Connect(error_chain(&e)))

@@ -1,0 +1,261 @@
+//! The threads that serve connections. Each worker is one OS thread running
+//! a single-threaded tokio scheduler: the worker a connection is handed to
+//! runs that connection's requests, the relays they start and (through
+//! [`PerWorker`]) the upstream connections they use, so the steps of one
+//! call wake each other on one thread. Under tokio's work-stealing scheduler
+//! every wake-up could land on the other thread, or wake it to steal: one
+//! call at a time cost 7 `futex` calls and 11 context switches instead of 2
+//! and 7, and an interactive client's calls came back 70–110 µs later
+//! (BENCHMARKS.md, session 12).
+//!
+//! A connection goes to the worker serving the fewest: one accept loop
+//! hands them out, because workers accepting for themselves from one socket
+//! let the first one awake take a whole burst of connections, and
+//! `SO_REUSEPORT` would let a second process share the port unnoticed.
+//!
+//! This module owns the threads, their lifetime and which worker the code
+//! runs on; it knows nothing of HTTP. What runs on no connection's behalf
+//! (start-up, the accept loop, the sweeper, recovery) stays on the runtime
+//! that started the server.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+thread_local! {
+    /// 1..=n on a worker thread; 0 anywhere else.
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// How long a worker's leftover tasks (streams still relaying when the
+/// server stopped) get to notice their runtime is going away.
+const LEFTOVERS: Duration = Duration::from_secs(1);
+
+/// The worker threads of one server.
+pub struct Workers {
+    workers: Vec<Worker>,
+    /// Lets the workers drop their runtimes, which the server allows only
+    /// once the log is flushed: until then their relays may still append.
+    release: CancellationToken,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Worker {
+    handle: Handle,
+    /// Connections this worker serves now.
+    serving: Arc<AtomicUsize>,
+}
+
+impl Workers {
+    /// Starts `count` worker threads, idle until connections are handed to
+    /// them.
+    pub fn start(count: usize) -> io::Result<Workers> {
+        let release = CancellationToken::new();
+        let mut workers = Vec::with_capacity(count);
+        let mut threads = Vec::with_capacity(count);
+        for index in 1..=count {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            workers.push(Worker {
+                handle: runtime.handle().clone(),
+                serving: Arc::default(),
+            });
+            let release = release.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("worker-{index}"))
+                .spawn(move || {
+                    WORKER.with(|w| w.set(index));
+                    runtime.block_on(release.cancelled());
+                    runtime.shutdown_timeout(LEFTOVERS);
+                })?;
+            threads.push(thread);
+        }
+        Ok(Workers {
+            workers,
+            release,
+            threads,
+        })
+    }
+
+    /// Runs `connection` on the worker serving the fewest connections. It
+    /// is first polled there, so whatever it registers (its socket) belongs
+    /// to that worker.
+    pub fn serve(&self, connection: impl Future<Output = ()> + Send + 'static) {
+        let Some(worker) = self
+            .workers
+            .iter()
+            .min_by_key(|w| w.serving.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        let serving = Serving::new(worker.serving.clone());
+        worker.handle.spawn(async move {
+            let _serving = serving;
+            connection.await
+        });
+    }
+
+    /// Lets the workers go (what still runs on them is dropped) and waits
+    /// for their threads to end.
+    pub async fn finish(mut self) {
+        self.release.cancel();
+        let threads = std::mem::take(&mut self.threads);
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// A server dropped without a shutdown (an embedding that just lets go)
+/// must not leave threads behind.
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.release.cancel();
+    }
+}
+
+/// Counts a connection as served by its worker for as long as it lives.
+struct Serving(Arc<AtomicUsize>);
+
+impl Serving {
+    fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The worker this code runs on: 1..=n on a worker, 0 elsewhere.
+pub fn current() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// One value per worker (and one for code on no worker), so that what a
+/// worker uses — an upstream connection pool — is its own.
+pub struct PerWorker<T> {
+    values: Vec<T>,
+}
+
+impl<T> PerWorker<T> {
+    /// `make` runs once for each of `workers` workers and once for the rest.
+    pub fn new(workers: usize, make: impl FnMut(usize) -> T) -> Self {
+        Self {
+            values: (0..=workers).map(make).collect(),
+        }
+    }
+
+    /// This worker's value; code on no worker (or on a worker of another
+    /// server with more of them) shares the first.
+    pub fn get(&self) -> &T {
+        let index = current();
+        self.values.get(index).unwrap_or(&self.values[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// Runs `count` connections that report their worker and then wait
+    /// until `hold` is dropped.
+    fn park(workers: &Workers, count: usize) -> (Vec<usize>, tokio::sync::watch::Sender<()>) {
+        let (hold, held) = tokio::sync::watch::channel(());
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..count {
+            let (tx, mut held) = (tx.clone(), held.clone());
+            workers.serve(async move {
+                let _ = tx.send(current());
+                let _ = held.changed().await;
+            });
+        }
+        let on = (0..count)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        (on, hold)
+    }
+
+    #[tokio::test]
+    async fn connections_go_to_the_worker_serving_the_fewest() {
+        let workers = Workers::start(2).unwrap();
+        let (mut on, _hold) = park(&workers, 4);
+        on.sort_unstable();
+        assert_eq!(on, [1, 1, 2, 2]);
+        workers.finish().await;
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_ended_no_longer_counts() {
+        let workers = Workers::start(2).unwrap();
+        let (first, hold) = park(&workers, 1);
+        drop(hold);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while workers.workers[first[0] - 1]
+            .serving
+            .load(Ordering::Relaxed)
+            > 0
+        {
+            assert!(std::time::Instant::now() < deadline, "still counted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (again, _hold) = park(&workers, 1);
+        assert_eq!(again, [1], "both idle: the first worker takes it");
+        workers.finish().await;
+    }
+
+    #[tokio::test]
+    async fn each_worker_has_its_own_value_and_other_threads_the_first() {
+        let workers = Workers::start(2).unwrap();
+        let values = Arc::new(PerWorker::new(2, |i| i * 10));
+        assert_eq!(*values.get(), 0);
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..2 {
+            let (tx, values) = (tx.clone(), values.clone());
+            workers.serve(async move {
+                let _ = tx.send((current(), *values.get()));
+                std::future::pending::<()>().await;
+            });
+        }
+        let mut seen: Vec<_> = (0..2)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, [(1, 10), (2, 20)]);
+        workers.finish().await;
+    }
+
+    #[tokio::test]
+    async fn finishing_drops_what_still_runs_and_ends_the_threads() {
+        struct Dropped(mpsc::Sender<()>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let workers = Workers::start(2).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let guard = Dropped(tx);
+        workers.serve(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        workers.finish().await;
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    }
+}
