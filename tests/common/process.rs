@@ -94,10 +94,27 @@ impl Drop for ProxyProcess {
     }
 }
 
-/// A loopback address nothing listens on right now.
+/// A loopback address nothing listens on right now, for a proxy process to
+/// bind a moment later. Not one the kernel picked: a port from its
+/// ephemeral range (32768–60999 by default) can be given to an outgoing
+/// connection of a test running alongside between this check and the
+/// proxy's bind, and the proxy then fails to listen while the test talks to
+/// whatever holds the port. Ports below that range, each offered once per
+/// test process, and the range's start spread by process id.
 pub fn free_addr() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("local addr")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (offset + n) % SPAN) as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return listener.local_addr().expect("local addr");
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// A demo upstream that stays up, and the proxy binary in front of it on a
