@@ -280,10 +280,7 @@ pub struct Server {
     app: Arc<App>,
     stop: CancellationToken,
     workers: Arc<Workers>,
-    /// The accept loop, done once connections have ended or run out of
-    /// grace.
     done: tokio::task::JoinHandle<()>,
-    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl Server {
@@ -296,7 +293,8 @@ impl Server {
     /// threads; what runs on no connection's behalf (the sweeper, takeover,
     /// streams recovered at start-up) stays on the caller's runtime.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
-        let listener = listen(config.listen)
+        let listener = TcpListener::bind(config.listen)
+            .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
         let grace = Duration::from_secs(config.shutdown_grace_secs);
@@ -334,6 +332,7 @@ impl Server {
             workers.clone(),
             stop.clone(),
             grace,
+            sweeper,
         ));
         Ok(Server {
             addr,
@@ -341,7 +340,6 @@ impl Server {
             stop,
             workers,
             done,
-            sweeper,
         })
     }
 
@@ -351,20 +349,11 @@ impl Server {
     /// is flushed whatever its `sync` mode, and (for a shared log) the calls
     /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
-        let Server {
-            app,
-            stop,
-            workers,
-            done,
-            sweeper,
-            ..
-        } = self;
-        app.shared.draining.cancel();
-        stop.cancel();
-        let _ = done.await;
-        sweeper.abort();
-        app.stop_upstreams().await;
-        let store = app.shared.log.store();
+        self.app.shared.draining.cancel();
+        self.stop.cancel();
+        let _ = self.done.await;
+        self.app.stop_upstreams().await;
+        let store = self.app.shared.log.store();
         if let Err(e) = store.flush().await {
             tracing::error!(error = %e, "cannot flush the log at shutdown");
         }
@@ -372,7 +361,7 @@ impl Server {
             tracing::error!(error = %e, "cannot hand this instance's calls over");
         }
         // The accept loop held the other reference; it is done.
-        if let Some(workers) = Arc::into_inner(workers) {
+        if let Some(workers) = Arc::into_inner(self.workers) {
             workers.finish().await;
         }
     }
@@ -385,19 +374,6 @@ impl Server {
     }
 }
 
-/// The listening socket, with tokio's backlog
-/// (std's 128 drops connections when thousands of clients come back at
-/// once).
-fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = match addr {
-        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(1024)
-}
-
 /// Accepts until `stop` and hands each connection to a worker; returns
 /// once the connections have ended or run out of grace.
 async fn accept_loop(
@@ -406,6 +382,7 @@ async fn accept_loop(
     workers: Arc<Workers>,
     stop: CancellationToken,
     grace: Duration,
+    sweeper: tokio::task::JoinHandle<()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -446,6 +423,7 @@ async fn accept_loop(
     {
         tracing::info!("grace period over; closing remaining connections");
     }
+    sweeper.abort();
 }
 
 #[cfg(test)]
