@@ -94,6 +94,12 @@ fn settled_device_bytes() -> Option<u64> {
     device_written_bytes(&std::env::temp_dir())
 }
 
+/// Bytes per message over the runs, or `-` when a run could not count them.
+fn bytes_per_message(runs: impl Iterator<Item = Option<u64>>, msgs: u64) -> String {
+    runs.sum::<Option<u64>>()
+        .map_or("-".to_owned(), |d| format!("{:.0}", d as f64 / msgs as f64))
+}
+
 pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     let stand = start_stand(bin, &o.sync_modes(&["batch", "never"]), o.upstream).await?;
     let targets = &stand.targets;
@@ -134,16 +140,8 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             .sum::<Option<f64>>()
             .map_or("-".to_owned(), |c| format!("{:.2}", c * 1e6 / msgs as f64));
         let up_cpu: f64 = rs.iter().map(|r| r.upstream_cpu).sum();
-        let disk = rs
-            .iter()
-            .map(|r| r.target_disk)
-            .sum::<Option<u64>>()
-            .map_or("-".to_owned(), |d| format!("{:.0}", d as f64 / msgs as f64));
-        let device = rs
-            .iter()
-            .map(|r| r.device)
-            .sum::<Option<u64>>()
-            .map_or("-".to_owned(), |d| format!("{:.0}", d as f64 / msgs as f64));
+        let disk = bytes_per_message(rs.iter().map(|r| r.target_disk), msgs);
+        let device = bytes_per_message(rs.iter().map(|r| r.device), msgs);
         writeln!(
             out,
             "{:<14} {:>10} {:>26} {:>10.0} {:>7.2}x {:>16} {:>16.2} {:>15} {:>16}",
