@@ -778,10 +778,11 @@ mod tests {
     }
 
     #[test]
-    fn workers_default_to_the_cores_and_zero_is_refused() {
-        let c = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\n").unwrap();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(c.workers(), cores);
+    fn workers_are_taken_as_given_and_zero_is_refused() {
+        let c = Config::from_toml("workers = 3\n[[upstream]]\nurl = \"http://a/\"\n").unwrap();
+        assert_eq!(c.workers(), 3);
+        let unset = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\n").unwrap();
+        assert!(unset.workers() >= 1);
         let err = Config::from_toml("workers = 0\n[[upstream]]\nurl = \"http://a/\"\n");
         assert!(err.unwrap_err().0.contains("workers = 0"));
     }
