@@ -10,9 +10,11 @@
 //! arriving more often than once per two flushes (both smoothed), it waits
 //! up to one flush's time (at most [`MAX_LINGER`]) for more of them, so a
 //! flush covers more calls; when they crowd in, several per flush's time,
-//! it waits [`CROWDED_LINGER`]. A lone writer never waits: one call at a
-//! time arrives far more slowly than that. What a writer is promised does
-//! not change: its flush starts after its ticket.
+//! it waits up to [`CROWDED_LINGER`]. Either wait ends early once no writer
+//! has come for [`QUIET`]: then everyone a flush could gather is already
+//! waiting on it. A lone writer never waits: one call at a time arrives far
+//! more slowly than that. What a writer is promised does not change: its
+//! flush starts after its ticket.
 //!
 //! This module owns only the scheduling; what "flush" means is the backend's.
 //! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
@@ -72,6 +74,40 @@ const CROWD: u32 = 4;
 /// disk and a fifth less CPU per message, and `small` at c=32 lost no p50
 /// (BENCHMARKS.md, session 11). Longer (1.5 ms) began to cost c=32 latency.
 pub const CROWDED_LINGER: Duration = Duration::from_micros(800);
+
+/// A linger ends once no writer has arrived for this long. Writers that
+/// wait for their answer before writing again (32 clients, each calling
+/// once its last call is answered) are then all parked on the coming
+/// flush, and lingering on only leaves the cores idle: in `small` at c=32
+/// a fixed 800 µs linger cost a fifth of the throughput (BENCHMARKS.md,
+/// session 13). A crowd that keeps writing (a thousand streams relaying
+/// progress) is never quiet this long and still gets the whole linger.
+pub const QUIET: Duration = Duration::from_micros(100);
+
+/// While the syncer lingers: when to look again whether writers still come,
+/// and when to stop waiting for them.
+struct Company {
+    until: Instant,
+    seen: u64,
+}
+
+impl Company {
+    fn new(now: Instant, linger: Duration, issued: u64) -> Self {
+        Self {
+            until: now + linger,
+            seen: issued,
+        }
+    }
+
+    /// How long to sleep before looking again, given the tickets issued by
+    /// `now`; `None` when the linger is over (time is up, or nobody came
+    /// since the last look).
+    fn next(&mut self, now: Instant, issued: u64) -> Option<Duration> {
+        let came = issued != std::mem::replace(&mut self.seen, issued);
+        let left = self.until.saturating_duration_since(now);
+        (came && !left.is_zero()).then(|| QUIET.min(left))
+    }
+}
 
 /// An exponentially smoothed duration (weight 1/4 for each new sample).
 #[derive(Clone, Copy, Default)]
@@ -270,9 +306,30 @@ impl Shared {
         result
     }
 
+    /// Waits up to `most` for more writers, for as long as they keep
+    /// coming (see [`QUIET`]).
+    fn linger(&self, most: Duration) {
+        let issued = || lock(&self.queue).issued;
+        let mut company = Company::new(Instant::now(), most, issued());
+        // The first look is one QUIET away: the writer that woke the syncer
+        // is the one that counts as having just come.
+        let mut nap = Some(QUIET.min(most));
+        while let Some(d) = nap {
+            std::thread::sleep(d);
+            nap = company.next(Instant::now(), issued());
+        }
+    }
+
     /// The syncer: waits for tickets, lingers under load, flushes once for
     /// all of them, reports.
     fn run(&self) {
+        // Sleep as long as asked: the default slack (50 µs) would stretch
+        // each QUIET look by half. This thread only sleeps to linger.
+        // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only
+        // the calling thread.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
         let mut flushed = 0;
         let mut took = Smoothed::default();
         loop {
@@ -287,7 +344,7 @@ impl Shared {
                 q.linger(took)
             };
             if !linger.is_zero() {
-                std::thread::sleep(linger);
+                self.linger(linger);
             }
             let target = lock(&self.queue).issued;
             let started = Instant::now();
@@ -393,6 +450,32 @@ mod tests {
         );
         // Nothing known yet: no wait either.
         assert_eq!(Queue::default().linger(Smoothed::default()), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_linger_goes_on_while_writers_keep_coming() {
+        let start = Instant::now();
+        let mut company = Company::new(start, CROWDED_LINGER, 5);
+        let looked = start + QUIET;
+        assert_eq!(company.next(looked, 9), Some(QUIET));
+        assert_eq!(company.next(looked + QUIET, 10), Some(QUIET));
+    }
+
+    #[test]
+    fn a_linger_ends_once_nobody_came_since_the_last_look() {
+        let start = Instant::now();
+        let mut company = Company::new(start, CROWDED_LINGER, 5);
+        assert_eq!(company.next(start + QUIET, 9), Some(QUIET));
+        assert_eq!(company.next(start + QUIET * 2, 9), None);
+    }
+
+    #[test]
+    fn a_linger_never_outlasts_its_time() {
+        let start = Instant::now();
+        let linger = QUIET * 3 / 2;
+        let mut company = Company::new(start, linger, 0);
+        assert_eq!(company.next(start + QUIET, 1), Some(linger - QUIET));
+        assert_eq!(company.next(start + linger, 2), None);
     }
 
     #[tokio::test]
