@@ -50,8 +50,9 @@ pub async fn resume(
     last_event_id: &str,
 ) -> Result<Option<(StreamMeta, Seq)>, Refusal> {
     let (meta, seq) = cx.after_event(last_event_id, None).await?;
-    let exhausted =
-        meta.kind == StreamKind::Standalone && !meta.status.is_live() && seq >= cx.log.end(meta.id);
+    let exhausted = meta.kind == StreamKind::Standalone
+        && !meta.status.is_live()
+        && seq >= cx.log.end(meta.id).await;
     if exhausted {
         return Ok(None);
     }

@@ -290,7 +290,7 @@ impl Context<'_> {
     ) -> Result<Answer, Refusal> {
         let after = match &position.0 {
             Some(last_event_id) => self.after_event(last_event_id, Some(stream.id)).await?.1,
-            None => self.log.resume_point(&stream, keep_last),
+            None => self.log.resume_point(&stream, keep_last).await,
         };
         Ok(Answer::Replay(Box::new(Replay {
             reader: self.log.attach(stream.id, after),

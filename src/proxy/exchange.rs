@@ -551,7 +551,7 @@ pub async fn standalone(
             let after = if child.first_standalone_attach() {
                 0
             } else {
-                log.end(stream)
+                log.end(stream).await
             };
             Ok(log.attach(stream, after))
         }
@@ -570,7 +570,7 @@ async fn http_standalone(
         if let Ok(Some(meta)) = log.meta(stream).await {
             if meta.status.is_live() {
                 // A client opening a fresh GET wants what comes next.
-                return Ok(log.attach(stream, log.end(stream)));
+                return Ok(log.attach(stream, log.end(stream).await));
             }
         }
     }

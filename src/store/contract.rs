@@ -190,7 +190,7 @@ pub async fn entries_statuses_and_sessions_survive_reopen(open: Opener) {
         (finished.status, finished.finished_ms),
         (StreamStatus::Completed, Some(7))
     );
-    assert!(store.subscribe(done.id).borrow().finished);
+    assert!(store.subscribe(done.id).await.borrow().finished);
     assert_eq!(messages(&store, live.id, 0).await, bytes(&["a", "b"]));
     // The new writer carries the stream on once it is handed over.
     let orphans = orphans_of_a_dead_writer(&store).await;
@@ -313,7 +313,7 @@ pub async fn a_deleted_stream_is_gone_and_its_readers_are_told(open: Opener) {
     let m = meta(SessionId::random());
     store.create_stream(&m).await.unwrap();
     store.append(m.id, &bytes(&["x"])).await.unwrap();
-    let sub = store.subscribe(m.id);
+    let sub = store.subscribe(m.id).await;
     store.delete_stream(m.id).await.unwrap();
     assert!(sub.borrow().finished);
     assert_eq!(store.stream_meta(m.id).await.unwrap(), None);
@@ -332,7 +332,7 @@ pub async fn subscribers_wake_on_append_and_on_status(open: Opener) {
     let store = open(dir.path(), SyncMode::Batch);
     let m = meta(SessionId::random());
     store.create_stream(&m).await.unwrap();
-    let mut sub = store.subscribe(m.id);
+    let mut sub = store.subscribe(m.id).await;
     store.append(m.id, &bytes(&["x"])).await.unwrap();
     assert!(sub.has_changed().unwrap());
     assert_eq!(sub.borrow_and_update().seq, 1);
@@ -349,7 +349,7 @@ pub async fn an_unknown_stream_reads_empty_and_refuses_appends(open: Opener) {
     let store = open(dir.path(), SyncMode::Batch);
     let id = StreamId::random();
     assert!(messages(&store, id, 0).await.is_empty());
-    assert!(store.subscribe(id).borrow().finished);
+    assert!(store.subscribe(id).await.borrow().finished);
     assert!(matches!(
         store.append(id, &bytes(&["x"])).await,
         Err(StoreError::NoSuchStream(_))
@@ -709,7 +709,7 @@ pub async fn deleting_a_task_deletes_its_legs(open: Opener) {
             .await
             .unwrap();
         store.put_task(&t).await.unwrap();
-        let sub = store.subscribe(current.id);
+        let sub = store.subscribe(current.id).await;
         store.delete_task(t.id).await.unwrap();
         assert!(sub.borrow().finished, "the live leg's readers are told");
         assert_eq!(store.get_task(t.id).await.unwrap(), None);

@@ -453,13 +453,16 @@ pub type Subscription = watch::Receiver<Watermark>;
 /// that says "finished", so the reader's next look at the store tells it
 /// the stream is gone.
 pub fn no_such_stream() -> Subscription {
-    watch::Sender::new(Watermark {
-        seq: 0,
-        finished: true,
-        coalesced: false,
-    })
-    .subscribe()
+    watch::Sender::new(NO_SUCH_STREAM).subscribe()
 }
+
+/// What a backend tells of a stream it does not have: "finished", for the
+/// same reason as [`no_such_stream`].
+pub const NO_SUCH_STREAM: Watermark = Watermark {
+    seq: 0,
+    finished: true,
+    coalesced: false,
+};
 
 /// The log. Object-safe so the backend is chosen at start-up.
 #[async_trait::async_trait]
@@ -558,15 +561,15 @@ pub trait Store: Send + Sync + 'static {
     /// the durable watermark.
     async fn read_after(&self, stream: StreamId, after: Seq, limit: usize) -> Result<Vec<Entry>>;
     /// Subscribe *before* reading so that no append between the read and the
-    /// wait is missed.
-    fn subscribe(&self, stream: StreamId) -> Subscription;
+    /// wait is missed. Async because a shared log may first have to ask
+    /// where a stream it has not followed yet stands (a round trip that
+    /// must not hold up the other connections of the thread).
+    async fn subscribe(&self, stream: StreamId) -> Subscription;
 
     /// The stream's watermark as far as this process knows it, without
     /// asking anyone (`None`: it does not know). For bookkeeping on hot or
     /// locked paths, where a round trip to a shared log must not happen.
-    fn peek(&self, stream: StreamId) -> Option<Watermark> {
-        Some(*self.subscribe(stream).borrow())
-    }
+    fn peek(&self, stream: StreamId) -> Option<Watermark>;
 
     /// Tells the backend whom to report each flush's duration to. A backend
     /// that does not flush through a group commit has nothing to report.

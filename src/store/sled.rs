@@ -177,6 +177,15 @@ impl SledStore {
         }
     }
 
+    fn subscription(&self, stream: StreamId) -> Subscription {
+        match self.tail(stream) {
+            Ok(Some(tail)) => tail.watermark.subscribe(),
+            // No such stream (or a broken tree): the reader's next look at
+            // the store tells which.
+            _ => super::no_such_stream(),
+        }
+    }
+
     /// The stream's tail; `None` for a stream that does not exist (so that
     /// asking about a deleted stream does not bring its tail back).
     fn tail(&self, stream: StreamId) -> Result<Option<Arc<Tail>>> {
@@ -603,13 +612,12 @@ impl Store for SledStore {
             .collect()
     }
 
-    fn subscribe(&self, stream: StreamId) -> Subscription {
-        match self.tail(stream) {
-            Ok(Some(tail)) => tail.watermark.subscribe(),
-            // No such stream (or a broken tree): the reader's next look at
-            // the store tells which.
-            _ => super::no_such_stream(),
-        }
+    async fn subscribe(&self, stream: StreamId) -> Subscription {
+        self.subscription(stream)
+    }
+
+    fn peek(&self, stream: StreamId) -> Option<Watermark> {
+        Some(*self.subscription(stream).borrow())
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {

@@ -417,8 +417,8 @@ impl Log {
     /// never past the final entry of a finished stream, so the resume ends
     /// with the request's response even when the client acknowledged it (a
     /// lost response can be asked for again).
-    pub fn resume_point(&self, stream: &StreamMeta, keep_last: bool) -> Seq {
-        let end = self.end(stream.id);
+    pub async fn resume_point(&self, stream: &StreamMeta, keep_last: bool) -> Seq {
+        let end = self.end(stream.id).await;
         if keep_last && !stream.status.is_live() && stream.acked >= end {
             end.saturating_sub(1)
         } else {
@@ -428,8 +428,8 @@ impl Log {
 
     /// The durable end of the stream right now: where a reader that wants
     /// only new entries starts.
-    pub fn end(&self, stream: StreamId) -> Seq {
-        self.store.subscribe(stream).borrow().seq
+    pub async fn end(&self, stream: StreamId) -> Seq {
+        self.store.subscribe(stream).await.borrow().seq
     }
 
     /// Notes that an answer just ran to the end of the finished `stream`.

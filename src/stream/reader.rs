@@ -134,7 +134,7 @@ impl Reader {
             }
             // Subscribe before reading, so an append landing between the read
             // and the wait still wakes us.
-            let mut appended = self.log.store.subscribe(self.stream);
+            let mut appended = self.log.store.subscribe(self.stream).await;
             let mark = *appended.borrow_and_update();
             if mark.seq > self.cursor {
                 if let Some(entries) = self.take(mark.seq, mark.coalesced).await? {

@@ -253,7 +253,7 @@ impl Context<'_> {
 /// courtesy — clients poll), and the task's end in the metrics. Runs while
 /// this process lives; a task that ends after a restart is only polled.
 pub async fn announce_end(log: Arc<Log>, keyring: Keyring, session: Arc<Session>, leg: Leg) {
-    let mut watermark = log.store().subscribe(leg.stream);
+    let mut watermark = log.store().subscribe(leg.stream).await;
     tokio::select! {
         // A closed subscription is a stream this process no longer
         // follows: what the log says decides.

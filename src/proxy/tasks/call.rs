@@ -358,7 +358,7 @@ impl Call {
         mut upstream: Upstream,
         mut handing: Option<oneshot::Receiver<()>>,
     ) -> Ending {
-        let mut ended = self.log.store().subscribe(leg.id);
+        let mut ended = self.log.store().subscribe(leg.id).await;
         let mut heard_at = Instant::now();
         loop {
             let patience = self.upstream.patience(leg.created_ms, heard_at.elapsed());

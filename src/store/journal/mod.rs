@@ -817,11 +817,18 @@ impl Store for Journal {
         read_locs(file_of, after + 1, &locs)
     }
 
-    fn subscribe(&self, stream: StreamId) -> Subscription {
+    async fn subscribe(&self, stream: StreamId) -> Subscription {
         match self.lock().index.streams.get(&stream) {
             Some(state) => state.watermark.subscribe(),
             None => super::no_such_stream(),
         }
+    }
+
+    fn peek(&self, stream: StreamId) -> Option<Watermark> {
+        Some(match self.lock().index.streams.get(&stream) {
+            Some(state) => *state.watermark.borrow(),
+            None => super::NO_SUCH_STREAM,
+        })
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {

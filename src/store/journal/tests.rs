@@ -267,7 +267,7 @@ async fn concurrent_appends_to_one_stream_get_distinct_ordered_seqs() {
     let got = store.read_after(m.id, 0, 1000).await.unwrap();
     assert_eq!(got.len(), 400);
     assert!(got.iter().zip(1..).all(|(e, s)| e.seq == s));
-    assert_eq!(store.subscribe(m.id).borrow().seq, 400);
+    assert_eq!(store.subscribe(m.id).await.borrow().seq, 400);
 }
 
 #[tokio::test]

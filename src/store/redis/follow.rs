@@ -23,7 +23,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::record::{backend, meta_from_hash};
-use super::{stream_key, RedisStore, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::{stream_key, RedisStore};
 use crate::id::{SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
 
@@ -316,17 +316,12 @@ async fn newest(conn: &mut MultiplexedConnection, feed: &str) -> redis::RedisRes
 /// The tails of this instance's readers, made from Redis on first use.
 impl RedisStore {
     /// The stream's tail; `None` for a stream that does not exist. A tail
-    /// not yet made here is read with a blocking round trip (`subscribe` is
-    /// synchronous).
-    pub(super) fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
+    /// not yet made here is read from the stream's metadata first.
+    pub(super) async fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
         if let Some(tail) = self.follow.tails.get(&stream) {
             return Some(tail.clone());
         }
-        let read = || -> Option<Watermark> {
-            let hash = self.blocking_hash(stream).ok()?;
-            Some(meta_from_hash(hash).ok()??.watermark())
-        };
-        let mark = read()?;
+        let mark = self.watermark(stream).await?;
         let mut made = false;
         let tail = self
             .follow
@@ -341,7 +336,7 @@ impl RedisStore {
             // A write answered between the read and the insert found no
             // tail to move: read once more, now that every later answer (and
             // feed line) finds this one.
-            match read() {
+            match self.watermark(stream).await {
                 Some(now) => tail.sync(now),
                 None => {
                     self.follow.gone(stream);
@@ -352,43 +347,21 @@ impl RedisStore {
         Some(tail)
     }
 
-    fn blocking_hash(&self, stream: StreamId) -> Result<HashMap<String, Vec<u8>>> {
-        let key = self.stream_key(stream, "meta");
-        let run = || -> Result<HashMap<String, Vec<u8>>> {
-            let mut slot = self.sync_conn.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                let conn = self
-                    .client
-                    .get_connection_with_timeout(CONNECT_TIMEOUT)
-                    .map_err(backend)?;
-                conn.set_read_timeout(Some(RESPONSE_TIMEOUT))
-                    .map_err(backend)?;
-                conn.set_write_timeout(Some(RESPONSE_TIMEOUT))
-                    .map_err(backend)?;
-                *slot = Some(conn);
-            }
-            let conn = slot.as_mut().expect("connected above");
-            let got = redis::cmd("HGETALL").arg(&key).query(conn);
-            if got.is_err() {
-                // Reconnect next time rather than reuse a broken connection.
-                *slot = None;
-            }
-            got.map_err(backend)
-        };
-        // Let the other tasks of a multi-threaded runtime move elsewhere
-        // while this thread waits on the network.
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(run)
-            }
-            _ => run(),
-        }
+    /// Where the stream stands in Redis; `None` when it does not exist or
+    /// Redis did not answer.
+    async fn watermark(&self, stream: StreamId) -> Option<Watermark> {
+        let hash: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
+            .arg(self.stream_key(stream, "meta"))
+            .query_async(&mut self.conn())
+            .await
+            .ok()?;
+        Some(meta_from_hash(hash).ok()??.watermark())
     }
 
     /// Claims the stream for a reader of this instance: a line on the feed,
     /// whose place in it orders the claim against other instances' claims.
     pub(super) async fn claim_reader(&self, stream: StreamId) -> Result<ReaderLease> {
-        let Some(tail) = self.tail(stream) else {
+        let Some(tail) = self.tail(stream).await else {
             return Ok(ReaderLease::sole());
         };
         let claims = tail.claims.subscribe();

@@ -88,10 +88,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct RedisStore {
     prefix: String,
     conn: ConnectionManager,
-    /// A blocking connection for `subscribe`, which the trait keeps
-    /// synchronous; used only when the stream has no tail here yet.
+    /// For the feed listener's own connection (`XREAD BLOCK` must not
+    /// hold up the shared one).
     client: redis::Client,
-    sync_conn: std::sync::Mutex<Option<redis::Connection>>,
     follow: Arc<Follow>,
     scripts: Scripts,
     /// This process's name among the instances (see `lease.rs`).
@@ -140,7 +139,6 @@ impl RedisStore {
             prefix: prefix.to_owned(),
             conn,
             client,
-            sync_conn: std::sync::Mutex::new(None),
             follow: Arc::new(Follow::new()),
             scripts: Scripts::new(),
             instance: lease::new_instance(),
@@ -749,8 +747,8 @@ impl Store for RedisStore {
             .collect()
     }
 
-    fn subscribe(&self, stream: StreamId) -> Subscription {
-        match self.tail(stream) {
+    async fn subscribe(&self, stream: StreamId) -> Subscription {
+        match self.tail(stream).await {
             Some(tail) => tail.watermark.subscribe(),
             // No such stream (or Redis did not answer): "finished"; the
             // reader's next look at the store tells which.

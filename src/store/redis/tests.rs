@@ -221,6 +221,25 @@ async fn open_names_the_server_that_does_not_answer() {
     assert!(err.contains("127.0.0.1:9"), "{err}");
 }
 
+/// A proxy worker is a single-threaded runtime serving many connections:
+/// a reader that first asks Redis where a stream stands must let the
+/// others run while it waits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_first_subscribe_waiting_on_redis_leaves_its_thread_to_the_other_tasks() {
+    // A "Redis" that accepts and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/0", silent.local_addr().unwrap());
+    let store = Arc::new(RedisStore::build(&url, "silent", TEST_LEASE).unwrap());
+    let asking = {
+        let store = store.clone();
+        tokio::spawn(async move { store.subscribe(StreamId::random()).await })
+    };
+    let other = tokio::spawn(async { "served" });
+    assert_eq!(other.await.unwrap(), "served");
+    assert!(!asking.is_finished(), "the subscribe has had no answer yet");
+    asking.abort();
+}
+
 /// Two instances on one Redis, as two proxy processes would be.
 fn two_instances(dir: &Path) -> (SharedStore, SharedStore) {
     (
@@ -238,7 +257,7 @@ async fn an_append_by_another_instance_wakes_a_reader_here_through_the_feed() {
     let (a, b) = two_instances(dir.path());
     let m = crate::store::contract::meta(SessionId::random());
     a.create_stream(&m).await.unwrap();
-    let mut seen_by_b = b.subscribe(m.id);
+    let mut seen_by_b = b.subscribe(m.id).await;
     assert_eq!(seen_by_b.borrow().seq, 0);
     a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap();
     tokio::time::timeout(PATIENCE, seen_by_b.wait_for(|w| w.seq == 1))
