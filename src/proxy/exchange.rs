@@ -209,6 +209,10 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     }
     let opening = negotiated.opening(&cx, &meta);
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
+    // Attached before the opening entries are written: the log hands what
+    // it appends only to a reader already attached, and one attached after
+    // would read them back from the store (two `pread`s per dialect call).
+    let reader = log.attach(meta.id, 0);
     if !opening.is_empty() {
         // Shown once durable, like every entry; the request does not wait
         // for their flush (see the module docs).
@@ -216,7 +220,6 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     }
     session.track(&meta);
     session.remember_headers(&post.headers);
-    let reader = log.attach(meta.id, 0);
     Ok(Opening::New(Opened {
         stream: meta,
         call,
