@@ -62,7 +62,11 @@ impl App {
                     Duration::from_secs(store.session_idle_secs),
                 );
                 let opened = RedisStore::open(&store.redis_url, &store.key_prefix, lease).await?;
-                Arc::new(opened.with_lifetimes(lifetimes))
+                Arc::new(
+                    opened
+                        .with_lifetimes(lifetimes)
+                        .with_workers(config.workers()),
+                )
             }
         };
         let log = Log::new(store);

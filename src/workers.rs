@@ -1,7 +1,7 @@
 //! The threads that serve connections. Each worker is one OS thread running
 //! a single-threaded tokio scheduler: the worker a connection is handed to
 //! runs that connection's requests, the relays they start and (through
-//! [`PerWorker`]) the upstream connections they use, so the steps of one
+//! [`PerWorker`]) the upstream and Redis connections they use, so the steps of one
 //! call wake each other on one thread. Under tokio's work-stealing scheduler
 //! every wake-up could land on the other thread, or wake it to steal: one
 //! call at a time cost 7 `futex` calls and 11 context switches instead of 2

@@ -61,7 +61,7 @@
 //!   below 2^53 (Lua numbers are doubles).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -79,6 +79,7 @@ use super::{
 };
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
+use crate::workers::PerWorker;
 
 /// How long one command may take before it fails (the client's default,
 /// 500 ms, is short for a long `XRANGE` on a loaded server).
@@ -87,7 +88,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct RedisStore {
     prefix: String,
-    conn: ConnectionManager,
+    /// The connection of code on no worker, made with the store.
+    first: ConnectionManager,
+    /// Each worker's own, made there on its first command
+    /// ([`RedisStore::with_workers`]); the first for code on no worker.
+    conn: PerWorker<OnceLock<ConnectionManager>>,
     /// For the feed listener's own connection (`XREAD BLOCK` must not
     /// hold up the shared one).
     client: redis::Client,
@@ -103,6 +108,15 @@ pub struct RedisStore {
     /// When a sweep last listed every session into the idle-session index
     /// (`sessions.rs`); `None` before the first.
     sessions_indexed: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// A connection to `client` that connects on first use, and again after
+/// it breaks.
+fn connection(client: &redis::Client) -> Result<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_connection_timeout(Some(CONNECT_TIMEOUT));
+    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)
 }
 
 /// The key of one of a stream's values (`meta`, `log`) under `prefix`.
@@ -130,13 +144,11 @@ impl RedisStore {
 
     fn build(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let client = redis::Client::open(url).map_err(backend)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_connection_timeout(Some(CONNECT_TIMEOUT));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)?;
+        let first = connection(&client)?;
+        let conn = PerWorker::new(0, |_| OnceLock::from(first.clone()));
         let store = Self {
             prefix: prefix.to_owned(),
+            first,
             conn,
             client,
             follow: Arc::new(Follow::new()),
@@ -169,6 +181,21 @@ impl RedisStore {
             self.lease,
             self.tasks.renewal.clone(),
         );
+    }
+
+    /// Gives each of `workers` worker threads a connection of its own,
+    /// made on the worker by its first command there. A connection is
+    /// driven by tasks on the runtime it was made on: a command from
+    /// another thread then costs two thread wake-ups besides the round
+    /// trip, and a call makes two of them. Code on no worker (the lease
+    /// renewal, the sweeper) keeps the first connection.
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        let first = &self.first;
+        self.conn = PerWorker::new(workers, |worker| match worker {
+            0 => OnceLock::from(first.clone()),
+            _ => OnceLock::new(),
+        });
+        self
     }
 
     /// The TTLs its keys get (see [`Lifetimes`]).
@@ -212,7 +239,13 @@ impl RedisStore {
     }
 
     fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
+        let own = self.conn.get().get_or_init(|| {
+            // Made here, on the worker, so that the connection's tasks (and
+            // those of every reconnection) run on this thread. Making it
+            // fails only on a configuration `build` already accepted.
+            connection(&self.client).unwrap_or_else(|_| self.first.clone())
+        });
+        own.clone()
     }
 
     fn stream_key(&self, id: StreamId, what: &str) -> String {

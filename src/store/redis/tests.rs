@@ -240,6 +240,59 @@ async fn a_first_subscribe_waiting_on_redis_leaves_its_thread_to_the_other_tasks
     asking.abort();
 }
 
+/// Each worker thread's commands go out on a connection of its own, and
+/// code on no worker keeps the first: no command crosses threads to reach
+/// Redis.
+#[tokio::test]
+async fn each_worker_talks_to_redis_on_a_connection_of_its_own() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    drop(open_store(dir.path(), SyncMode::Batch));
+    let store = RedisStore::new(&url(), &prefix_of(dir.path()), TEST_LEASE)
+        .unwrap()
+        .with_workers(2);
+    let store = Arc::new(store);
+    let client_id = |store: Arc<RedisStore>| async move {
+        redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async::<i64>(&mut store.conn())
+            .await
+            .unwrap()
+    };
+    let workers = crate::workers::Workers::start(2).unwrap();
+    let (ids, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (hold, held) = tokio::sync::watch::channel(());
+    for _ in 0..2 {
+        let (store, ids, mut held) = (store.clone(), ids.clone(), held.clone());
+        // Held until both have answered, so that the second goes to the
+        // other worker (the one serving fewer).
+        workers.serve(async move {
+            let id = client_id(store).await;
+            let _ = ids.send((crate::workers::current(), id));
+            let _ = held.changed().await;
+        });
+    }
+    let mut on_workers = vec![seen.recv().await.unwrap(), seen.recv().await.unwrap()];
+    drop(hold);
+    on_workers.sort_unstable();
+    let off_worker = client_id(store.clone()).await;
+    assert_eq!([on_workers[0].0, on_workers[1].0], [1, 2]);
+    let mut all = vec![on_workers[0].1, on_workers[1].1, off_worker];
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        3,
+        "three connections: {on_workers:?}, {off_worker}"
+    );
+    assert_eq!(
+        client_id(store.clone()).await,
+        off_worker,
+        "the first is kept"
+    );
+    workers.finish().await;
+}
+
 /// Two instances on one Redis, as two proxy processes would be.
 fn two_instances(dir: &Path) -> (SharedStore, SharedStore) {
     (
