@@ -8,6 +8,9 @@
 //! place where this module writes JSON.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -147,11 +150,18 @@ struct ProgressMeta<'a> {
     token: Option<&'a RawValue>,
 }
 
+// Searchers for what the hot paths look for in every message, built once:
+// `memchr::memmem::find` builds one per call, which `perf` put at a third
+// of a microsecond per call (more than the search).
+static PROGRESS: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"notifications/progress"));
+static RESUME_TOKEN: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"resumeToken"));
+
 /// Classifies one message and reads its progress, in one parse (the
 /// relay's look at every upstream message).
 pub fn glance(bytes: &[u8]) -> Result<Glance, ParseError> {
     // Cheap check first: most messages carry no params worth reading.
-    if memchr::memmem::find(bytes, b"notifications/progress").is_none() {
+    if PROGRESS.find(bytes).is_none() {
         return classify(bytes).map(|envelope| Glance {
             envelope,
             progress: None,
@@ -324,7 +334,7 @@ pub fn progress_token(bytes: &[u8]) -> Option<String> {
 /// The token of a `notifications/progress`, or `None` for anything else.
 pub fn progress_of(bytes: &[u8]) -> Option<String> {
     // Cheap check first: most entries are not progress.
-    memchr::memmem::find(bytes, b"notifications/progress")?;
+    PROGRESS.find(bytes)?;
     glance(bytes).ok()?.progress.map(|p| p.token)
 }
 
@@ -364,7 +374,7 @@ pub fn resume_token(bytes: &[u8]) -> Option<String> {
         #[serde(borrow)]
         params: Option<Params<'a>>,
     }
-    memchr::memmem::find(bytes, b"resumeToken")?;
+    RESUME_TOKEN.find(bytes)?;
     let request: Request<'_> = serde_json::from_slice(bytes).ok()?;
     let params = request.params?;
     params

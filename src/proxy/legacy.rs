@@ -8,11 +8,12 @@
 //! `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
 //! response in one place.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
+use memchr::memmem::Finder;
 
 use super::exchange::{self, Post, Target};
 use super::present::{self, Showing};
@@ -25,6 +26,10 @@ use crate::reply::{self, Body};
 use crate::session::{self, Session};
 use crate::store::StreamStatus;
 use crate::upstream::Upstream;
+
+// Built once (see `jsonrpc`'s searchers).
+static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result\""));
+static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"error\""));
 
 pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
@@ -214,8 +219,7 @@ async fn notify(
 ) -> Result<Response<Body>, Rejection> {
     // Only a body with a response can answer the upstream (most POSTs here
     // are notifications: no parse for them).
-    let answers = memchr::memmem::find(&bytes, b"\"result\"").is_some()
-        || memchr::memmem::find(&bytes, b"\"error\"").is_some();
+    let answers = RESULT.find(&bytes).is_some() || ERROR.find(&bytes).is_some();
     if answers {
         session.client_answered(jsonrpc::response_ids(&bytes));
     }

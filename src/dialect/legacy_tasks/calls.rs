@@ -4,7 +4,10 @@
 //! reads and shows is the parent's; how a leg reads as a `tasks/result`
 //! answer is `fetched`'s.
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
+use memchr::memmem::Finder;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -29,9 +32,12 @@ pub struct Create {
     params: String,
 }
 
+/// Built once (see `jsonrpc`'s searchers).
+static TASK: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"task\""));
+
 /// Whether a `tools/call` asks for a task (`params.task` is an object).
 pub fn asks_for_task(bytes: &[u8]) -> bool {
-    memchr::memmem::find(bytes, b"\"task\"").is_some()
+    TASK.find(bytes).is_some()
         && serde_json::from_slice::<Value>(bytes)
             .ok()
             .is_some_and(|v| v.pointer("/params/task").is_some_and(Value::is_object))
