@@ -300,8 +300,10 @@ impl Session {
             .clone()
     }
 
-    pub fn dialects(&self) -> Vec<String> {
-        self.lock().dialects.clone()
+    /// Reads the names of the dialects the session negotiated (under the
+    /// session's lock: asked on every call, they are not copied).
+    pub fn with_dialects<R>(&self, read: impl FnOnce(&[String]) -> R) -> R {
+        read(&self.lock().dialects)
     }
 
     pub fn principal(&self) -> String {

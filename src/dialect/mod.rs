@@ -155,7 +155,7 @@ pub struct Negotiated(Vec<Dialect>);
 
 impl Negotiated {
     pub fn of(session: &Session) -> Self {
-        Self::from_names(&session.dialects())
+        session.with_dialects(Self::from_names)
     }
 
     fn from_dialects(dialects: Vec<Dialect>) -> Self {
