@@ -8,7 +8,7 @@
 //! place where this module writes JSON.
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
@@ -150,18 +150,36 @@ struct ProgressMeta<'a> {
     token: Option<&'a RawValue>,
 }
 
-// Searchers for what the hot paths look for in every message, built once:
-// `memchr::memmem::find` builds one per call, which `perf` put at a third
-// of a microsecond per call (more than the search).
-static PROGRESS: LazyLock<Finder<'static>> =
-    LazyLock::new(|| Finder::new(b"notifications/progress"));
-static RESUME_TOKEN: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"resumeToken"));
+/// A byte string looked for in every message on a hot path, with its
+/// searcher built once: `memchr::memmem::find` builds one per call, which
+/// `perf` put at a third of a microsecond (more than the search itself).
+pub struct Needle {
+    text: &'static [u8],
+    finder: OnceLock<Finder<'static>>,
+}
+
+impl Needle {
+    pub const fn new(text: &'static [u8]) -> Self {
+        Self {
+            text,
+            finder: OnceLock::new(),
+        }
+    }
+
+    pub fn found_in(&self, haystack: &[u8]) -> bool {
+        let finder = self.finder.get_or_init(|| Finder::new(self.text));
+        finder.find(haystack).is_some()
+    }
+}
+
+static PROGRESS: Needle = Needle::new(b"notifications/progress");
+static RESUME_TOKEN: Needle = Needle::new(b"resumeToken");
 
 /// Classifies one message and reads its progress, in one parse (the
 /// relay's look at every upstream message).
 pub fn glance(bytes: &[u8]) -> Result<Glance, ParseError> {
     // Cheap check first: most messages carry no params worth reading.
-    if PROGRESS.find(bytes).is_none() {
+    if !PROGRESS.found_in(bytes) {
         return classify(bytes).map(|envelope| Glance {
             envelope,
             progress: None,
@@ -334,7 +352,9 @@ pub fn progress_token(bytes: &[u8]) -> Option<String> {
 /// The token of a `notifications/progress`, or `None` for anything else.
 pub fn progress_of(bytes: &[u8]) -> Option<String> {
     // Cheap check first: most entries are not progress.
-    PROGRESS.find(bytes)?;
+    if !PROGRESS.found_in(bytes) {
+        return None;
+    }
     glance(bytes).ok()?.progress.map(|p| p.token)
 }
 
@@ -374,7 +394,9 @@ pub fn resume_token(bytes: &[u8]) -> Option<String> {
         #[serde(borrow)]
         params: Option<Params<'a>>,
     }
-    RESUME_TOKEN.find(bytes)?;
+    if !RESUME_TOKEN.found_in(bytes) {
+        return None;
+    }
     let request: Request<'_> = serde_json::from_slice(bytes).ok()?;
     let params = request.params?;
     params

@@ -8,12 +8,11 @@
 //! `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
 //! response in one place.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
-use memchr::memmem::Finder;
 
 use super::exchange::{self, Post, Target};
 use super::present::{self, Showing};
@@ -21,15 +20,15 @@ use super::{read_body, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
-use crate::jsonrpc::{self, Body as Message, RequestId};
+use crate::jsonrpc::{self, Body as Message, Needle, RequestId};
 use crate::reply::{self, Body};
 use crate::session::{self, Session};
 use crate::store::StreamStatus;
 use crate::upstream::Upstream;
 
-// Built once (see `jsonrpc`'s searchers).
-static RESULT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"result\""));
-static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"error\""));
+static RESULT: Needle = Needle::new(b"\"result\"");
+static ERROR: Needle = Needle::new(b"\"error\"");
+static CANCELLED: Needle = Needle::new(b"notifications/cancelled");
 
 pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
@@ -219,11 +218,11 @@ async fn notify(
 ) -> Result<Response<Body>, Rejection> {
     // Only a body with a response can answer the upstream (most POSTs here
     // are notifications: no parse for them).
-    let answers = RESULT.find(&bytes).is_some() || ERROR.find(&bytes).is_some();
+    let answers = RESULT.found_in(&bytes) || ERROR.found_in(&bytes);
     if answers {
         session.client_answered(jsonrpc::response_ids(&bytes));
     }
-    if memchr::memmem::find(&bytes, b"notifications/cancelled").is_some() {
+    if CANCELLED.found_in(&bytes) {
         for id in jsonrpc::cancelled_request_ids(&bytes) {
             cancelled(route, target, session, &id).await;
         }

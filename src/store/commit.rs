@@ -11,8 +11,8 @@
 //! up to one flush's time (at most [`MAX_LINGER`]) for more of them, so a
 //! flush covers more calls; when they crowd in, several per flush's time,
 //! it waits up to [`CROWDED_LINGER`]. Either wait ends early once no writer
-//! has come for [`QUIET`]: then everyone a flush could gather is already
-//! waiting on it. A lone writer never waits: one call at a time arrives far
+//! came between two looks [`QUIET`] apart: then everyone a flush could
+//! gather is already waiting on it. A lone writer never waits: one call at a time arrives far
 //! more slowly than that. What a writer is promised does not change: its
 //! flush starts after its ticket.
 //!
@@ -66,7 +66,7 @@ pub const MAX_LINGER: Duration = Duration::from_micros(400);
 /// Writers per flush's time from which the log counts as crowded.
 const CROWD: u32 = 4;
 
-/// How long a flush waits for more writers when the log is crowded (a
+/// The longest a flush waits for more writers when the log is crowded (a
 /// thousand streams relaying progress, 32 clients calling at once). Each
 /// flush rewrites the tail page of the segment and costs an `fdatasync`
 /// whatever it covers, so under a crowd fewer, fuller flushes win: in the
@@ -75,7 +75,9 @@ const CROWD: u32 = 4;
 /// (BENCHMARKS.md, session 11). Longer (1.5 ms) began to cost c=32 latency.
 pub const CROWDED_LINGER: Duration = Duration::from_micros(800);
 
-/// A linger ends once no writer has arrived for this long. Writers that
+/// How far apart a lingering syncer looks whether writers still come; it
+/// stops at the first look that finds none came since the last (so after
+/// one to two of these without a writer). Writers that
 /// wait for their answer before writing again (32 clients, each calling
 /// once its last call is answered) are then all parked on the coming
 /// flush, and lingering on only leaves the cores idle: in `small` at c=32
@@ -132,10 +134,10 @@ impl Queue {
         self.issued
     }
 
-    /// How long the next flush waits for more writers: [`CROWDED_LINGER`]
-    /// when they have been coming more than [`CROWD`] per flush's time; up
-    /// to one flush's time when more often than once per two flushes; else
-    /// not at all.
+    /// The longest the next flush waits for more writers: [`CROWDED_LINGER`]
+    /// when they have been coming more than [`CROWD`] per flush's time; one
+    /// flush's time when more often than once per two flushes; else not at
+    /// all.
     fn linger(&self, flush: Smoothed) -> Duration {
         match (self.gap.0, flush.0) {
             (Some(gap), Some(flush)) if gap * CROWD < flush => CROWDED_LINGER,
@@ -327,6 +329,7 @@ impl Shared {
         // each QUIET look by half. This thread only sleeps to linger.
         // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only
         // the calling thread.
+        #[cfg(target_os = "linux")]
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
         }

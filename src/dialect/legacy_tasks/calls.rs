@@ -4,10 +4,7 @@
 //! reads and shows is the parent's; how a leg reads as a `tasks/result`
 //! answer is `fetched`'s.
 
-use std::sync::LazyLock;
-
 use bytes::Bytes;
-use memchr::memmem::Finder;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -16,7 +13,7 @@ use super::{show, Task, CANCELLED, MIN_TTL_MS, NO_ANSWER};
 use crate::dialect::tasks::TaskStatus;
 use crate::dialect::{response, string_param, Answer, Context, Refusal, Replay};
 use crate::id::{StreamId, TaskId};
-use crate::jsonrpc::{self, RequestId};
+use crate::jsonrpc::{self, Needle, RequestId};
 use crate::store::{now_ms, rfc3339, TaskRecord};
 use crate::task::{self, Leg};
 
@@ -32,12 +29,11 @@ pub struct Create {
     params: String,
 }
 
-/// Built once (see `jsonrpc`'s searchers).
-static TASK: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"task\""));
+static TASK: Needle = Needle::new(b"\"task\"");
 
 /// Whether a `tools/call` asks for a task (`params.task` is an object).
 pub fn asks_for_task(bytes: &[u8]) -> bool {
-    TASK.find(bytes).is_some()
+    TASK.found_in(bytes)
         && serde_json::from_slice::<Value>(bytes)
             .ok()
             .is_some_and(|v| v.pointer("/params/task").is_some_and(Value::is_object))

@@ -389,6 +389,12 @@ fn advance(watermark: &watch::Sender<Watermark>, last: Seq, finish: Option<Finis
 }
 
 impl Journal {
+    /// The stream's watermark channel; `None` for a stream the log lacks.
+    fn watermark(&self, stream: StreamId) -> Option<Arc<watch::Sender<Watermark>>> {
+        let index = &self.lock().index;
+        index.streams.get(&stream).map(|s| s.watermark.clone())
+    }
+
     /// Writes one metadata record of stream `id` (`encode`), applies it to
     /// the index (`apply`) and waits for durability; returns the stream's
     /// watermark, for the caller to move once readers may see the change.
@@ -818,17 +824,13 @@ impl Store for Journal {
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
-        match self.lock().index.streams.get(&stream) {
-            Some(state) => state.watermark.subscribe(),
-            None => super::no_such_stream(),
-        }
+        self.watermark(stream)
+            .map_or_else(super::no_such_stream, |w| w.subscribe())
     }
 
     fn peek(&self, stream: StreamId) -> Option<Watermark> {
-        Some(match self.lock().index.streams.get(&stream) {
-            Some(state) => *state.watermark.borrow(),
-            None => super::NO_SUCH_STREAM,
-        })
+        let watermark = self.watermark(stream);
+        Some(watermark.map_or(super::NO_SUCH_STREAM, |w| *w.borrow()))
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {

@@ -45,6 +45,9 @@ pub(super) struct Tail {
     /// claimed it yet: the first reader here needs no claim on the feed
     /// (any claim elsewhere is newer than none).
     fresh: AtomicBool,
+    /// Read from Redis after it was put where writes find it (see
+    /// [`RedisStore::tail`]).
+    synced: AtomicBool,
 }
 
 impl Tail {
@@ -53,6 +56,7 @@ impl Tail {
             watermark: watch::Sender::new(mark),
             claims: watch::Sender::new((0, 0)),
             fresh: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
         }
     }
 
@@ -60,6 +64,7 @@ impl Tail {
     pub fn created(mark: Watermark) -> Self {
         Self {
             fresh: AtomicBool::new(true),
+            synced: AtomicBool::new(true),
             ..Self::new(mark)
         }
     }
@@ -318,26 +323,25 @@ impl RedisStore {
     /// The stream's tail; `None` for a stream that does not exist. A tail
     /// not yet made here is read from the stream's metadata first.
     pub(super) async fn tail(&self, stream: StreamId) -> Option<Arc<Tail>> {
-        if let Some(tail) = self.follow.tails.get(&stream) {
-            return Some(tail.clone());
-        }
-        let mark = self.watermark(stream).await?;
-        let mut made = false;
-        let tail = self
-            .follow
-            .tails
-            .entry(stream)
-            .or_insert_with(|| {
-                made = true;
-                Arc::new(Tail::new(mark))
-            })
-            .clone();
-        if made {
-            // A write answered between the read and the insert found no
-            // tail to move: read once more, now that every later answer (and
-            // feed line) finds this one.
+        let tail = match self.follow.tails.get(&stream) {
+            Some(tail) => tail.clone(),
+            None => {
+                let mark = self.watermark(stream).await?;
+                let tail = self.follow.tails.entry(stream);
+                tail.or_insert_with(|| Arc::new(Tail::new(mark))).clone()
+            }
+        };
+        if !tail.synced.load(Ordering::SeqCst) {
+            // A write answered between the first read and the insert found
+            // no tail to move: read once more, now that every later answer
+            // (and feed line) finds this one. Until such a read has come
+            // back, every caller makes it: one whose task was dropped while
+            // it waited (a client gone) leaves it to the next.
             match self.watermark(stream).await {
-                Some(now) => tail.sync(now),
+                Some(now) => {
+                    tail.sync(now);
+                    tail.synced.store(true, Ordering::SeqCst);
+                }
                 None => {
                     self.follow.gone(stream);
                     return None;

@@ -93,8 +93,8 @@ pub struct RedisStore {
     /// Each worker's own, made there on its first command
     /// ([`RedisStore::with_workers`]); the first for code on no worker.
     conn: PerWorker<OnceLock<ConnectionManager>>,
-    /// For the feed listener's own connection (`XREAD BLOCK` must not
-    /// hold up the shared one).
+    /// Makes the workers' connections, the feed listener's own (its
+    /// `XREAD BLOCK` must not hold up the others) and the probe's.
     client: redis::Client,
     follow: Arc<Follow>,
     scripts: Scripts,

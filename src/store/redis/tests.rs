@@ -267,16 +267,28 @@ async fn each_worker_talks_to_redis_on_a_connection_of_its_own() {
         // Held until both have answered, so that the second goes to the
         // other worker (the one serving fewer).
         workers.serve(async move {
-            let id = client_id(store).await;
-            let _ = ids.send((crate::workers::current(), id));
+            let first = client_id(store.clone()).await;
+            let again = client_id(store).await;
+            let _ = ids.send((crate::workers::current(), first, again));
             let _ = held.changed().await;
         });
     }
-    let mut on_workers = vec![seen.recv().await.unwrap(), seen.recv().await.unwrap()];
+    drop(ids);
+    let mut on_workers = Vec::new();
+    for _ in 0..2 {
+        let got = tokio::time::timeout(PATIENCE, seen.recv()).await;
+        on_workers.push(
+            got.expect("each worker answers")
+                .expect("no worker panicked"),
+        );
+    }
     drop(hold);
     on_workers.sort_unstable();
     let off_worker = client_id(store.clone()).await;
     assert_eq!([on_workers[0].0, on_workers[1].0], [1, 2]);
+    for (worker, first, again) in &on_workers {
+        assert_eq!(first, again, "worker {worker} keeps its connection");
+    }
     let mut all = vec![on_workers[0].1, on_workers[1].1, off_worker];
     all.sort_unstable();
     all.dedup();
@@ -285,12 +297,27 @@ async fn each_worker_talks_to_redis_on_a_connection_of_its_own() {
         3,
         "three connections: {on_workers:?}, {off_worker}"
     );
-    assert_eq!(
-        client_id(store.clone()).await,
-        off_worker,
-        "the first is kept"
-    );
     workers.finish().await;
+}
+
+/// A subscribe whose task is dropped between making a stream's tail and
+/// reading the stream once more leaves a tail that may have missed a
+/// write: the next subscribe reads it again.
+#[tokio::test]
+async fn a_tail_left_unread_by_a_dropped_subscribe_is_read_by_the_next() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let a = open_store(dir.path(), SyncMode::Batch);
+    // No feed listener: nothing but the subscribe may move B's tail.
+    let b = RedisStore::build(&url(), &prefix_of(dir.path()), TEST_LEASE).unwrap();
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let two = [Bytes::from_static(b"x"), Bytes::from_static(b"y")];
+    a.append(m.id, &two).await.unwrap();
+    // What the dropped subscribe left: a tail read before the appends.
+    let stale = Arc::new(Tail::new(Watermark::default()));
+    b.follow.tails.insert(m.id, stale);
+    assert_eq!(b.subscribe(m.id).await.borrow().seq, 2);
 }
 
 /// Two instances on one Redis, as two proxy processes would be.
