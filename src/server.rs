@@ -51,6 +51,8 @@ impl App {
         });
         let keyring = Keyring::load(&config.data_dir, tokens.key_file.as_deref(), previous)
             .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
+        // Connections the workers keep for themselves: Redis and upstream.
+        let workers = config.workers();
         let store: SharedStore = match config.store.backend {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
             Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
@@ -62,15 +64,10 @@ impl App {
                     Duration::from_secs(store.session_idle_secs),
                 );
                 let opened = RedisStore::open(&store.redis_url, &store.key_prefix, lease).await?;
-                Arc::new(
-                    opened
-                        .with_lifetimes(lifetimes)
-                        .with_workers(config.workers()),
-                )
+                Arc::new(opened.with_lifetimes(lifetimes).with_workers(workers))
             }
         };
         let log = Log::new(store);
-        let workers = config.workers();
         let sessions = Sessions::new(log.store().clone());
         let shared = Arc::new(Shared {
             config,
