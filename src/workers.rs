@@ -169,6 +169,46 @@ impl<T> PerWorker<T> {
     }
 }
 
+/// Test scaffolding shared by the tests of what workers keep for
+/// themselves (here, and the Redis store's connections).
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Serves `count` connections that each run what `task` makes, report
+    /// the worker they ran on with its output, and then stay open until the
+    /// returned sender is dropped (so each counts as served while the next
+    /// is handed out). The reports come sorted by worker; a connection that
+    /// panics fails the call instead of hanging it.
+    pub fn on_workers<T, Fut>(
+        workers: &Workers,
+        count: usize,
+        task: impl Fn() -> Fut,
+    ) -> (Vec<(usize, T)>, tokio::sync::watch::Sender<()>)
+    where
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (hold, held) = tokio::sync::watch::channel(());
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..count {
+            let (tx, mut held, task) = (tx.clone(), held.clone(), task());
+            workers.serve(async move {
+                let value = task.await;
+                let _ = tx.send((current(), value));
+                let _ = held.changed().await;
+            });
+        }
+        drop(tx);
+        let mut on: Vec<(usize, T)> = (0..count)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)))
+            .collect::<Result<_, _>>()
+            .expect("every connection reports its worker");
+        on.sort_by_key(|(worker, _)| *worker);
+        (on, hold)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,19 +217,8 @@ mod tests {
     /// Runs `count` connections that report their worker and then wait
     /// until `hold` is dropped.
     fn park(workers: &Workers, count: usize) -> (Vec<usize>, tokio::sync::watch::Sender<()>) {
-        let (hold, held) = tokio::sync::watch::channel(());
-        let (tx, rx) = mpsc::channel();
-        for _ in 0..count {
-            let (tx, mut held) = (tx.clone(), held.clone());
-            workers.serve(async move {
-                let _ = tx.send(current());
-                let _ = held.changed().await;
-            });
-        }
-        let on = (0..count)
-            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
-            .collect();
-        (on, hold)
+        let (on, hold) = testing::on_workers(workers, count, || async {});
+        (on.into_iter().map(|(worker, ())| worker).collect(), hold)
     }
 
     #[tokio::test]
@@ -225,18 +254,10 @@ mod tests {
         let workers = Workers::start(2).unwrap();
         let values = Arc::new(PerWorker::new(2, |i| i * 10));
         assert_eq!(*values.get(), 0);
-        let (tx, rx) = mpsc::channel();
-        for _ in 0..2 {
-            let (tx, values) = (tx.clone(), values.clone());
-            workers.serve(async move {
-                let _ = tx.send((current(), *values.get()));
-                std::future::pending::<()>().await;
-            });
-        }
-        let mut seen: Vec<_> = (0..2)
-            .map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap())
-            .collect();
-        seen.sort_unstable();
+        let (seen, _hold) = testing::on_workers(&workers, 2, || {
+            let values = values.clone();
+            async move { *values.get() }
+        });
         assert_eq!(seen, [(1, 10), (2, 20)]);
         workers.finish().await;
     }

@@ -260,36 +260,17 @@ async fn each_worker_talks_to_redis_on_a_connection_of_its_own() {
             .unwrap()
     };
     let workers = crate::workers::Workers::start(2).unwrap();
-    let (ids, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let (hold, held) = tokio::sync::watch::channel(());
-    for _ in 0..2 {
-        let (store, ids, mut held) = (store.clone(), ids.clone(), held.clone());
-        // Held until both have answered, so that the second goes to the
-        // other worker (the one serving fewer).
-        workers.serve(async move {
-            let first = client_id(store.clone()).await;
-            let again = client_id(store).await;
-            let _ = ids.send((crate::workers::current(), first, again));
-            let _ = held.changed().await;
-        });
-    }
-    drop(ids);
-    let mut on_workers = Vec::new();
-    for _ in 0..2 {
-        let got = tokio::time::timeout(PATIENCE, seen.recv()).await;
-        on_workers.push(
-            got.expect("each worker answers")
-                .expect("no worker panicked"),
-        );
-    }
+    let (on_workers, hold) = crate::workers::testing::on_workers(&workers, 2, || {
+        let store = store.clone();
+        async move { (client_id(store.clone()).await, client_id(store).await) }
+    });
     drop(hold);
-    on_workers.sort_unstable();
     let off_worker = client_id(store.clone()).await;
     assert_eq!([on_workers[0].0, on_workers[1].0], [1, 2]);
-    for (worker, first, again) in &on_workers {
+    for (worker, (first, again)) in &on_workers {
         assert_eq!(first, again, "worker {worker} keeps its connection");
     }
-    let mut all = vec![on_workers[0].1, on_workers[1].1, off_worker];
+    let mut all = vec![on_workers[0].1 .0, on_workers[1].1 .0, off_worker];
     all.sort_unstable();
     all.dedup();
     assert_eq!(
