@@ -12,6 +12,7 @@ mod read;
 mod sort;
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -71,18 +72,22 @@ pub struct Relay {
 
 impl Relay {
     /// Logs every message of `messages` and then finishes the stream.
-    pub async fn run(self, messages: Messages) {
+    ///
+    /// The relay, its reading state and the upstream's messages are boxed
+    /// before the future is made: an async fn keeps what it was given and
+    /// what it passes on in two places, for as long as its task lives (the
+    /// whole stream), so by value they cost an open stream about 5 KiB more.
+    pub fn run(self, messages: Messages) -> impl Future<Output = ()> + Send + 'static {
         let pending = self.stream.origin_ids.iter().cloned().collect();
         let reading = Reading::new(Replayed::default(), Sorter::new(&self.stream, pending));
-        self.supervise(Source::Open(Box::new(messages)), reading)
-            .await
+        Box::new(self).supervise(Source::Open(Box::new(messages)), Box::new(reading))
     }
 
     /// Carries on a stream a previous process was relaying when it died:
     /// re-attaches to the upstream after the last event it logged, skips
     /// the replay of entries logged after that mark, and fails the stream
     /// (never silence) when the upstream cannot be resumed.
-    pub async fn resume_after_restart(self, mark: UpstreamMark) {
+    pub async fn resume_after_restart(self: Box<Self>, mark: UpstreamMark) {
         let from = mark.seq.saturating_sub(TAIL_READ_BACK);
         let logged = (self.log.store())
             .read_after(self.stream.id, from, usize::MAX)
@@ -115,10 +120,11 @@ impl Relay {
                 .collect(),
         );
         let reading = Reading::new(replayed, sorter);
-        self.supervise(Source::Resume(mark.event_id), reading).await
+        self.supervise(Source::Resume(mark.event_id), Box::new(reading))
+            .await
     }
 
-    async fn supervise(self, source: Source, reading: Reading) {
+    async fn supervise(self: Box<Self>, source: Source, reading: Box<Reading>) {
         let session = self.session.clone();
         let id = self.stream.id;
         tokio::select! {
@@ -138,7 +144,7 @@ impl Relay {
     /// body only as fast as it is polled, so reading must not wait on the log.)
     /// Once the writing half is done the stream is over, and the reading
     /// half stops too, even in the middle of a wait on a silent upstream.
-    async fn pump(&self, source: Source, reading: Reading) {
+    async fn pump(&self, source: Source, reading: Box<Reading>) {
         let (feed, fed) = mpsc::channel(FEED_DEPTH);
         let strays = self.session.open_inlet(self.stream.id);
         let read = self.read_upstream(source, reading, strays, feed);

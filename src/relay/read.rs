@@ -120,18 +120,18 @@ impl Relay {
     pub(super) async fn read_upstream(
         &self,
         source: Source,
-        mut reading: Reading,
+        mut reading: Box<Reading>,
         mut strays: mpsc::Receiver<Stray>,
         feed: mpsc::Sender<Feed>,
     ) {
         reading.heard(self);
         let mut messages = match source {
-            Source::Open(messages) => *messages,
+            Source::Open(messages) => messages,
             Source::Resume(last) => {
                 reading.mark = Some(last);
                 match self.resume(&mut reading, None, ResumedAfter::Restart).await {
-                    Ok(messages) => messages,
-                    Err(why) => return self.ended(reading, why, &feed).await,
+                    Ok(messages) => Box::new(messages),
+                    Err(why) => return self.ended(&reading, why, &feed).await,
                 }
             }
         };
@@ -142,7 +142,7 @@ impl Relay {
                 Heard::TimedOut(why) => {
                     tracing::info!(stream = %self.stream.id, why, "upstream timed out");
                     self.cancel_upstream(why).await;
-                    return self.ended(reading, why, &feed).await;
+                    return self.ended(&reading, why, &feed).await;
                 }
                 Heard::Ended(broke) => {
                     if let Some(e) = &broke {
@@ -153,11 +153,11 @@ impl Relay {
                     let retry_ms = messages.retry_ms;
                     drop(messages);
                     if !resumable || reading.mark.is_none() {
-                        return self.ended(reading, ENDED_EARLY, &feed).await;
+                        return self.ended(&reading, ENDED_EARLY, &feed).await;
                     }
                     match self.resume(&mut reading, retry_ms, ResumedAfter::Cut).await {
-                        Ok(next) => messages = next,
-                        Err(why) => return self.ended(reading, why, &feed).await,
+                        Ok(next) => messages = Box::new(next),
+                        Err(why) => return self.ended(&reading, why, &feed).await,
                     }
                     continue;
                 }
@@ -167,7 +167,7 @@ impl Relay {
                         // someone else: nothing to write, and the writing
                         // half ends when this half drops its feed.
                         if let Some(why) = ended {
-                            self.ended(reading, why, &feed).await;
+                            self.ended(&reading, why, &feed).await;
                         }
                         return;
                     }
@@ -178,8 +178,8 @@ impl Relay {
                         .resume(&mut reading, Some(0), ResumedAfter::Silence)
                         .await
                     {
-                        Ok(next) => messages = next,
-                        Err(why) => return self.ended(reading, why, &feed).await,
+                        Ok(next) => messages = Box::new(next),
+                        Err(why) => return self.ended(&reading, why, &feed).await,
                     }
                     continue;
                 }
@@ -303,7 +303,7 @@ impl Relay {
     }
 
     /// Tells the writing half the upstream stream is over.
-    async fn ended(&self, reading: Reading, why: &'static str, feed: &mpsc::Sender<Feed>) {
+    async fn ended(&self, reading: &Reading, why: &'static str, feed: &mpsc::Sender<Feed>) {
         let pending = reading.sorter.unanswered().clone();
         let _ = feed.send(Feed::Ended { pending, why }).await;
     }
