@@ -41,6 +41,7 @@
 //! module knows nothing of HTTP or the log.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -145,9 +146,14 @@ impl Key {
 }
 
 /// The keys handles are sealed and opened with: the current one, and the
-/// previous one while a rotation's window lasts.
+/// previous one while a rotation's window lasts. Shared, not copied: every
+/// SSE answer and resume-token call keeps one (by value it is 728 bytes, held
+/// for as long as the answer stays open).
 #[derive(Clone)]
-pub struct Keyring {
+pub struct Keyring(Arc<Keys>);
+
+#[derive(Clone)]
+struct Keys {
     current: Key,
     /// Opens (never seals) handles until the given unix time in ms.
     previous: Option<(Key, u64)>,
@@ -161,17 +167,18 @@ impl std::fmt::Debug for Keyring {
 
 impl Keyring {
     pub fn from_secret(secret: &[u8]) -> Self {
-        Self {
+        Self(Arc::new(Keys {
             current: Key::new(secret),
             previous: None,
-        }
+        }))
     }
 
     /// Also opens handles sealed with `previous` until `accepted_until_ms`
     /// (unix time): the window of a key rotation.
-    pub fn with_previous(mut self, previous: &[u8], accepted_until_ms: u64) -> Self {
-        self.previous = Some((Key::new(previous), accepted_until_ms));
-        self
+    pub fn with_previous(self, previous: &[u8], accepted_until_ms: u64) -> Self {
+        let mut keys = Arc::unwrap_or_clone(self.0);
+        keys.previous = Some((Key::new(previous), accepted_until_ms));
+        Self(Arc::new(keys))
     }
 
     /// The current key from `key_file` (at least 32 bytes), or from
@@ -364,7 +371,7 @@ impl Keyring {
         body: &[u8; N],
     ) -> String {
         const { assert!(N <= MAX_BODY_LEN) };
-        let key = &self.current;
+        let key = &self.0.current;
         let tag = tag(key, kind, session, principal, body);
         let mut raw = Vec::with_capacity(HEAD + TAG_LEN + N);
         raw.push(kind.byte);
@@ -380,11 +387,12 @@ impl Keyring {
     fn keys(&self, id: u8) -> impl Iterator<Item = &Key> {
         let now = crate::store::now_ms();
         let previous = self
+            .0
             .previous
             .as_ref()
             .filter(|(_, until)| now < *until)
             .map(|(key, _)| key);
-        std::iter::once(&self.current)
+        std::iter::once(&self.0.current)
             .chain(previous)
             .filter(move |k| k.id == id)
     }
