@@ -124,10 +124,12 @@ pub async fn record(
         },
         logged => logged,
     };
+    // The failures are boxed: a relay's task keeps room for the largest
+    // state of this future for the whole stream, and these rare ones were it.
     let last = match logged {
         Ok(last) => last,
-        Err(StoreError::OverCaps(_)) => return fail(log, stream, OVERFLOWED).await,
-        Err(e) => return failed_append(log, stream, e).await,
+        Err(StoreError::OverCaps(_)) => return Box::pin(fail(log, stream, OVERFLOWED)).await,
+        Err(e) => return Box::pin(failed_append(log, stream, e)).await,
     };
     if let Some(i) = noted.last_request {
         let seq = last + 1 + i as u64 - batch.len() as u64;

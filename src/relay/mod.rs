@@ -16,6 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::HeaderMap;
 use tokio::sync::mpsc;
 
@@ -207,8 +208,13 @@ impl Relay {
     }
 
     /// Tells the upstream to stop working on the stream's requests (never
-    /// an `initialize`, which must not be cancelled).
-    pub async fn cancel_upstream(&self, why: &str) {
+    /// an `initialize`, which must not be cancelled). Boxed: see
+    /// `Relay::resume`.
+    pub fn cancel_upstream<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.cancel_upstream_now(why))
+    }
+
+    async fn cancel_upstream_now(&self, why: &str) {
         if self.stream.kind != StreamKind::Request
             || self.stream.method.as_deref() == Some("initialize")
         {

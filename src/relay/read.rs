@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -324,7 +325,20 @@ impl Relay {
     /// Reconnects with the stream's upstream mark as `Last-Event-ID`,
     /// waiting as the upstream's `retry:` says (bounded), while attempts are
     /// left. The error is why the stream fails.
-    async fn resume(
+    ///
+    /// Boxed, like [`Relay::cancel_upstream`]: an upstream request is a large
+    /// state, rare in a relay, whose task would otherwise keep room for it
+    /// for the whole stream.
+    fn resume<'a>(
+        &'a self,
+        reading: &'a mut Reading,
+        retry_ms: Option<u64>,
+        after: ResumedAfter,
+    ) -> BoxFuture<'a, Result<Messages, &'static str>> {
+        Box::pin(self.resume_now(reading, retry_ms, after))
+    }
+
+    async fn resume_now(
         &self,
         reading: &mut Reading,
         retry_ms: Option<u64>,
