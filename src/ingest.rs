@@ -124,8 +124,8 @@ pub async fn record(
         },
         logged => logged,
     };
-    // The failures are boxed: a relay's task keeps room for the largest
-    // state of this future for the whole stream, and these rare ones were it.
+    // The failures are boxed: rare, and the largest states of this future
+    // (see "Memory per open stream" in the crate docs).
     let last = match logged {
         Ok(last) => last,
         Err(StoreError::OverCaps(_)) => return Box::pin(fail(log, stream, OVERFLOWED)).await,

@@ -76,6 +76,15 @@
 //!   data directory's log, safe while the proxy runs.
 //! - [`demo`]: the demo MCP server (HTTP and stdio) that also serves the
 //!   tests, and the `demo` command.
+//!
+//! # Memory per open stream
+//!
+//! A tokio task keeps room for the largest state its future can reach, for
+//! as long as it lives — for the tasks of an open stream (its connection,
+//! its relay, its SSE body), the whole call. So on those paths a rare, large
+//! state (a TLS handshake, resuming or cancelling upstream, failing a stream)
+//! is boxed, and what a future is handed is boxed before the future is made
+//! (an async fn keeps its arguments and what it passes on in two places).
 
 pub mod config;
 pub mod demo;

@@ -122,7 +122,7 @@ impl Route {
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
         let relay = exchange::relay(self, upstream, session, stream.clone(), HeaderMap::new());
-        tokio::spawn(Box::new(relay).resume_after_restart(mark.clone()));
+        tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }
 }

@@ -73,12 +73,9 @@ pub struct Relay {
 
 impl Relay {
     /// Logs every message of `messages` and then finishes the stream.
-    ///
-    /// The relay, its reading state and the upstream's messages are boxed
-    /// before the future is made: an async fn keeps what it was given and
-    /// what it passes on in two places, for as long as its task lives (the
-    /// whole stream), so by value they cost an open stream about 5 KiB more.
     pub fn run(self, messages: Messages) -> impl Future<Output = ()> + Send + 'static {
+        // Boxed before the future is made (see "Memory per open stream" in
+        // the crate docs): by value they cost an open stream about 5 KiB.
         let pending = self.stream.origin_ids.iter().cloned().collect();
         let reading = Reading::new(Replayed::default(), Sorter::new(&self.stream, pending));
         Box::new(self).supervise(Source::Open(Box::new(messages)), Box::new(reading))
@@ -88,7 +85,15 @@ impl Relay {
     /// re-attaches to the upstream after the last event it logged, skips
     /// the replay of entries logged after that mark, and fails the stream
     /// (never silence) when the upstream cannot be resumed.
-    pub async fn resume_after_restart(self: Box<Self>, mark: UpstreamMark) {
+    pub fn resume_after_restart(
+        self,
+        mark: UpstreamMark,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        Box::new(self).carry_on(mark)
+    }
+
+    /// [`Relay::resume_after_restart`], on the boxed relay.
+    async fn carry_on(self: Box<Self>, mark: UpstreamMark) {
         let from = mark.seq.saturating_sub(TAIL_READ_BACK);
         let logged = (self.log.store())
             .read_after(self.stream.id, from, usize::MAX)
@@ -108,6 +113,8 @@ impl Relay {
             .filter(|id| !answered.contains(*id))
             .cloned()
             .collect();
+        // Not kept in this future's state for the rest of the stream.
+        drop(answered);
         // What the previous run logged teaches the sorter which progress is
         // old news; what it logged after the mark is skipped when replayed.
         let mut sorter = Sorter::new(&self.stream, pending);
@@ -208,13 +215,13 @@ impl Relay {
     }
 
     /// Tells the upstream to stop working on the stream's requests (never
-    /// an `initialize`, which must not be cancelled). Boxed: see
-    /// `Relay::resume`.
+    /// an `initialize`, which must not be cancelled).
     pub fn cancel_upstream<'a>(&'a self, why: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(self.cancel_upstream_now(why))
+        // Boxed: rare and large (see "Memory per open stream", crate docs).
+        Box::pin(self.cancel_upstream_inner(why))
     }
 
-    async fn cancel_upstream_now(&self, why: &str) {
+    async fn cancel_upstream_inner(&self, why: &str) {
         if self.stream.kind != StreamKind::Request
             || self.stream.method.as_deref() == Some("initialize")
         {

@@ -131,7 +131,7 @@ impl Relay {
             Source::Resume(last) => {
                 reading.mark = Some(last);
                 match self.resume(&mut reading, None, ResumedAfter::Restart).await {
-                    Ok(messages) => Box::new(messages),
+                    Ok(messages) => messages,
                     Err(why) => return self.ended(&reading, why, &feed).await,
                 }
             }
@@ -157,7 +157,7 @@ impl Relay {
                         return self.ended(&reading, ENDED_EARLY, &feed).await;
                     }
                     match self.resume(&mut reading, retry_ms, ResumedAfter::Cut).await {
-                        Ok(next) => messages = Box::new(next),
+                        Ok(next) => messages = next,
                         Err(why) => return self.ended(&reading, why, &feed).await,
                     }
                     continue;
@@ -179,7 +179,7 @@ impl Relay {
                         .resume(&mut reading, Some(0), ResumedAfter::Silence)
                         .await
                     {
-                        Ok(next) => messages = Box::new(next),
+                        Ok(next) => messages = next,
                         Err(why) => return self.ended(&reading, why, &feed).await,
                     }
                     continue;
@@ -325,25 +325,22 @@ impl Relay {
     /// Reconnects with the stream's upstream mark as `Last-Event-ID`,
     /// waiting as the upstream's `retry:` says (bounded), while attempts are
     /// left. The error is why the stream fails.
-    ///
-    /// Boxed, like [`Relay::cancel_upstream`]: an upstream request is a large
-    /// state, rare in a relay, whose task would otherwise keep room for it
-    /// for the whole stream.
     fn resume<'a>(
         &'a self,
         reading: &'a mut Reading,
         retry_ms: Option<u64>,
         after: ResumedAfter,
-    ) -> BoxFuture<'a, Result<Messages, &'static str>> {
-        Box::pin(self.resume_now(reading, retry_ms, after))
+    ) -> BoxFuture<'a, Result<Box<Messages>, &'static str>> {
+        // Boxed: rare and large (see "Memory per open stream", crate docs).
+        Box::pin(self.resume_inner(reading, retry_ms, after))
     }
 
-    async fn resume_now(
+    async fn resume_inner(
         &self,
         reading: &mut Reading,
         retry_ms: Option<u64>,
         after: ResumedAfter,
-    ) -> Result<Messages, &'static str> {
+    ) -> Result<Box<Messages>, &'static str> {
         let Some(last) = reading.mark.clone() else {
             return Err(ENDED_EARLY);
         };
@@ -365,7 +362,7 @@ impl Relay {
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
                     self.log.metrics().upstream_resumed(after);
                     reading.resumed = true;
-                    return Ok(Messages::new(res));
+                    return Ok(Box::new(Messages::new(res)));
                 }
                 Ok(res) => {
                     // A refusal is an answer: asking again changes nothing.
