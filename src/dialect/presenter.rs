@@ -21,16 +21,18 @@ pub struct Presenter {
     negotiated: Negotiated,
     /// For the stream that carries the `initialize` answer: the settings
     /// advertised in it. (Other streams need none: no copy per answer.)
-    advertise: Option<DialectsConfig>,
+    /// The rare parts are boxed: an open answer keeps its presenter, and
+    /// most answers have none of them.
+    advertise: Option<Box<DialectsConfig>>,
     /// Messages after the last entry of a stream that ended.
     closing: Vec<Bytes>,
     /// A tool call answered under a resume token: rewritten entries and an
     /// interim at the deadline.
-    call: Option<Call>,
+    call: Option<Box<Call>>,
     /// A `tools/list` answer of a session served tasks: tools marked.
     tools_list: bool,
     /// A task's leg shown as the answer of `tasks/result`.
-    task: Option<Fetched>,
+    task: Option<Box<Fetched>>,
 }
 
 impl Presenter {
@@ -44,7 +46,7 @@ impl Presenter {
         let tools_list =
             negotiated.has(Dialect::Tasks) && stream.method.as_deref() == Some("tools/list");
         Self {
-            advertise: (initialize && !negotiated.is_empty()).then(|| cx.config.clone()),
+            advertise: (initialize && !negotiated.is_empty()).then(|| Box::new(cx.config.clone())),
             negotiated,
             closing,
             call: None,
@@ -73,13 +75,13 @@ impl Presenter {
 
     /// Shows a tool call the resume-token way.
     pub fn with_call(mut self, call: Option<Call>) -> Self {
-        self.call = call;
+        self.call = call.map(Box::new);
         self
     }
 
     /// Shows a task's leg as the answer of `tasks/result`.
     pub fn with_task(mut self, task: Option<Fetched>) -> Self {
-        self.task = task;
+        self.task = task.map(Box::new);
         self
     }
 
@@ -105,7 +107,7 @@ impl Presenter {
         self.call
             .as_ref()
             .filter(|call| !call.answered())
-            .map(Call::deadline)
+            .map(|call| call.deadline())
     }
 
     /// The interim that ends an answer at its deadline, for a client that
@@ -117,7 +119,7 @@ impl Presenter {
     /// What follows the last entry of a stream that ended.
     pub fn closing(&mut self) -> Vec<Bytes> {
         let mut closing = std::mem::take(&mut self.closing);
-        closing.extend(self.task.as_mut().and_then(Fetched::closing));
+        closing.extend(self.task.as_mut().and_then(|task| task.closing()));
         closing
     }
 }
