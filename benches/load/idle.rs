@@ -1,6 +1,7 @@
 //! The `idle` scenario: thousands of long calls whose SSE answers stay open
 //! and silent — the memory and file descriptors each held stream costs the
-//! proxy, against what the same streams cost the upstream reached directly.
+//! proxy, against what the same streams cost the upstream reached directly
+//! and the floor (a plain hyper forwarder: what any hyper proxy holds).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -15,7 +16,7 @@ use tokio::sync::Semaphore;
 use crate::client::{
     call_body, connect, open_sessions, request, send, Target, CONNECT_PARALLELISM,
 };
-use crate::procs::{nofile_limit, open_fds, rss_kib, start_proxy, start_upstream};
+use crate::procs::{nofile_limit, open_fds, rss_kib, start_floor, start_proxy, start_upstream};
 use crate::Opts;
 
 struct IdleRun {
@@ -135,9 +136,15 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     let mut lines = Vec::new();
     let run = run_once(&direct, up.pid(), streams, o).await?;
     lines.push(("upstream (direct)".to_owned(), run));
-    // Fresh processes for the proxied run, so the upstream's memory from the
-    // direct run does not matter and the proxy starts clean.
+    // Fresh processes for each proxied run, so the upstream's memory from
+    // the run before does not matter and each proxy starts clean. The floor
+    // (a plain hyper forwarder) shows what any hyper proxy holds per stream.
     drop(up);
+    let (up, up_addr) = start_upstream(o.upstream).await?;
+    let (floor, floored) = start_floor(up_addr).await?;
+    let run = run_once(&floored, floor.pid(), streams, o).await?;
+    lines.push(("floor (hyper forwarder)".to_owned(), run));
+    drop((floor, up));
     let (up, up_addr) = start_upstream(o.upstream).await?;
     let (proxy, proxied) = start_proxy(bin, up_addr, "batch").await?;
     let run = run_once(&proxied, proxy.pid(), streams, o).await?;
