@@ -37,6 +37,8 @@
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
 //!   asked again while a resumed stream stays silent, and sorted so that only
 //!   a stream's own messages enter it.
+//! - [`stray`]: the hand-over of an upstream message that arrived on another
+//!   stream of its session to its own stream's relay.
 //! - [`ingest`]: what every upstream message passes before the log (relay and
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
@@ -104,6 +106,7 @@ pub mod server;
 pub mod session;
 pub mod sse;
 pub mod store;
+pub mod stray;
 pub mod stream;
 pub mod task;
 pub mod tls;

@@ -11,16 +11,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use dashmap::{DashMap, DashSet};
 use http::HeaderMap;
 use ring::digest;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
+use crate::stray::{self, Inlet, Outlet, Stray};
 use crate::tls::CertificatePrincipal;
 
 /// Protocol revisions that use `initialize`, sessions and SSE resumability.
@@ -108,7 +107,7 @@ pub struct Session {
     /// Where a relay of this process takes messages of its stream that
     /// arrived on another stream of the session (an upstream replaying the
     /// whole session on a resume), so that each lands on its own stream.
-    inlets: DashMap<StreamId, mpsc::Sender<Stray>>,
+    inlets: DashMap<StreamId, Outlet>,
     /// Task legs being read as the answer of a `tasks/result` (2025-11-25
     /// tasks), by stream: a resume of one (GET with `Last-Event-ID`) is
     /// shown the same way. This process's memory only.
@@ -119,18 +118,6 @@ pub struct Session {
     answered: Arc<DashSet<RequestId>>,
     /// The same, counted per principal across sessions.
     by_principal: Arc<PrincipalStreams>,
-}
-
-/// Strays a relay may hold unread before more are dropped (the upstream is
-/// replaying what the stream's own connection also brings).
-const INLET_DEPTH: usize = 256;
-
-/// An upstream message that arrived on another stream of the session than
-/// its own, with the upstream's SSE event id it came with.
-#[derive(Debug, Clone)]
-pub struct Stray {
-    pub event: Option<String>,
-    pub message: Bytes,
 }
 
 /// How a task's leg is shown: as the answer of the `tasks/result` request
@@ -237,10 +224,10 @@ impl Session {
 
     /// Opens the inlet through which messages of `stream` that arrived on
     /// another stream of the session reach its relay; closed by `release`.
-    pub fn open_inlet(&self, stream: StreamId) -> mpsc::Receiver<Stray> {
-        let (tx, rx) = mpsc::channel(INLET_DEPTH);
-        self.inlets.insert(stream, tx);
-        rx
+    pub fn open_inlet(&self, stream: StreamId) -> Inlet {
+        let (inlet, outlet) = stray::inlet();
+        self.inlets.insert(stream, outlet);
+        inlet
     }
 
     /// Hands a message that arrived on another stream to the relay of the
@@ -249,7 +236,7 @@ impl Session {
     pub fn redirect(&self, to: StreamId, stray: Stray) -> bool {
         self.inlets
             .get(&to)
-            .is_some_and(|inlet| inlet.try_send(stray).is_ok())
+            .is_some_and(|outlet| outlet.hand_over(stray))
     }
 
     /// Forgets what was tracked for a stream that ended (or was refused).

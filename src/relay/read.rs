@@ -25,8 +25,8 @@ use super::{Feed, Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
 use crate::ingest::Batch;
 
 use crate::metrics::ResumedAfter;
-use crate::session::Stray;
 use crate::store::{StreamKind, StreamStatus};
+use crate::stray::{Inlet, Stray};
 use crate::upstream::http::{carries_messages, within, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
 
@@ -122,7 +122,7 @@ impl Relay {
         &self,
         source: Source,
         mut reading: Box<Reading>,
-        mut strays: mpsc::Receiver<Stray>,
+        mut strays: Inlet,
         feed: mpsc::Sender<Feed>,
     ) {
         reading.heard(self);
@@ -197,7 +197,7 @@ impl Relay {
     async fn listen(
         &self,
         messages: &mut Messages,
-        strays: &mut mpsc::Receiver<Stray>,
+        strays: &mut Inlet,
         reading: &Reading,
     ) -> Heard {
         let (patience, polled) = match self.stream.kind {
@@ -216,7 +216,7 @@ impl Relay {
                 Ok(Some(Err(e))) => Heard::Ended(Some(e)),
                 Ok(None) => Heard::Ended(None),
             },
-            Some(stray) = strays.recv() => Heard::Stray(stray),
+            stray = strays.recv() => Heard::Stray(stray),
             _ = tokio::time::sleep_until(reading.poll_at), if polled => Heard::Silent,
         }
     }

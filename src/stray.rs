@@ -1,0 +1,161 @@
+//! Strays: upstream messages that arrived on another stream of their session
+//! than their own (an upstream replaying the whole session on a resume), on
+//! their way to their own stream's relay.
+//!
+//! Every relay opens an inlet, and almost none ever receives a stray, so an
+//! inlet is a small shared queue that allocates nothing until one comes (a
+//! tokio channel would allocate its first 32-slot block, about 2 KiB, for
+//! every call and keep it for as long as the stream is open). It owns only
+//! the hand-over; which stream a message belongs to is the relay's sorting.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+/// Strays a relay may hold unread before more are refused (the upstream is
+/// replaying what the stream's own connection also brings).
+const DEPTH: usize = 256;
+
+/// An upstream message that arrived on another stream of the session than
+/// its own, with the upstream's SSE event id it came with.
+#[derive(Debug, Clone)]
+pub struct Stray {
+    pub event: Option<String>,
+    pub message: Bytes,
+}
+
+#[derive(Default)]
+struct Queue {
+    strays: Mutex<VecDeque<Stray>>,
+    arrived: Notify,
+    /// The relay stopped reading: nothing more is taken.
+    closed: AtomicBool,
+}
+
+impl Queue {
+    fn strays(&self) -> MutexGuard<'_, VecDeque<Stray>> {
+        // A panic while holding the lock leaves a queue that is still whole.
+        self.strays.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The relay's end of an inlet: dropping it closes the inlet.
+pub struct Inlet(Arc<Queue>);
+
+/// The session's end of an inlet, through which strays are handed over.
+#[derive(Clone)]
+pub struct Outlet(Arc<Queue>);
+
+/// Opens an inlet: the relay reads from the first, the session hands
+/// strays over through the second.
+pub fn inlet() -> (Inlet, Outlet) {
+    let queue = Arc::new(Queue::default());
+    (Inlet(queue.clone()), Outlet(queue))
+}
+
+impl Inlet {
+    /// The next stray, once one comes. Cancel-safe: a stray is taken off
+    /// the queue only when this returns it.
+    pub async fn recv(&mut self) -> Stray {
+        loop {
+            // Registered before looking, so a stray handed over between the
+            // look and the wait still wakes it (`notify_one` keeps a permit).
+            let arrived = self.0.arrived.notified();
+            if let Some(stray) = self.0.strays().pop_front() {
+                return stray;
+            }
+            arrived.await;
+        }
+    }
+}
+
+impl Drop for Inlet {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+}
+
+impl Outlet {
+    /// Hands `stray` to the relay; `false` when it is not taken (the relay
+    /// stopped reading, or it is too far behind).
+    pub fn hand_over(&self, stray: Stray) -> bool {
+        if self.0.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        {
+            let mut strays = self.0.strays();
+            if strays.len() >= DEPTH {
+                return false;
+            }
+            strays.push_back(stray);
+        }
+        self.0.arrived.notify_one();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn stray(n: u8) -> Stray {
+        Stray {
+            event: Some(n.to_string()),
+            message: Bytes::from(vec![n]),
+        }
+    }
+
+    #[tokio::test]
+    async fn strays_reach_the_relay_in_the_order_they_were_handed_over() {
+        let (mut inlet, outlet) = inlet();
+        for n in 0..3 {
+            assert!(outlet.hand_over(stray(n)));
+        }
+        for n in 0..3 {
+            assert_eq!(inlet.recv().await.message, Bytes::from(vec![n]));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relay_waiting_for_a_stray_wakes_when_one_is_handed_over() {
+        let (mut inlet, outlet) = inlet();
+        let waiting = tokio::spawn(async move { inlet.recv().await });
+        tokio::task::yield_now().await;
+        assert!(outlet.hand_over(stray(7)));
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .expect("no panic");
+        assert_eq!(got.event.as_deref(), Some("7"));
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_midway_loses_no_stray() {
+        let (mut inlet, outlet) = inlet();
+        // A `select!` that picked another branch drops the wait.
+        let wait = tokio::time::timeout(Duration::from_millis(1), inlet.recv()).await;
+        assert!(wait.is_err());
+        assert!(outlet.hand_over(stray(1)));
+        assert_eq!(inlet.recv().await.event.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_relay_too_far_behind_is_handed_nothing_more() {
+        let (_inlet, outlet) = inlet();
+        for n in 0..DEPTH {
+            assert!(outlet.hand_over(stray(n as u8)));
+        }
+        assert!(!outlet.hand_over(stray(0)));
+    }
+
+    #[test]
+    fn a_closed_inlet_takes_nothing() {
+        let (inlet, outlet) = inlet();
+        drop(inlet);
+        assert!(!outlet.hand_over(stray(0)));
+    }
+}
