@@ -177,15 +177,6 @@ impl SledStore {
         }
     }
 
-    fn subscription(&self, stream: StreamId) -> Subscription {
-        match self.tail(stream) {
-            Ok(Some(tail)) => tail.watermark.subscribe(),
-            // No such stream (or a broken tree): the reader's next look at
-            // the store tells which.
-            _ => super::no_such_stream(),
-        }
-    }
-
     /// The stream's tail; `None` for a stream that does not exist (so that
     /// asking about a deleted stream does not bring its tail back).
     fn tail(&self, stream: StreamId) -> Result<Option<Arc<Tail>>> {
@@ -613,11 +604,17 @@ impl Store for SledStore {
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
-        self.subscription(stream)
+        match self.tail(stream) {
+            Ok(Some(tail)) => tail.watermark.subscribe(),
+            // No such stream (or a broken tree): the reader's next look at
+            // the store tells which.
+            _ => super::no_such_stream(),
+        }
     }
 
     fn peek(&self, stream: StreamId) -> Option<Watermark> {
-        Some(*self.subscription(stream).borrow())
+        let tail = self.tail(stream).ok().flatten();
+        Some(tail.map_or(super::NO_SUCH_STREAM, |t| *t.watermark.borrow()))
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {
