@@ -57,6 +57,11 @@ struct Queue {
     last_issued: Option<Instant>,
     /// The time between tickets, smoothed.
     gap: Smoothed,
+    /// The syncer waits on `work` for a ticket: only then does a writer
+    /// wake it. (A condvar's notify is a system call even with nobody
+    /// waiting, and under load the syncer is lingering or flushing when
+    /// most tickets come: that was a `futex` per call.)
+    parked: bool,
 }
 
 /// The longest a flush waits for more writers when they come a few per
@@ -270,8 +275,14 @@ impl Shared {
     /// missed.
     async fn batched(&self) -> std::io::Result<()> {
         let mut done = self.done.subscribe();
-        let ticket = lock(&self.queue).issue();
-        self.work.notify_one();
+        let (ticket, parked) = {
+            let mut q = lock(&self.queue);
+            // Woken once: the writers after this one find it awake.
+            (q.issue(), std::mem::take(&mut q.parked))
+        };
+        if parked {
+            self.work.notify_one();
+        }
         let outcome = *done
             .wait_for(|d| d.attempted >= ticket)
             .await
@@ -339,8 +350,10 @@ impl Shared {
             let linger = {
                 let mut q = lock(&self.queue);
                 while q.issued == flushed && !q.stop {
+                    q.parked = true;
                     q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
+                q.parked = false;
                 if q.issued == flushed {
                     return;
                 }
@@ -411,6 +424,62 @@ mod tests {
         let later = commit.later();
         tokio::spawn(later.durable()).await.unwrap().unwrap();
         assert!(flushes.load(Ordering::SeqCst) >= 1);
+    }
+
+    fn counting_commit(flush_time: Duration) -> (Arc<GroupCommit>, Arc<AtomicU64>) {
+        let flushes = Arc::new(AtomicU64::new(0));
+        let counter = flushes.clone();
+        let commit = GroupCommit::new(
+            SyncMode::Batch,
+            Arc::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(flush_time);
+                Ok(())
+            }),
+        );
+        (Arc::new(commit), flushes)
+    }
+
+    /// Bounds a hang (a writer nobody wakes the syncer for); asserts no time.
+    async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), f)
+            .await
+            .expect("a writer was never flushed")
+    }
+
+    #[tokio::test]
+    async fn a_writer_coming_after_the_syncer_went_idle_wakes_it() {
+        let (commit, flushes) = counting_commit(Duration::ZERO);
+        for _ in 0..5 {
+            bounded(commit.durable()).await.unwrap();
+            // Long enough for the syncer to park again between writers.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(flushes.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn writers_coming_during_a_flush_get_the_next_one_without_waking_the_syncer() {
+        let (commit, flushes) = counting_commit(Duration::from_millis(50));
+        let first = tokio::spawn({
+            let c = commit.clone();
+            async move { c.durable().await }
+        });
+        while flushes.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // The first flush is running: these find the syncer awake.
+        let later: Vec<_> = (0..3)
+            .map(|_| {
+                let c = commit.clone();
+                tokio::spawn(async move { c.durable().await })
+            })
+            .collect();
+        bounded(first).await.unwrap().unwrap();
+        for w in later {
+            bounded(w).await.unwrap().unwrap();
+        }
+        assert_eq!(flushes.load(Ordering::SeqCst), 2);
     }
 
     fn queue_with_gap(gap: Duration) -> Queue {
