@@ -8,6 +8,7 @@
 //! logged for the client to replay. Relays stop when their stream ends or
 //! their session does. Nothing here writes to clients; readers do that.
 
+mod feed;
 mod read;
 mod sort;
 
@@ -18,7 +19,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::HeaderMap;
-use tokio::sync::mpsc;
 
 use crate::config::LimitsConfig;
 use crate::dialect;
@@ -28,26 +28,13 @@ use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
 use crate::upstream::http::{HttpUpstream, Messages};
+use feed::{Fed, Feed};
 use read::{Reading, Source};
 use sort::Sorter;
 
 /// Entries of a stream read back after a restart to learn the latest
 /// progress it holds per token (progress makes up most of a stream).
 const TAIL_READ_BACK: u64 = 64;
-
-/// Batches read ahead of the log at most (backpressure on the upstream).
-const FEED_DEPTH: usize = 256;
-
-/// What the reading half of a relay hands the writing half.
-enum Feed {
-    /// Upstream messages; `complete` when they answer the last request.
-    Messages(Batch),
-    /// The upstream stream ended (for good) with these requests unanswered.
-    Ended {
-        pending: HashSet<RequestId>,
-        why: &'static str,
-    },
-}
 
 /// Why a stream failed when its upstream stream ended without the answer.
 const ENDED_EARLY: &str = "upstream ended the stream before responding";
@@ -153,9 +140,10 @@ impl Relay {
     /// Once the writing half is done the stream is over, and the reading
     /// half stops too, even in the middle of a wait on a silent upstream.
     async fn pump(&self, source: Source, reading: Box<Reading>) {
-        let (feed, fed) = mpsc::channel(FEED_DEPTH);
+        let queue = feed::Queue::default();
+        let (feeder, fed) = queue.ends();
         let strays = self.session.open_inlet(self.stream.id);
-        let read = self.read_upstream(source, reading, strays, feed);
+        let read = self.read_upstream(source, reading, strays, feeder);
         let write = self.write_log(fed);
         tokio::pin!(read, write);
         tokio::select! {
@@ -166,7 +154,7 @@ impl Relay {
 
     /// The writing half: appends whatever has been read since the last
     /// flush as one batch, and finishes the stream.
-    async fn write_log(&self, mut fed: mpsc::Receiver<Feed>) {
+    async fn write_log(&self, mut fed: Fed<'_>) {
         let learn_version = self.stream.method.as_deref() == Some("initialize");
         while let Some(first) = fed.recv().await {
             let (mut batch, mut ended) = match first {
@@ -175,9 +163,9 @@ impl Relay {
             };
             while !batch.complete && ended.is_none() {
                 match fed.try_recv() {
-                    Ok(Feed::Messages(more)) => batch.extend(more),
-                    Ok(Feed::Ended { pending, why }) => ended = Some((pending, why)),
-                    Err(_) => break,
+                    Some(Feed::Messages(more)) => batch.extend(more),
+                    Some(Feed::Ended { pending, why }) => ended = Some((pending, why)),
+                    None => break,
                 }
             }
             if learn_version {

@@ -17,11 +17,11 @@
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::feed::{Feed, Feeder};
 use super::sort::{Belongs, Sorter};
-use super::{Feed, Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
+use super::{Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
 use crate::ingest::Batch;
 
 use crate::metrics::ResumedAfter;
@@ -123,7 +123,7 @@ impl Relay {
         source: Source,
         mut reading: Box<Reading>,
         mut strays: Inlet,
-        feed: mpsc::Sender<Feed>,
+        feed: Feeder<'_>,
     ) {
         reading.heard(self);
         let mut messages = match source {
@@ -304,7 +304,7 @@ impl Relay {
     }
 
     /// Tells the writing half the upstream stream is over.
-    async fn ended(&self, reading: &Reading, why: &'static str, feed: &mpsc::Sender<Feed>) {
+    async fn ended(&self, reading: &Reading, why: &'static str, feed: &Feeder<'_>) {
         let pending = reading.sorter.unanswered().clone();
         let _ = feed.send(Feed::Ended { pending, why }).await;
     }
