@@ -87,6 +87,9 @@
 //! state (a TLS handshake, resuming or cancelling upstream, failing a stream)
 //! is boxed, and what a future is handed is boxed before the future is made
 //! (an async fn keeps its arguments and what it passes on in two places).
+//! And the queues of an open stream (its strays, its relay's feed) allocate
+//! nothing until something comes: most open streams are a long call waiting
+//! in silence.
 
 pub mod config;
 pub mod demo;
