@@ -80,6 +80,9 @@ fn header_principal(headers: &HeaderMap, header: &str) -> String {
 /// A live session.
 pub struct Session {
     pub id: SessionId,
+    /// Whom the session belongs to: fixed when it is created (also in its
+    /// record), and read on every call, so kept outside the record's lock.
+    principal: Box<str>,
     record: Mutex<SessionRecord>,
     /// Client request id → the stream carrying its answer.
     in_flight: DashMap<RequestId, StreamId>,
@@ -139,6 +142,12 @@ impl PrincipalStreams {
     }
 
     fn add(&self, principal: &str) {
+        // Looked up first: the key is copied only for a principal's first
+        // live stream, not for every call.
+        if let Some(mut count) = self.0.get_mut(principal) {
+            *count += 1;
+            return;
+        }
         *self.0.entry(principal.to_owned()).or_default() += 1;
     }
 
@@ -157,6 +166,7 @@ impl Session {
     fn new(record: SessionRecord, by_principal: Arc<PrincipalStreams>) -> Arc<Self> {
         Arc::new(Self {
             id: record.id,
+            principal: record.principal.as_str().into(),
             record: Mutex::new(record),
             in_flight: DashMap::new(),
             progress: DashMap::new(),
@@ -209,7 +219,7 @@ impl Session {
     /// Tracks the requests (and their progress tokens) a stream answers.
     pub fn track(&self, stream: &StreamMeta) {
         if self.streams.insert(stream.id) {
-            self.by_principal.add(&self.principal());
+            self.by_principal.add(&self.principal);
         }
         for id in &stream.origin_ids {
             self.in_flight.insert(id.clone(), stream.id);
@@ -243,7 +253,7 @@ impl Session {
     pub fn release(&self, stream: &StreamMeta) {
         self.inlets.remove(&stream.id);
         if self.streams.remove(&stream.id).is_some() {
-            self.by_principal.remove(&self.principal(), 1);
+            self.by_principal.remove(&self.principal, 1);
         }
         for id in &stream.origin_ids {
             self.in_flight.remove_if(id, |_, s| *s == stream.id);
@@ -268,7 +278,7 @@ impl Session {
             .iter()
             .filter(|s| self.streams.remove(*s).is_some())
             .count();
-        self.by_principal.remove(&self.principal(), n);
+        self.by_principal.remove(&self.principal, n);
     }
 
     /// The live request stream a progress token belongs to.
@@ -293,8 +303,8 @@ impl Session {
         read(&self.lock().dialects)
     }
 
-    pub fn principal(&self) -> String {
-        self.lock().principal.clone()
+    pub fn principal(&self) -> &str {
+        &self.principal
     }
 
     pub fn stream_of(&self, id: &RequestId) -> Option<StreamId> {

@@ -53,7 +53,7 @@ pub fn policy(cx: &Context<'_>, stream: &StreamMeta, request: &RequestId) -> byt
 
 fn token(cx: &Context<'_>, stream: &StreamMeta) -> String {
     cx.keyring
-        .resume_token(cx.session.id, &cx.session.principal(), stream.id)
+        .resume_token(cx.session.id, cx.session.principal(), stream.id)
 }
 
 fn id_value(id: &RequestId) -> Value {
@@ -64,7 +64,7 @@ fn id_value(id: &RequestId) -> Value {
 async fn request(cx: &Context<'_>, id: &RequestId, token: &str) -> Result<StreamMeta, Refusal> {
     let opened = cx
         .keyring
-        .open_resume_token(cx.session.id, &cx.session.principal(), token);
+        .open_resume_token(cx.session.id, cx.session.principal(), token);
     cx.named(opened, id, UNKNOWN).await
 }
 

@@ -240,7 +240,7 @@ impl Seal {
         Some(Seal {
             keyring: cx.keyring.clone(),
             session: cx.session.id,
-            principal: cx.session.principal(),
+            principal: cx.session.principal().to_owned(),
             digest: stream.params_digest.clone()?,
             stream: stream.id,
             placement: config.placement,
@@ -291,7 +291,7 @@ impl Continue {
         let digest = self.digest.as_deref().ok_or_else(unknown)?;
         let opened = cx.keyring.open_call_token(
             cx.session.id,
-            &cx.session.principal(),
+            cx.session.principal(),
             digest.as_bytes(),
             &self.token,
         );

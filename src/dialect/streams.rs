@@ -50,7 +50,7 @@ fn interval(config: &DialectsConfig) -> Value {
 
 fn handle(cx: &Context<'_>, stream: StreamId) -> String {
     cx.keyring
-        .stream_handle(cx.session.id, &cx.session.principal(), stream)
+        .stream_handle(cx.session.id, cx.session.principal(), stream)
 }
 
 /// The `stream/create` entry that opens a request's stream.
@@ -89,7 +89,7 @@ impl Named {
     async fn stream(&self, cx: &Context<'_>) -> Result<StreamMeta, Refusal> {
         let opened =
             cx.keyring
-                .open_stream_handle(cx.session.id, &cx.session.principal(), &self.stream);
+                .open_stream_handle(cx.session.id, cx.session.principal(), &self.stream);
         let stream = cx.named(opened, &self.id, UNKNOWN).await?;
         cx.log.touch(stream.id).await?;
         Ok(stream)
@@ -178,7 +178,7 @@ impl PollAll {
             None => None,
             Some(text) => Some(
                 cx.keyring
-                    .open_poll_cursor(cx.session.id, &cx.session.principal(), text)
+                    .open_poll_cursor(cx.session.id, cx.session.principal(), text)
                     .ok_or(Refusal::InvalidParams {
                         id: self.id.clone(),
                         message: "Invalid params: unknown cursor",
@@ -206,7 +206,7 @@ impl PollAll {
         if let (true, Some(last)) = (more, streams.last()) {
             result["nextCursor"] = Value::String(cx.keyring.poll_cursor(
                 cx.session.id,
-                &cx.session.principal(),
+                cx.session.principal(),
                 &position(last),
             ));
         }

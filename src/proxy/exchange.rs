@@ -390,7 +390,6 @@ async fn http(
         Opening::New(opened) => opened,
         Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
     };
-    let stream = opened.stream.clone();
     let orphaned = Arc::new(AtomicBool::new(false));
     let mut inline = Inline {
         exchange: Some(Box::pin(exchange(
@@ -398,7 +397,7 @@ async fn http(
                 route,
                 upstream,
                 session.clone(),
-                stream.clone(),
+                opened.stream.clone(),
                 post.headers.clone(),
             ),
             opens_session,
@@ -422,14 +421,14 @@ async fn http(
     };
     match outcome {
         Some(Outcome::Refused(res)) => {
-            forget(route, session, opens_session, &stream).await;
+            forget(route, session, opens_session, &opened.stream).await;
             Ok(present::pass_through(
                 res,
                 (!opens_session).then_some(session.id),
             ))
         }
         Some(Outcome::Unreachable(e)) => {
-            forget(route, session, opens_session, &stream).await;
+            forget(route, session, opens_session, &opened.stream).await;
             Err(e.into())
         }
         // Persisting here is idempotent with the exchange's update and

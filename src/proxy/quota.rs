@@ -27,7 +27,7 @@ pub fn admit(
         ));
     }
     let principal = session.principal();
-    if sessions.by_principal.of(&principal) >= limits.streams_per_principal {
+    if sessions.by_principal.of(principal) >= limits.streams_per_principal {
         return Err(Rejection::too_many_streams(
             id,
             "this client",
