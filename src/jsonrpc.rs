@@ -16,6 +16,9 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod digest;
+pub use digest::params_digest;
+
 /// The raw JSON text of a request id (`1`, `"abc"`), compared textually.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
@@ -526,28 +529,6 @@ pub fn cancellation(id: &RequestId, reason: &str) -> Vec<u8> {
         id.as_json()
     )
     .into_bytes()
-}
-
-/// SHA-256 (hex) of a request's method and canonical params — keys sorted,
-/// `_meta` and a root `resumeToken` left out — so a re-sent call can be
-/// recognised whatever its key order, progress token or resume token.
-pub fn params_digest(bytes: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Request {
-        method: String,
-        #[serde(default)]
-        params: serde_json::Value,
-    }
-    let mut request: Request = serde_json::from_slice(bytes).ok()?;
-    if let Some(params) = request.params.as_object_mut() {
-        params.remove("_meta");
-        params.remove("resumeToken");
-    }
-    // serde_json's map is ordered by key: serializing a parsed value is the
-    // canonical form.
-    let canonical = serde_json::to_vec(&(request.method, request.params)).ok()?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, &canonical);
-    Some(crate::id::hex(digest.as_ref()))
 }
 
 /// A JSON-RPC error response. `id` is `None` for transport errors that belong
