@@ -100,14 +100,14 @@ pub fn accepts(headers: &HeaderMap, mime: &str) -> bool {
         })
 }
 
-/// The media type of a `Content-Type`, lowercased, without parameters.
-pub fn media_type(headers: &HeaderMap) -> String {
+/// Whether the `Content-Type` is `mime` (lowercase), whatever the case it
+/// was sent in and its parameters.
+pub fn has_media_type(headers: &HeaderMap, mime: &str) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default()
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(mime))
 }
 
 /// The client's `Last-Event-ID`, if it sent the header. Bytes that are not

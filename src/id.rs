@@ -71,7 +71,9 @@ pub fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     let mut out = vec![0u8; 2 * bytes.len()];
-    hex_into(bytes, &mut out).to_owned()
+    hex_into(bytes, &mut out);
+    // Every byte is an ASCII hex digit; the buffer becomes the string.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 macro_rules! random_id {

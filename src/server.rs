@@ -243,15 +243,15 @@ impl App {
 /// Localhost hosts (any port) are always allowed; others only when listed,
 /// as `host` (any port) or `host:port`.
 pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6
-            .split(']')
-            .next()
-            .map(|h| format!("[{h}]"))
-            .unwrap_or_default(),
-        None => host.split(':').next().unwrap_or_default().to_owned(),
+    // A slice of `host` but for a bracket left open (read as if closed).
+    let name: std::borrow::Cow<'_, str> = match host.strip_prefix('[') {
+        Some(v6) => match v6.find(']') {
+            Some(end) => host[..end + 2].into(),
+            None => format!("[{v6}]").into(),
+        },
+        None => host.split(':').next().unwrap_or_default().into(),
     };
-    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+    matches!(name.as_ref(), "localhost" | "127.0.0.1" | "[::1]")
         || allowed
             .iter()
             .any(|a| a == "*" || a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(&name))

@@ -208,8 +208,10 @@ pub fn encode_priming(out: &mut BytesMut, id: &str, retry_ms: Option<u64>) {
 /// Appends a `retry:` field line; the event that follows carries it. (A
 /// retry-only event would reach some older clients as an empty message.)
 pub fn encode_retry_field(out: &mut BytesMut, ms: u64) {
+    use std::fmt::Write;
     out.put_slice(b"retry: ");
-    out.put_slice(ms.to_string().as_bytes());
+    // Formatted into the buffer: no string per event.
+    let _ = write!(out, "{ms}");
     out.put_u8(b'\n');
 }
 

@@ -32,7 +32,7 @@ static CANCELLED: Needle = Needle::new(b"notifications/cancelled");
 
 pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
-    if headers::media_type(&parts.headers) != "application/json" {
+    if !headers::has_media_type(&parts.headers, "application/json") {
         return Err(Rejection::unsupported_media_type());
     }
     let bytes = read_body(body, &route.shared.config).await?;

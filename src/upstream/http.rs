@@ -272,10 +272,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// status and body it must pass through unchanged).
 pub fn carries_messages(res: &Response<Incoming>) -> bool {
     res.status().is_success()
-        && matches!(
-            headers::media_type(res.headers()).as_str(),
-            "text/event-stream" | "application/json"
-        )
+        && (headers::has_media_type(res.headers(), "text/event-stream")
+            || headers::has_media_type(res.headers(), "application/json"))
 }
 
 enum Framing {
@@ -319,7 +317,7 @@ pub struct Messages {
 
 impl Messages {
     pub fn new(res: Response<Incoming>) -> Self {
-        let framing = if headers::media_type(res.headers()) == "text/event-stream" {
+        let framing = if headers::has_media_type(res.headers(), "text/event-stream") {
             Framing::Sse(sse::Decoder::new())
         } else {
             Framing::Json(BytesMut::new())

@@ -175,7 +175,7 @@ async fn discover_through(
         )
         .await?;
     let json = res.status().is_success()
-        && crate::headers::media_type(res.headers()) == "application/json";
+        && crate::headers::has_media_type(res.headers(), "application/json");
     let (head, incoming) = res.into_parts();
     let headers = crate::headers::to_client(&head.headers, None);
     if !json {
