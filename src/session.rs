@@ -287,7 +287,12 @@ impl Session {
     }
 
     pub fn remember_headers(&self, headers: &HeaderMap) {
-        *self.headers.lock().unwrap_or_else(|p| p.into_inner()) = headers.clone();
+        let mut remembered = self.headers.lock().unwrap_or_else(|p| p.into_inner());
+        // A client sends the same headers call after call: comparing them
+        // is cheaper than copying them each time.
+        if *remembered != *headers {
+            *remembered = headers.clone();
+        }
     }
 
     pub fn remembered_headers(&self) -> HeaderMap {
