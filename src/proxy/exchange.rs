@@ -154,7 +154,8 @@ async fn answer_again(
 
 /// A request stream, opened.
 struct Opened {
-    stream: StreamMeta,
+    /// Shared with the exchange's relay: one copy of the meta per call.
+    stream: Arc<StreamMeta>,
     /// How a tool call that gets resume tokens is answered.
     call: Option<Call>,
     /// The answer's reader, attached when the stream opened: a resume the
@@ -221,7 +222,7 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     session.track(&meta);
     session.remember_headers(&post.headers);
     Ok(Opening::New(Opened {
-        stream: meta,
+        stream: Arc::new(meta),
         call,
         reader,
     }))
@@ -328,7 +329,7 @@ pub async fn start_leg(
         }
         Target::Stdio(child) => write_to_child(route, &child, &post, &stream).await?,
     }
-    Ok(stream)
+    Ok(Arc::unwrap_or_clone(stream))
 }
 
 /// How an exchange ended for the handler that drove it.
@@ -599,7 +600,13 @@ async fn http_standalone(
         .map_err(|e| refused(e.into()))?;
     session.set_standalone(Some(stream.id));
     let reader = log.attach(stream.id, 0);
-    let relay = relay(route, upstream, session.clone(), stream, headers.clone());
+    let relay = relay(
+        route,
+        upstream,
+        session.clone(),
+        Arc::new(stream),
+        headers.clone(),
+    );
     tokio::spawn(relay.run(Messages::new(res)));
     Ok(reader)
 }
@@ -608,7 +615,7 @@ pub(super) fn relay(
     route: &Route,
     upstream: &Arc<HttpUpstream>,
     session: Arc<Session>,
-    stream: StreamMeta,
+    stream: Arc<StreamMeta>,
     client_headers: HeaderMap,
 ) -> Relay {
     Relay {

@@ -121,7 +121,8 @@ impl Route {
         // The client's headers died with the previous process (they are never
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
-        let relay = exchange::relay(self, upstream, session, stream.clone(), HeaderMap::new());
+        let stream = Arc::new(stream.clone());
+        let relay = exchange::relay(self, upstream, session, stream, HeaderMap::new());
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }

@@ -52,7 +52,8 @@ pub struct Relay {
     pub sessions: Arc<Sessions>,
     pub upstream: Arc<HttpUpstream>,
     pub session: Arc<Session>,
-    pub stream: StreamMeta,
+    /// Shared with the handler that answers the client from it.
+    pub stream: Arc<StreamMeta>,
     /// The client's end-to-end headers, reused to resume upstream.
     pub client_headers: HeaderMap,
     pub limits: LimitsConfig,
