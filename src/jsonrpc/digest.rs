@@ -11,6 +11,11 @@
 //! serialized, which the tests check against. Read with borrowed keys and
 //! strings, so a call costs an allocation per object and array in its
 //! params instead of one per key and string as well.
+//!
+//! One input reads differently: with serde_json's `raw_value` feature, an
+//! object whose first key is its private raw-value token is read by `Value`
+//! as the JSON text its string holds. Such a call (only a crafted one sends
+//! it) is digested through `Value`, as it always was.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -30,13 +35,44 @@ pub fn params_digest(bytes: &[u8]) -> Option<String> {
         #[serde(default, borrow)]
         params: Canonical<'a>,
     }
-    let mut request: Request<'_> = serde_json::from_slice(bytes).ok()?;
+    let mut request: Request<'_> = match serde_json::from_slice(bytes) {
+        Ok(request) => request,
+        Err(e) if e.to_string().starts_with(RAW_VALUE_TOKEN) => return through_value(bytes),
+        Err(_) => return None,
+    };
     if let Canonical::Object(members) = &mut request.params {
         members.retain(|(key, _)| key != "_meta" && key != "resumeToken");
     }
     let canonical = serde_json::to_vec(&(&*request.method, &request.params)).ok()?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, &canonical);
-    Some(crate::id::hex(digest.as_ref()))
+    Some(sha256_hex(&canonical))
+}
+
+/// The key by which serde_json (`raw_value`) marks an object as raw JSON
+/// text (`serde_json::raw::TOKEN`, private to it).
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
+/// The digest as it was first made, with the params read into a `Value`.
+fn through_value(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Request {
+        method: String,
+        #[serde(default)]
+        params: serde_json::Value,
+    }
+    let mut request: Request = serde_json::from_slice(bytes).ok()?;
+    if let Some(params) = request.params.as_object_mut() {
+        params.remove("_meta");
+        params.remove("resumeToken");
+    }
+    // serde_json's map is ordered by key: serializing a parsed value is the
+    // canonical form.
+    let canonical = serde_json::to_vec(&(request.method, request.params)).ok()?;
+    Some(sha256_hex(&canonical))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    crate::id::hex(digest.as_ref())
 }
 
 /// A JSON value in canonical form: an object's members sorted by key, one
@@ -116,8 +152,12 @@ impl<'de: 'a, 'a> Visitor<'de> for CanonicalVisitor<'a> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut members: Vec<(Cow<'a, str>, Canonical<'a>)> = Vec::new();
-        while let Some((Key(key), value)) = map.next_entry()? {
-            members.push((key, value));
+        while let Some(Key(key)) = map.next_key()? {
+            if members.is_empty() && key == RAW_VALUE_TOKEN {
+                // Read otherwise by `Value`: the digest is made through it.
+                return Err(serde::de::Error::custom(RAW_VALUE_TOKEN));
+            }
+            members.push((key, map.next_value()?));
         }
         // Of the members under one key the last read wins, as in a map:
         // reversed, the stable sort puts it first among them, and `dedup`
@@ -159,23 +199,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The form digests had when params were read into serde_json's
-    /// `Value`: what every digest kept in a log or a token was made from.
     fn value_digest(bytes: &[u8]) -> Option<String> {
-        #[derive(Deserialize)]
-        struct Request {
-            method: String,
-            #[serde(default)]
-            params: serde_json::Value,
-        }
-        let mut request: Request = serde_json::from_slice(bytes).ok()?;
-        if let Some(params) = request.params.as_object_mut() {
-            params.remove("_meta");
-            params.remove("resumeToken");
-        }
-        let canonical = serde_json::to_vec(&(request.method, request.params)).ok()?;
-        let digest = ring::digest::digest(&ring::digest::SHA256, &canonical);
-        Some(crate::id::hex(digest.as_ref()))
+        through_value(bytes)
     }
 
     fn same(text: &str) {
@@ -205,6 +230,67 @@ mod tests {
         same(r#"{"method":"m","params":{"a":1}"#);
     }
 
+    #[test]
+    fn digests_are_those_of_the_value_form_for_numbers_out_of_range() {
+        same(r#"{"method":"m","params":[18446744073709551616,-9223372036854775809]}"#);
+        same(r#"{"method":"m","params":[1E+2,-12.50,0.1e-3,1e400]}"#);
+    }
+
+    #[test]
+    fn digests_are_those_of_the_value_form_for_keys_that_need_escapes_or_sort_past_ascii() {
+        same(r#"{"method":"m","params":{"\u0001":1,"\"":2,"é":3,"z":4,"~":5,"\u00ff":6}}"#);
+        same(r#" { "method" : "m" , "params" : { "b" : [ 1 , 2 ] , "a" : { } } } "#);
+    }
+
+    #[test]
+    fn digests_are_those_of_the_value_form_at_serde_json_s_depth_limit() {
+        for depth in 125..=130 {
+            let params = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            same(&format!(r#"{{"method":"m","params":{params}}}"#));
+        }
+    }
+
+    #[test]
+    fn the_raw_value_token_as_first_key_is_read_as_value_reads_it() {
+        same(
+            r#"{"method":"m","params":{"$serde_json::private::RawValue":"{\"b\":1,\"_meta\":2}"}}"#,
+        );
+        same(r#"{"method":"m","params":{"\u0024serde_json::private::RawValue":"[1]"}}"#);
+        same(
+            r#"{"method":"m","params":{"a":{"$serde_json::private::RawValue":"{\"z\":1,\"y\":2}"}}}"#,
+        );
+        same(r#"{"method":"m","params":{"$serde_json::private::RawValue":1}}"#);
+        same(r#"{"method":"m","params":{"a":1,"$serde_json::private::RawValue":"[1]"}}"#);
+    }
+
+    /// Digests made before this module existed (at `f19d4dd`): kept in
+    /// logs and bound into resume tokens, they must come out the same
+    /// whatever serde_json version reads them.
+    #[test]
+    fn digests_made_by_earlier_releases_are_made_again() {
+        let known = [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"b":2,"a":1},"_meta":{"progressToken":"p"}}}"#,
+                "db771fd2305283800982e9fcc70cb1053e90c3c9170f10f87d07a972b76e359f",
+            ),
+            (
+                r#"{"method":"m"}"#,
+                "f392d2630dfe9bc1eaac0393c68f4a226fafcf1e7b0ee8a24945e972ebca5542",
+            ),
+            (
+                r#"{"method":"m","params":[1.5,"\u00e9"]}"#,
+                "7ddcd143d2cd26e408b80549b9117df69bb591b1858ca0c1a72f182c145c5613",
+            ),
+        ];
+        for (request, digest) in known {
+            assert_eq!(
+                params_digest(request.as_bytes()).as_deref(),
+                Some(digest),
+                "{request}"
+            );
+        }
+    }
+
     /// JSON text as clients may write it: keys repeated, in any order,
     /// escaped or not; numbers in several notations.
     fn json() -> impl Strategy<Value = String> {
@@ -218,6 +304,7 @@ mod tests {
                 .prop_map(|f| format!("{f:e}")),
             (any::<i32>(), 1u8..4)
                 .prop_map(|(n, zeros)| format!("{n}.{}", "0".repeat(zeros.into()))),
+            any::<i128>().prop_map(|n| n.to_string()),
             "[a-c_é\\\\\"\u{1F600}]{0,4}".prop_map(|s| serde_json::Value::from(s).to_string()),
             Just(r#""\u0041\ud83d\ude00""#.to_owned()),
         ];
@@ -227,14 +314,17 @@ mod tests {
                 Just(r#""\u0061""#.to_owned()),
                 Just(r#""_meta""#.to_owned()),
                 Just(r#""resumeToken""#.to_owned()),
+                Just(r#""\u0001""#.to_owned()),
+                Just(r#""\"""#.to_owned()),
+                Just(r#""é""#.to_owned()),
             ];
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..5)
                     .prop_map(|items| format!("[{}]", items.join(","))),
                 prop::collection::vec((key, inner), 0..5).prop_map(|members| {
                     let members: Vec<String> =
-                        members.iter().map(|(k, v)| format!("{k}:{v}")).collect();
-                    format!("{{{}}}", members.join(","))
+                        members.iter().map(|(k, v)| format!("{k} : {v}")).collect();
+                    format!("{{ {} }}", members.join(" ,"))
                 }),
             ]
         })
