@@ -208,6 +208,16 @@ mod tests {
     }
 
     #[test]
+    fn a_media_type_matches_whatever_its_case_and_parameters() {
+        let json = map(&[("content-type", "Application/JSON; charset=utf-8")]);
+        assert!(has_media_type(&json, "application/json"));
+        assert!(!has_media_type(&json, "text/event-stream"));
+        let sse = map(&[("content-type", " text/event-stream ")]);
+        assert!(has_media_type(&sse, "text/event-stream"));
+        assert!(!has_media_type(&HeaderMap::new(), "application/json"));
+    }
+
+    #[test]
     fn accept_matching_handles_lists_wildcards_and_parameters() {
         let h = map(&[("accept", "application/json, text/event-stream;q=0.9")]);
         assert!(accepts(&h, "text/event-stream"));

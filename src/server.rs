@@ -456,6 +456,14 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_host_is_named_by_its_brackets_even_left_open() {
+        assert!(host_allowed("[::1]", &[]));
+        assert!(host_allowed("[::1", &[]));
+        assert!(!host_allowed("[::2]:80", &[]));
+        assert!(host_allowed("[fe80::1]:80", &["[fe80::1]".to_owned()]));
+    }
+
+    #[test]
     fn foreign_origins_need_configuration() {
         assert!(!origin_allowed("https://evil.example", &[]));
         assert!(!origin_allowed("null", &[]));

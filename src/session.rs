@@ -532,7 +532,7 @@ impl Sessions {
         };
         let stale = {
             let mut r = session.lock();
-            if r.route != route || r.principal != principal || r.closed_ms.is_some() {
+            if r.route != route || session.principal() != principal || r.closed_ms.is_some() {
                 return Ok(None);
             }
             let now = now_ms();
@@ -630,6 +630,36 @@ mod tests {
         }
         let modern = headers(&[("mcp-protocol-version", "2026-07-28")]);
         assert_eq!(Era::of(&modern), Era::Modern);
+    }
+
+    fn session() -> Arc<Session> {
+        Session::new(
+            SessionRecord {
+                id: SessionId::random(),
+                route: "r".into(),
+                upstream_session: None,
+                protocol_version: None,
+                principal: "p".into(),
+                initialize: None,
+                created_ms: 0,
+                last_seen_ms: 0,
+                closed_ms: None,
+                dialects: Vec::new(),
+            },
+            Arc::default(),
+        )
+    }
+
+    #[test]
+    fn the_latest_client_headers_are_remembered_whether_or_not_they_changed() {
+        let s = session();
+        let a = headers(&[("authorization", "Bearer a")]);
+        let b = headers(&[("authorization", "Bearer b")]);
+        s.remember_headers(&a);
+        s.remember_headers(&a);
+        assert_eq!(s.remembered_headers(), a);
+        s.remember_headers(&b);
+        assert_eq!(s.remembered_headers(), b);
     }
 
     #[test]

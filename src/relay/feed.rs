@@ -21,8 +21,12 @@ use crate::jsonrpc::RequestId;
 /// Batches read ahead of the log at most.
 const DEPTH: usize = 256;
 
+/// Slots an empty queue keeps: room grown in a burst (up to [`DEPTH`]
+/// batches, about 16 KiB) is given back once the burst is written.
+const KEPT: usize = 8;
+
 /// What the reading half of a relay hands the writing half.
-pub enum Feed {
+pub(super) enum Feed {
     /// Upstream messages; `complete` when they answer the last request.
     Messages(Batch),
     /// The upstream stream ended (for good) with these requests unanswered.
@@ -34,7 +38,7 @@ pub enum Feed {
 
 /// The queue both ends borrow; see [`Queue::ends`].
 #[derive(Default)]
-pub struct Queue {
+pub(super) struct Queue {
     state: Mutex<State>,
     /// A batch came, or the reading half is gone.
     came: Notify,
@@ -49,11 +53,21 @@ struct State {
     fed_gone: bool,
 }
 
+impl State {
+    fn take(&mut self) -> Option<Feed> {
+        let feed = self.batches.pop_front()?;
+        if self.batches.is_empty() && self.batches.capacity() > KEPT {
+            self.batches.shrink_to(KEPT);
+        }
+        Some(feed)
+    }
+}
+
 impl Queue {
     /// The reading half's end and the writing half's. Dropping either tells
     /// the other: the writer sees the end of the feed once it took what was
     /// fed, the reader's next hand-over is refused.
-    pub fn ends(&self) -> (Feeder<'_>, Fed<'_>) {
+    pub(super) fn ends(&self) -> (Feeder<'_>, Fed<'_>) {
         (Feeder(self), Fed(self))
     }
 
@@ -65,13 +79,13 @@ impl Queue {
 }
 
 /// The reading half's end of the feed.
-pub struct Feeder<'a>(&'a Queue);
+pub(super) struct Feeder<'a>(&'a Queue);
 
 impl Feeder<'_> {
     /// Hands `feed` over, once there is room; gives it back when the
     /// writing half is gone. Cancel-safe: `feed` is queued only when this
     /// returns `Ok`.
-    pub async fn send(&self, feed: Feed) -> Result<(), Feed> {
+    pub(super) async fn send(&self, feed: Feed) -> Result<(), Feed> {
         let queue = self.0;
         loop {
             // Made before looking: room made between the look and the wait
@@ -102,18 +116,18 @@ impl Drop for Feeder<'_> {
 }
 
 /// The writing half's end of the feed.
-pub struct Fed<'a>(&'a Queue);
+pub(super) struct Fed<'a>(&'a Queue);
 
 impl Fed<'_> {
     /// The next batch, once one comes; `None` once the reading half is gone
     /// and everything it fed was taken. Cancel-safe.
-    pub async fn recv(&mut self) -> Option<Feed> {
+    pub(super) async fn recv(&mut self) -> Option<Feed> {
         let queue = self.0;
         loop {
             let came = queue.came.notified();
             {
                 let mut state = queue.state();
-                if let Some(feed) = state.batches.pop_front() {
+                if let Some(feed) = state.take() {
                     drop(state);
                     queue.room.notify_one();
                     return Some(feed);
@@ -127,8 +141,8 @@ impl Fed<'_> {
     }
 
     /// The next batch if one is waiting.
-    pub fn try_recv(&mut self) -> Option<Feed> {
-        let feed = self.0.state().batches.pop_front()?;
+    pub(super) fn try_recv(&mut self) -> Option<Feed> {
+        let feed = self.0.state().take()?;
         self.0.room.notify_one();
         Some(feed)
     }
@@ -202,6 +216,29 @@ mod tests {
         assert!(poll_once(recv.as_mut()).is_pending());
         feeder.send(batch("a")).await.ok().unwrap();
         assert_eq!(text(recv.await), "a");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_learns_the_feed_ended_when_the_reader_leaves() {
+        let queue = Queue::default();
+        let (feeder, mut fed) = queue.ends();
+        let mut recv = pin!(fed.recv());
+        assert!(poll_once(recv.as_mut()).is_pending());
+        drop(feeder);
+        // Bounds a writer nobody wakes; asserts no time.
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(5), recv).await;
+        assert_eq!(text(ended.expect("the writer was not woken")), "none");
+    }
+
+    #[tokio::test]
+    async fn room_grown_in_a_burst_is_given_back_once_it_is_written() {
+        let queue = Queue::default();
+        let (feeder, mut fed) = queue.ends();
+        for _ in 0..DEPTH {
+            feeder.send(batch("a")).await.ok().unwrap();
+        }
+        while fed.try_recv().is_some() {}
+        assert!(queue.state().batches.capacity() <= KEPT);
     }
 
     #[tokio::test]

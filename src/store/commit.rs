@@ -275,14 +275,21 @@ impl Shared {
     /// missed.
     async fn batched(&self) -> std::io::Result<()> {
         let mut done = self.done.subscribe();
-        let (ticket, parked) = {
+        let ticket = {
             let mut q = lock(&self.queue);
-            // Woken once: the writers after this one find it awake.
-            (q.issue(), std::mem::take(&mut q.parked))
+            if q.stop {
+                // The syncer is gone (the store was closed): nobody would
+                // ever flush this ticket.
+                return Err(std::io::Error::other("group commit stopped"));
+            }
+            // Woken once: the writers after this one find it awake. Woken
+            // under the lock, so that a writer descheduled in between
+            // cannot leave the others waiting on a syncer nobody woke.
+            if std::mem::take(&mut q.parked) {
+                self.work.notify_one();
+            }
+            q.issue()
         };
-        if parked {
-            self.work.notify_one();
-        }
         let outcome = *done
             .wait_for(|d| d.attempted >= ticket)
             .await
@@ -459,7 +466,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn writers_coming_during_a_flush_get_the_next_one_without_waking_the_syncer() {
+    async fn writers_coming_during_a_flush_share_the_next_one() {
         let (commit, flushes) = counting_commit(Duration::from_millis(50));
         let first = tokio::spawn({
             let c = commit.clone();
@@ -480,6 +487,15 @@ mod tests {
             bounded(w).await.unwrap().unwrap();
         }
         assert_eq!(flushes.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_wait_that_outlives_its_store_fails_instead_of_hanging() {
+        let (commit, _) = counting_commit(Duration::ZERO);
+        let later = commit.later();
+        drop(Arc::into_inner(commit));
+        let outcome = bounded(later.durable()).await;
+        assert!(outcome.is_err());
     }
 
     fn queue_with_gap(gap: Duration) -> Queue {
