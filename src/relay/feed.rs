@@ -22,8 +22,9 @@ use crate::jsonrpc::RequestId;
 const DEPTH: usize = 256;
 
 /// Slots an empty queue keeps: room grown in a burst (up to [`DEPTH`]
-/// batches, about 16 KiB) is given back once the burst is written.
-const KEPT: usize = 8;
+/// batches, about 16 KiB) is given back once the burst is written, while
+/// a stream that keeps a few batches in flight keeps its room.
+const KEPT: usize = 32;
 
 /// What the reading half of a relay hands the writing half.
 pub(super) enum Feed {
