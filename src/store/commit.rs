@@ -394,16 +394,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_writers_share_flushes() {
-        let flushes = Arc::new(AtomicU64::new(0));
-        let counter = flushes.clone();
-        let commit = Arc::new(GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                Ok(())
-            }),
-        ));
+        let (commit, flushes) = counting_commit(Duration::from_millis(5));
         let writers: Vec<_> = (0..50)
             .map(|_| {
                 let c = commit.clone();
@@ -419,15 +410,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_later_wait_flushes_from_a_task_of_its_own() {
-        let flushes = Arc::new(AtomicU64::new(0));
-        let counter = flushes.clone();
-        let commit = GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }),
-        );
+        let (commit, flushes) = counting_commit(Duration::ZERO);
         let later = commit.later();
         tokio::spawn(later.durable()).await.unwrap().unwrap();
         assert!(flushes.load(Ordering::SeqCst) >= 1);
@@ -467,7 +450,7 @@ mod tests {
 
     #[tokio::test]
     async fn writers_coming_during_a_flush_share_the_next_one() {
-        let (commit, flushes) = counting_commit(Duration::from_millis(50));
+        let (commit, flushes) = counting_commit(Duration::from_millis(200));
         let first = tokio::spawn({
             let c = commit.clone();
             async move { c.durable().await }
