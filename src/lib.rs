@@ -103,6 +103,7 @@ pub mod jsonrpc;
 pub mod lifetime;
 pub mod metrics;
 pub mod proxy;
+pub mod queue;
 pub mod relay;
 pub mod reply;
 pub mod server;

@@ -3,17 +3,15 @@
 //! their way to their own stream's relay.
 //!
 //! Every relay opens an inlet, and almost none ever receives a stray, so an
-//! inlet is a small shared queue that allocates nothing until one comes (a
-//! tokio channel would allocate its first 32-slot block, about 2 KiB, for
-//! every call and keep it for as long as the stream is open). It owns only
-//! the hand-over; which stream a message belongs to is the relay's sorting.
+//! inlet is a [`Queue`] (nothing allocated until a stray comes), shared with
+//! the session that hands strays over. It owns only the hand-over; which
+//! stream a message belongs to is the relay's sorting.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+
+use crate::queue::Queue;
 
 /// Strays a relay may hold unread before more are refused (the upstream is
 /// replaying what the stream's own connection also brings).
@@ -27,26 +25,11 @@ pub struct Stray {
     pub message: Bytes,
 }
 
-#[derive(Default)]
-struct Queue {
-    strays: Mutex<VecDeque<Stray>>,
-    arrived: Notify,
-    /// The relay stopped reading: nothing more is taken.
-    closed: AtomicBool,
-}
-
-impl Queue {
-    fn strays(&self) -> MutexGuard<'_, VecDeque<Stray>> {
-        // A panic while holding the lock leaves a queue that is still whole.
-        self.strays.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// The relay's end of an inlet: dropping it closes the inlet.
-pub struct Inlet(Arc<Queue>);
+pub struct Inlet(Arc<Queue<Stray>>);
 
 /// The session's end of an inlet, through which strays are handed over.
-pub struct Outlet(Arc<Queue>);
+pub struct Outlet(Arc<Queue<Stray>>);
 
 /// Opens an inlet: the relay reads from the first, the session hands
 /// strays over through the second.
@@ -56,24 +39,20 @@ pub fn inlet() -> (Inlet, Outlet) {
 }
 
 impl Inlet {
-    /// The next stray, once one comes. Cancel-safe: a stray is taken off
-    /// the queue only when this returns it.
+    /// The next stray, once one comes (never, once the session let go of
+    /// the outlet). Cancel-safe: a stray is taken off the queue only when
+    /// this returns it.
     pub async fn recv(&mut self) -> Stray {
-        loop {
-            // Registered before looking, so a stray handed over between the
-            // look and the wait still wakes it (`notify_one` keeps a permit).
-            let arrived = self.0.arrived.notified();
-            if let Some(stray) = self.0.strays().pop_front() {
-                return stray;
-            }
-            arrived.await;
+        match self.0.take().await {
+            Some(stray) => stray,
+            None => std::future::pending().await,
         }
     }
 }
 
 impl Drop for Inlet {
     fn drop(&mut self) {
-        self.0.closed.store(true, Ordering::Release);
+        self.0.taker_left();
     }
 }
 
@@ -81,18 +60,7 @@ impl Outlet {
     /// Hands `stray` to the relay; `false` when it is not taken (the relay
     /// stopped reading, or it is too far behind).
     pub fn hand_over(&self, stray: Stray) -> bool {
-        if self.0.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        {
-            let mut strays = self.0.strays();
-            if strays.len() >= DEPTH {
-                return false;
-            }
-            strays.push_back(stray);
-        }
-        self.0.arrived.notify_one();
-        true
+        self.0.give(stray, DEPTH).is_ok()
     }
 }
 

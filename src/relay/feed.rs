@@ -2,29 +2,18 @@
 //! half, in order, at most [`DEPTH`] batches ahead of the log (backpressure
 //! on the upstream: hyper reads a body only as fast as it is polled).
 //!
-//! Both halves are polled by the relay's one task and share a queue that
-//! lives in that task's state, so the feed allocates nothing until a batch
-//! comes, and then only the queue's slots. A tokio channel allocated its
-//! shared state and a 32-slot block (about 2 KiB) for every call, and kept
-//! the block for as long as the stream was open — and most open streams are
-//! a long call waiting in silence. It owns only the hand-over; what a batch
-//! holds is the reading half's business.
+//! Both halves are polled by the relay's one task, so the [`Queue`] lives in
+//! that task's state and both ends borrow it: nothing is allocated for a
+//! feed until a batch comes. It owns only the hand-over; what a batch holds
+//! is the reading half's business.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard};
-
-use tokio::sync::Notify;
+use std::collections::HashSet;
 
 use crate::ingest::Batch;
 use crate::jsonrpc::RequestId;
 
 /// Batches read ahead of the log at most.
 const DEPTH: usize = 256;
-
-/// Slots an empty queue keeps: room grown in a burst (up to [`DEPTH`]
-/// batches, about 16 KiB) is given back once the burst is written, while
-/// a stream that keeps a few batches in flight keeps its room.
-const KEPT: usize = 32;
 
 /// What the reading half of a relay hands the writing half.
 pub(super) enum Feed {
@@ -37,46 +26,14 @@ pub(super) enum Feed {
     },
 }
 
-/// The queue both ends borrow; see [`Queue::ends`].
-#[derive(Default)]
-pub(super) struct Queue {
-    state: Mutex<State>,
-    /// A batch came, or the reading half is gone.
-    came: Notify,
-    /// Room was made, or the writing half is gone.
-    room: Notify,
-}
+/// The queue both ends borrow.
+pub(super) type Queue = crate::queue::Queue<Feed>;
 
-#[derive(Default)]
-struct State {
-    batches: VecDeque<Feed>,
-    feeder_gone: bool,
-    fed_gone: bool,
-}
-
-impl State {
-    fn take(&mut self) -> Option<Feed> {
-        let feed = self.batches.pop_front()?;
-        if self.batches.is_empty() && self.batches.capacity() > KEPT {
-            self.batches.shrink_to(KEPT);
-        }
-        Some(feed)
-    }
-}
-
-impl Queue {
-    /// The reading half's end and the writing half's. Dropping either tells
-    /// the other: the writer sees the end of the feed once it took what was
-    /// fed, the reader's next hand-over is refused.
-    pub(super) fn ends(&self) -> (Feeder<'_>, Fed<'_>) {
-        (Feeder(self), Fed(self))
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        // Only this task takes the lock, and a panic while holding it
-        // leaves a queue that is still whole.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The reading half's end and the writing half's. Dropping either tells the
+/// other: the writer sees the end of the feed once it took what was fed,
+/// the reader's next hand-over is refused.
+pub(super) fn ends(queue: &Queue) -> (Feeder<'_>, Fed<'_>) {
+    (Feeder(queue), Fed(queue))
 }
 
 /// The reading half's end of the feed.
@@ -84,35 +41,15 @@ pub(super) struct Feeder<'a>(&'a Queue);
 
 impl Feeder<'_> {
     /// Hands `feed` over, once there is room; gives it back when the
-    /// writing half is gone. Cancel-safe: `feed` is queued only when this
-    /// returns `Ok`.
+    /// writing half is gone. Cancel-safe.
     pub(super) async fn send(&self, feed: Feed) -> Result<(), Feed> {
-        let queue = self.0;
-        loop {
-            // Made before looking: room made between the look and the wait
-            // still wakes it (`notify_one` keeps a permit).
-            let room = queue.room.notified();
-            {
-                let mut state = queue.state();
-                if state.fed_gone {
-                    return Err(feed);
-                }
-                if state.batches.len() < DEPTH {
-                    state.batches.push_back(feed);
-                    drop(state);
-                    queue.came.notify_one();
-                    return Ok(());
-                }
-            }
-            room.await;
-        }
+        self.0.give_when_room(feed, DEPTH).await
     }
 }
 
 impl Drop for Feeder<'_> {
     fn drop(&mut self) {
-        self.0.state().feeder_gone = true;
-        self.0.came.notify_one();
+        self.0.givers_left();
     }
 }
 
@@ -123,36 +60,18 @@ impl Fed<'_> {
     /// The next batch, once one comes; `None` once the reading half is gone
     /// and everything it fed was taken. Cancel-safe.
     pub(super) async fn recv(&mut self) -> Option<Feed> {
-        let queue = self.0;
-        loop {
-            let came = queue.came.notified();
-            {
-                let mut state = queue.state();
-                if let Some(feed) = state.take() {
-                    drop(state);
-                    queue.room.notify_one();
-                    return Some(feed);
-                }
-                if state.feeder_gone {
-                    return None;
-                }
-            }
-            came.await;
-        }
+        self.0.take().await
     }
 
     /// The next batch if one is waiting.
     pub(super) fn try_recv(&mut self) -> Option<Feed> {
-        let feed = self.0.state().take()?;
-        self.0.room.notify_one();
-        Some(feed)
+        self.0.try_take()
     }
 }
 
 impl Drop for Fed<'_> {
     fn drop(&mut self) {
-        self.0.state().fed_gone = true;
-        self.0.room.notify_one();
+        self.0.taker_left();
     }
 }
 
@@ -191,7 +110,7 @@ mod tests {
     #[tokio::test]
     async fn batches_arrive_in_the_order_they_were_fed() {
         let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
+        let (feeder, mut fed) = ends(&queue);
         feeder.send(batch("a")).await.ok().unwrap();
         feeder.send(batch("b")).await.ok().unwrap();
         assert_eq!(text(fed.recv().await), "a");
@@ -202,7 +121,7 @@ mod tests {
     #[tokio::test]
     async fn the_feed_ends_after_the_last_batch_once_the_reader_is_gone() {
         let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
+        let (feeder, mut fed) = ends(&queue);
         feeder.send(batch("a")).await.ok().unwrap();
         drop(feeder);
         assert_eq!(text(fed.recv().await), "a");
@@ -212,7 +131,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_writer_wakes_when_a_batch_comes() {
         let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
+        let (feeder, mut fed) = ends(&queue);
         let mut recv = pin!(fed.recv());
         assert!(poll_once(recv.as_mut()).is_pending());
         feeder.send(batch("a")).await.ok().unwrap();
@@ -222,7 +141,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_writer_learns_the_feed_ended_when_the_reader_leaves() {
         let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
+        let (feeder, mut fed) = ends(&queue);
         let mut recv = pin!(fed.recv());
         assert!(poll_once(recv.as_mut()).is_pending());
         drop(feeder);
@@ -232,20 +151,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn room_grown_in_a_burst_is_given_back_once_it_is_written() {
-        let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
-        for _ in 0..DEPTH {
-            feeder.send(batch("a")).await.ok().unwrap();
-        }
-        while fed.try_recv().is_some() {}
-        assert!(queue.state().batches.capacity() <= KEPT);
-    }
-
-    #[tokio::test]
     async fn a_full_feed_holds_the_reader_until_the_writer_takes_one() {
         let queue = Queue::default();
-        let (feeder, mut fed) = queue.ends();
+        let (feeder, mut fed) = ends(&queue);
         for _ in 0..DEPTH {
             feeder.send(batch("a")).await.ok().unwrap();
         }
@@ -264,7 +172,7 @@ mod tests {
     #[tokio::test]
     async fn a_hand_over_is_refused_once_the_writer_is_gone() {
         let queue = Queue::default();
-        let (feeder, fed) = queue.ends();
+        let (feeder, fed) = ends(&queue);
         drop(fed);
         assert!(feeder.send(batch("a")).await.is_err());
     }
@@ -272,7 +180,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_held_by_a_full_feed_is_let_go_when_the_writer_leaves() {
         let queue = Queue::default();
-        let (feeder, fed) = queue.ends();
+        let (feeder, fed) = ends(&queue);
         for _ in 0..DEPTH {
             feeder.send(batch("a")).await.ok().unwrap();
         }
@@ -285,8 +193,8 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_allocated_for_a_feed_nothing_was_fed_through() {
         let queue = Queue::default();
-        let (_feeder, mut fed) = queue.ends();
+        let (_feeder, mut fed) = ends(&queue);
         assert!(fed.try_recv().is_none());
-        assert_eq!(queue.state().batches.capacity(), 0);
+        assert_eq!(queue.capacity(), 0);
     }
 }

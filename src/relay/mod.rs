@@ -142,7 +142,7 @@ impl Relay {
     /// half stops too, even in the middle of a wait on a silent upstream.
     async fn pump(&self, source: Source, reading: Box<Reading>) {
         let queue = feed::Queue::default();
-        let (feeder, fed) = queue.ends();
+        let (feeder, fed) = feed::ends(&queue);
         let strays = self.session.open_inlet(self.stream.id);
         let read = self.read_upstream(source, reading, strays, feeder);
         let write = self.write_log(fed);
