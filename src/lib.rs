@@ -39,6 +39,8 @@
 //!   a stream's own messages enter it.
 //! - [`stray`]: the hand-over of an upstream message that arrived on another
 //!   stream of its session to its own stream's relay.
+//! - [`queue`]: the hand-over queue under strays and a relay's feed:
+//!   bounded, closable from either end, allocating nothing until used.
 //! - [`ingest`]: what every upstream message passes before the log (relay and
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
