@@ -30,6 +30,8 @@ use futures_util::FutureExt;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+use crate::store::commit;
+
 thread_local! {
     /// 1..=n on a worker thread; 0 anywhere else.
     static WORKER: Cell<usize> = const { Cell::new(0) };
@@ -65,15 +67,19 @@ impl Workers {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
+            let serving = Arc::<AtomicUsize>::default();
             workers.push(Worker {
                 handle: runtime.handle().clone(),
-                serving: Arc::default(),
+                serving: serving.clone(),
             });
             let release = release.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("worker-{index}"))
                 .spawn(move || {
                     WORKER.with(|w| w.set(index));
+                    // A call on a worker serving only its client may flush
+                    // the log here instead of waking the syncer for it.
+                    commit::serving_here(serving);
                     runtime.block_on(release.cancelled());
                     runtime.shutdown_timeout(LEFTOVERS);
                 })?;

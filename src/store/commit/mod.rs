@@ -1,24 +1,26 @@
 //! Group commit: many concurrent writers share one flush.
 //!
 //! A writer that needs its inserts durable takes a ticket *after* inserting and
-//! waits until a flush that started after its ticket has completed. At most
-//! one flush runs at a time; every writer that arrived while it ran is covered
-//! by the next one. Under load this turns N fsyncs into about one per flush
-//! duration, while a lone writer pays exactly one flush.
-//!
-//! Under load the syncer *lingers* before a flush: when writers have been
-//! arriving more often than once per two flushes (both smoothed), it waits
-//! up to one flush's time (at most [`MAX_LINGER`]) for more of them, so a
-//! flush covers more calls; when they crowd in, several per flush's time,
-//! it waits up to [`CROWDED_LINGER`]. Either wait ends early once no writer
-//! came between two looks [`QUIET`] apart: then everyone a flush could
-//! gather is already waiting on it. A lone writer never waits: one call at a time arrives far
-//! more slowly than that. What a writer is promised does not change: its
-//! flush starts after its ticket.
+//! waits until a flush that started after its ticket has completed. The
+//! syncer thread runs one flush at a time; every writer that arrived while
+//! it ran is covered by the next one. Under load this turns N fsyncs into
+//! about one per flush duration, while a lone writer pays exactly one flush.
+//! Under load the syncer lingers for company before a flush ([`linger`]); a
+//! lone writer may instead flush on its own thread, saving the two
+//! wake-ups of a hand-over ([`here`]). What a writer is promised does not
+//! change either way: its flush starts after its ticket.
 //!
 //! This module owns only the scheduling; what "flush" means is the backend's.
 //! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
 //! without knowing who that is.
+
+mod here;
+mod linger;
+
+pub use here::serving_here;
+pub use linger::{CROWDED_LINGER, MAX_LINGER, QUIET};
+
+use linger::{Company, Smoothed};
 
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -57,76 +59,18 @@ struct Queue {
     last_issued: Option<Instant>,
     /// The time between tickets, smoothed.
     gap: Smoothed,
+    /// The time a flush takes, smoothed.
+    took: Smoothed,
+    /// The last ticket a flush has started for: every ticket up to it is
+    /// covered by a flush that runs or ran.
+    started: u64,
     /// The syncer waits on `work` for a ticket: only then does a writer
     /// wake it. (A condvar's notify is a system call even with nobody
     /// waiting, and under load the syncer is lingering or flushing when
     /// most tickets come: that was a `futex` per call.)
     parked: bool,
-}
-
-/// The longest a flush waits for more writers when they come a few per
-/// flush.
-pub const MAX_LINGER: Duration = Duration::from_micros(400);
-
-/// Writers per flush's time from which the log counts as crowded.
-const CROWD: u32 = 4;
-
-/// The longest a flush waits for more writers when the log is crowded (a
-/// thousand streams relaying progress, 32 clients calling at once). Each
-/// flush rewrites the tail page of the segment and costs an `fdatasync`
-/// whatever it covers, so under a crowd fewer, fuller flushes win: in the
-/// `streaming` bench, 800 µs instead of one flush's time took a third less
-/// disk and a fifth less CPU per message, and `small` at c=32 lost no p50
-/// (BENCHMARKS.md, session 11). Longer (1.5 ms) began to cost c=32 latency.
-pub const CROWDED_LINGER: Duration = Duration::from_micros(800);
-
-/// How far apart a lingering syncer looks whether writers still come; it
-/// stops at the first look that finds none came since the last (so after
-/// one to two of these without a writer). Writers that
-/// wait for their answer before writing again (32 clients, each calling
-/// once its last call is answered) are then all parked on the coming
-/// flush, and lingering on only leaves the cores idle: in `small` at c=32
-/// a fixed 800 µs linger cost a fifth of the throughput (BENCHMARKS.md,
-/// session 13). A crowd that keeps writing (a thousand streams relaying
-/// progress) is never quiet this long and still gets the whole linger.
-pub const QUIET: Duration = Duration::from_micros(100);
-
-/// While the syncer lingers: when to look again whether writers still come,
-/// and when to stop waiting for them.
-struct Company {
-    until: Instant,
-    seen: u64,
-}
-
-impl Company {
-    fn new(now: Instant, linger: Duration, issued: u64) -> Self {
-        Self {
-            until: now + linger,
-            seen: issued,
-        }
-    }
-
-    /// How long to sleep before looking again, given the tickets issued by
-    /// `now`; `None` when the linger is over (time is up, or nobody came
-    /// since the last look).
-    fn next(&mut self, now: Instant, issued: u64) -> Option<Duration> {
-        let came = issued != std::mem::replace(&mut self.seen, issued);
-        let left = self.until.saturating_duration_since(now);
-        (came && !left.is_zero()).then(|| QUIET.min(left))
-    }
-}
-
-/// An exponentially smoothed duration (weight 1/4 for each new sample).
-#[derive(Clone, Copy, Default)]
-struct Smoothed(Option<Duration>);
-
-impl Smoothed {
-    fn add(&mut self, sample: Duration) {
-        self.0 = Some(match self.0 {
-            Some(old) => (old * 3 + sample) / 4,
-            None => sample,
-        });
-    }
+    /// A writer is flushing on its own thread (see [`here`]).
+    flushing_here: bool,
 }
 
 impl Queue {
@@ -139,16 +83,21 @@ impl Queue {
         self.issued
     }
 
-    /// The longest the next flush waits for more writers: [`CROWDED_LINGER`]
-    /// when they have been coming more than [`CROWD`] per flush's time; one
-    /// flush's time when more often than once per two flushes; else not at
-    /// all.
-    fn linger(&self, flush: Smoothed) -> Duration {
-        match (self.gap.0, flush.0) {
-            (Some(gap), Some(flush)) if gap * CROWD < flush => CROWDED_LINGER,
-            (Some(gap), Some(flush)) if gap < flush * 2 => flush.min(MAX_LINGER),
-            _ => Duration::ZERO,
-        }
+    /// Whether the writer holding `ticket`, just issued, may flush on its
+    /// own thread: no flush is owed to an earlier ticket or runs on a
+    /// writer's thread already, writers come one at a time, and the disk
+    /// has been quick (see [`here`]).
+    fn may_flush_here(&self, ticket: u64) -> bool {
+        self.started + 1 == ticket
+            && !self.flushing_here
+            && linger::alone(self.gap, self.took)
+            && self.took.0.is_some_and(|took| took <= here::QUICK)
+    }
+
+    /// Starts a flush for every ticket issued so far; returns the last.
+    fn start_flush(&mut self) -> u64 {
+        self.started = self.issued;
+        self.issued
     }
 }
 
@@ -158,6 +107,20 @@ impl Queue {
 struct Done {
     attempted: u64,
     covered: u64,
+}
+
+impl Done {
+    /// Counts a flush for every ticket up to `target` as finished. Flushes
+    /// on writers' threads run beside the syncer's and may finish before an
+    /// earlier one: neither mark ever moves back. (A success covers every
+    /// ticket before its own, whose inserts preceded the flush; a failure
+    /// fails the tickets its flush was for that no finished flush covers.)
+    fn finish(&mut self, target: u64, ok: bool) {
+        self.attempted = self.attempted.max(target);
+        if ok {
+            self.covered = self.covered.max(target);
+        }
+    }
 }
 
 /// What the syncer thread and the writers share.
@@ -282,13 +245,20 @@ impl Shared {
                 // ever flush this ticket.
                 return Err(std::io::Error::other("group commit stopped"));
             }
+            let ticket = q.issue();
+            if q.may_flush_here(ticket) && here::alone_here() {
+                q.flushing_here = true;
+                let target = q.start_flush();
+                drop(q);
+                return self.flush_here(target);
+            }
             // Woken once: the writers after this one find it awake. Woken
             // under the lock, so that a writer descheduled in between
             // cannot leave the others waiting on a syncer nobody woke.
             if std::mem::take(&mut q.parked) {
                 self.work.notify_one();
             }
-            q.issue()
+            ticket
         };
         let outcome = *done
             .wait_for(|d| d.attempted >= ticket)
@@ -317,11 +287,15 @@ fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl Shared {
+    /// Flushes, timed for the observer and for the queue's smoothed flush
+    /// time.
     fn timed_flush(&self) -> std::io::Result<()> {
         let started = Instant::now();
         let result = (self.flush)();
+        let took = started.elapsed();
+        lock(&self.queue).took.add(took);
         if let Some(observe) = self.observer.get() {
-            observe(started.elapsed());
+            observe(took);
         }
         result
     }
@@ -351,39 +325,41 @@ impl Shared {
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
         }
-        let mut flushed = 0;
-        let mut took = Smoothed::default();
         loop {
             let linger = {
                 let mut q = lock(&self.queue);
-                while q.issued == flushed && !q.stop {
+                while q.issued == q.started && !q.stop {
                     q.parked = true;
                     q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
                 q.parked = false;
-                if q.issued == flushed {
+                if q.issued == q.started {
                     return;
                 }
-                q.linger(took)
+                linger::linger(q.gap, q.took)
             };
             if !linger.is_zero() {
                 self.linger(linger);
             }
-            let target = lock(&self.queue).issued;
-            let started = Instant::now();
+            let target = lock(&self.queue).start_flush();
             let result = self.timed_flush();
-            took.add(started.elapsed());
             if let Err(e) = &result {
                 tracing::error!(error = %e, "log flush failed");
             }
-            self.done.send_modify(|d| {
-                d.attempted = target;
-                if result.is_ok() {
-                    d.covered = target;
-                }
-            });
-            flushed = target;
+            self.done.send_modify(|d| d.finish(target, result.is_ok()));
         }
+    }
+
+    /// A writer's flush on its own thread, for every ticket up to `target`
+    /// (see [`here`]); the syncer stays parked.
+    fn flush_here(&self, target: u64) -> std::io::Result<()> {
+        let result = self.timed_flush();
+        lock(&self.queue).flushing_here = false;
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "log flush failed");
+        }
+        self.done.send_modify(|d| d.finish(target, result.is_ok()));
+        result
     }
 }
 
@@ -481,72 +457,125 @@ mod tests {
         assert!(outcome.is_err());
     }
 
-    fn queue_with_gap(gap: Duration) -> Queue {
-        let mut q = Queue::default();
-        q.gap.add(gap);
-        q
-    }
-
-    fn flushes_taking(took: Duration) -> Smoothed {
-        let mut s = Smoothed::default();
-        s.add(took);
-        s
-    }
-
-    #[test]
-    fn writers_coming_faster_than_two_flushes_make_it_linger_up_to_one_flush() {
-        let q = queue_with_gap(Duration::from_micros(50));
-        let linger = q.linger(flushes_taking(Duration::from_micros(150)));
-        assert_eq!(linger, Duration::from_micros(150));
-        let slow_disk = queue_with_gap(Duration::from_micros(200));
-        let linger = slow_disk.linger(flushes_taking(Duration::from_micros(700)));
-        assert_eq!(linger, MAX_LINGER);
-    }
-
-    #[test]
-    fn a_crowd_of_writers_makes_it_linger_the_crowded_time() {
-        let q = queue_with_gap(Duration::from_micros(20));
-        let linger = q.linger(flushes_taking(Duration::from_micros(150)));
-        assert_eq!(linger, CROWDED_LINGER);
-        let slow_disk = q.linger(flushes_taking(Duration::from_millis(5)));
-        assert_eq!(slow_disk, CROWDED_LINGER);
-    }
-
-    #[test]
-    fn a_writer_alone_never_waits_for_company() {
-        let q = queue_with_gap(Duration::from_micros(500));
-        assert_eq!(
-            q.linger(flushes_taking(Duration::from_micros(150))),
-            Duration::ZERO
+    /// A commit whose flushes note the thread they ran on, each taking
+    /// `flush_time`, or blocking while `hold` says so on a writer's thread.
+    fn recording_commit(
+        flush_time: Duration,
+        hold: Arc<std::sync::Barrier>,
+    ) -> (Arc<GroupCommit>, Arc<Mutex<Vec<std::thread::ThreadId>>>) {
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let seen = threads.clone();
+        let commit = GroupCommit::new(
+            SyncMode::Batch,
+            Arc::new(move || {
+                let on = std::thread::current();
+                seen.lock().unwrap().push(on.id());
+                std::thread::sleep(flush_time);
+                if on.name() == Some("held writer") {
+                    hold.wait();
+                }
+                Ok(())
+            }),
         );
-        // Nothing known yet: no wait either.
-        assert_eq!(Queue::default().linger(Smoothed::default()), Duration::ZERO);
+        (Arc::new(commit), threads)
+    }
+
+    /// Runs `writes` durable waits, 10 ms apart (one call at a time), on a
+    /// thread whose scheduler serves `clients`; returns that thread's id.
+    fn writer_serving(
+        clients: usize,
+        commit: &Arc<GroupCommit>,
+        writes: usize,
+        name: &str,
+    ) -> std::thread::JoinHandle<std::thread::ThreadId> {
+        let commit = commit.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                serving_here(Arc::new(std::sync::atomic::AtomicUsize::new(clients)));
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    for _ in 0..writes {
+                        bounded(commit.durable()).await.unwrap();
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                });
+                std::thread::current().id()
+            })
+            .unwrap()
+    }
+
+    fn no_hold() -> Arc<std::sync::Barrier> {
+        Arc::new(std::sync::Barrier::new(1))
     }
 
     #[test]
-    fn a_linger_goes_on_while_writers_keep_coming() {
-        let start = Instant::now();
-        let mut company = Company::new(start, CROWDED_LINGER, 5);
-        let looked = start + QUIET;
-        assert_eq!(company.next(looked, 9), Some(QUIET));
-        assert_eq!(company.next(looked + QUIET, 10), Some(QUIET));
+    fn a_lone_writer_whose_thread_serves_one_client_flushes_there() {
+        let (commit, threads) = recording_commit(Duration::ZERO, no_hold());
+        let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
+        let threads = threads.lock().unwrap();
+        // The first flush measures the disk on the syncer.
+        assert_ne!(threads[0], writer);
+        assert_eq!(threads[1..], [writer, writer]);
     }
 
     #[test]
-    fn a_linger_ends_once_nobody_came_since_the_last_look() {
-        let start = Instant::now();
-        let mut company = Company::new(start, CROWDED_LINGER, 5);
-        assert_eq!(company.next(start + QUIET, 9), Some(QUIET));
-        assert_eq!(company.next(start + QUIET * 2, 9), None);
+    fn a_writer_whose_thread_serves_several_clients_leaves_the_flush_to_the_syncer() {
+        let (commit, threads) = recording_commit(Duration::ZERO, no_hold());
+        let writer = writer_serving(2, &commit, 3, "writer").join().unwrap();
+        assert!(!threads.lock().unwrap().contains(&writer));
     }
 
     #[test]
-    fn a_linger_never_outlasts_its_time() {
-        let start = Instant::now();
-        let linger = QUIET * 3 / 2;
-        let mut company = Company::new(start, linger, 0);
-        assert_eq!(company.next(start + QUIET, 1), Some(linger - QUIET));
-        assert_eq!(company.next(start + linger, 2), None);
+    fn a_slow_disk_leaves_even_a_lone_writers_flush_to_the_syncer() {
+        let slow = here::QUICK * 2;
+        let (commit, threads) = recording_commit(slow, no_hold());
+        let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
+        assert!(!threads.lock().unwrap().contains(&writer));
+    }
+
+    #[test]
+    fn a_writer_coming_during_a_flush_on_a_writers_thread_does_not_wait_for_it() {
+        let hold = Arc::new(std::sync::Barrier::new(2));
+        let (commit, threads) = recording_commit(Duration::ZERO, hold.clone());
+        // One flush on the syncer first, so the lone writer's second write
+        // flushes on its own thread, and holds there.
+        let held = writer_serving(1, &commit, 2, "held writer");
+        while threads.lock().unwrap().len() < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A writer on a thread that serves nobody in particular: its
+        // ticket comes after the held flush started, so the syncer flushes
+        // for it while that flush is still held.
+        let other = writer_serving(0, &commit, 1, "other writer");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while threads.lock().unwrap().len() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let flushed_while_held = threads.lock().unwrap().len() >= 3;
+        hold.wait();
+        let (held, other) = (held.join().unwrap(), other.join().unwrap());
+        assert!(
+            flushed_while_held,
+            "the other writer waited for the held flush"
+        );
+        let threads = threads.lock().unwrap();
+        assert_eq!(threads[1], held);
+        assert_ne!(threads[2], other);
+    }
+
+    #[test]
+    fn flushes_finishing_out_of_order_never_move_done_back() {
+        let mut done = Done::default();
+        done.finish(11, true);
+        done.finish(10, true);
+        assert_eq!((done.attempted, done.covered), (11, 11));
+        done.finish(12, false);
+        done.finish(9, true);
+        assert_eq!((done.attempted, done.covered), (12, 11));
     }
 
     #[tokio::test]
