@@ -6,9 +6,11 @@
 //! lone call's latency with `batch` (BENCHMARKS.md, session 16). A writer
 //! may skip both and flush where it stands, blocking its thread, when that
 //! delays nobody: its thread's scheduler serves its client alone (a worker
-//! says how many it serves through [`serving_here`]), no other flush runs
-//! or is owed, writers come as one call at a time does, and the disk's
-//! flushes have been quick ([`QUICK`]). A thread that never said what it
+//! says how many it serves through [`serving_here`]), the syncer is parked
+//! and no other flush is owed, writers come as one call at a time does, and
+//! the disk's flushes have been quick ([`QUICK`]). Flushes still run one at
+//! a time: a writer that comes meanwhile wakes the syncer, which waits for
+//! the writer's flush to end before starting its own. A thread that never said what it
 //! serves (the runtime that starts the server, a test's) never flushes for
 //! its writers.
 //!
@@ -24,7 +26,9 @@ use std::time::Duration;
 /// own thread. While it runs, its scheduler runs nothing else: a new
 /// connection handed to that worker, or a relay of a call its client left,
 /// waits that long. A disk slower than this is left to the syncer, which
-/// keeps the workers free.
+/// keeps the workers free. What has been quick can still stall once: that
+/// one flush then holds its worker for as long as the disk takes, as it
+/// holds every writer waiting on it either way.
 pub const QUICK: Duration = Duration::from_millis(1);
 
 thread_local! {

@@ -71,6 +71,11 @@ struct Queue {
     parked: bool,
     /// A writer is flushing on its own thread (see [`here`]).
     flushing_here: bool,
+    /// The syncer waits on `work` for that flush to end: one flush at a
+    /// time, so that a failure is always reported to the writers it fails
+    /// (two `fdatasync`s of one file at once can see one write-back error
+    /// reported to one of them only).
+    behind_here: bool,
 }
 
 impl Queue {
@@ -84,11 +89,13 @@ impl Queue {
     }
 
     /// Whether the writer holding `ticket`, just issued, may flush on its
-    /// own thread: no flush is owed to an earlier ticket or runs on a
-    /// writer's thread already, writers come one at a time, and the disk
-    /// has been quick (see [`here`]).
+    /// own thread: the syncer is parked (it neither flushes nor lingers),
+    /// no flush is owed to an earlier ticket or runs on a writer's thread
+    /// already, writers come one at a time, and the disk has been quick
+    /// (see [`here`]).
     fn may_flush_here(&self, ticket: u64) -> bool {
-        self.started + 1 == ticket
+        self.parked
+            && self.started + 1 == ticket
             && !self.flushing_here
             && linger::alone(self.gap, self.took)
             && self.took.0.is_some_and(|took| took <= here::QUICK)
@@ -211,6 +218,20 @@ impl GroupCommit {
 
     async fn batched(&self) -> std::io::Result<()> {
         self.shared.batched().await
+    }
+}
+
+/// Marks a flush on a writer's thread as over when dropped, a panicking
+/// flush included: the syncer may be waiting for it.
+struct FlushingHere<'a>(&'a Shared);
+
+impl Drop for FlushingHere<'_> {
+    fn drop(&mut self) {
+        let mut q = lock(&self.0.queue);
+        q.flushing_here = false;
+        if std::mem::take(&mut q.behind_here) {
+            self.0.work.notify_one();
+        }
     }
 }
 
@@ -341,7 +362,15 @@ impl Shared {
             if !linger.is_zero() {
                 self.linger(linger);
             }
-            let target = lock(&self.queue).start_flush();
+            let target = {
+                let mut q = lock(&self.queue);
+                while q.flushing_here {
+                    q.behind_here = true;
+                    q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+                q.behind_here = false;
+                q.start_flush()
+            };
             let result = self.timed_flush();
             if let Err(e) = &result {
                 tracing::error!(error = %e, "log flush failed");
@@ -351,10 +380,13 @@ impl Shared {
     }
 
     /// A writer's flush on its own thread, for every ticket up to `target`
-    /// (see [`here`]); the syncer stays parked.
+    /// (see [`here`]); the syncer stays parked, or, woken by a writer that
+    /// came meanwhile, waits for it to end.
     fn flush_here(&self, target: u64) -> std::io::Result<()> {
-        let result = self.timed_flush();
-        lock(&self.queue).flushing_here = false;
+        let result = {
+            let _running = FlushingHere(self);
+            self.timed_flush()
+        };
         if let Err(e) = &result {
             tracing::error!(error = %e, "log flush failed");
         }
@@ -458,13 +490,17 @@ mod tests {
     }
 
     /// A commit whose flushes note the thread they ran on, each taking
-    /// `flush_time`, or blocking while `hold` says so on a writer's thread.
+    /// `flush_time`; a flush on the thread named "held writer" also waits
+    /// (10 s at most) until `release` sends. Its disk counts as quick from
+    /// the start unless `flush_time` says otherwise, so that a slow first
+    /// flush on a loaded machine cannot change which thread flushes.
     fn recording_commit(
         flush_time: Duration,
-        hold: Arc<std::sync::Barrier>,
+        release: std::sync::mpsc::Receiver<()>,
     ) -> (Arc<GroupCommit>, Arc<Mutex<Vec<std::thread::ThreadId>>>) {
         let threads = Arc::new(Mutex::new(Vec::new()));
         let seen = threads.clone();
+        let release = Mutex::new(release);
         let commit = GroupCommit::new(
             SyncMode::Batch,
             Arc::new(move || {
@@ -472,12 +508,29 @@ mod tests {
                 seen.lock().unwrap().push(on.id());
                 std::thread::sleep(flush_time);
                 if on.name() == Some("held writer") {
-                    hold.wait();
+                    let _ = release
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(10));
                 }
                 Ok(())
             }),
         );
-        (Arc::new(commit), threads)
+        lock(&commit.shared.queue)
+            .took
+            .add(flush_time.max(Duration::from_micros(100)));
+        (parked(commit), threads)
+    }
+
+    /// `commit` once its syncer has parked, waiting for tickets (a writer
+    /// coming before then leaves its flush to the syncer).
+    fn parked(commit: GroupCommit) -> Arc<GroupCommit> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lock(&commit.shared.queue).parked {
+            assert!(Instant::now() < deadline, "the syncer never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Arc::new(commit)
     }
 
     /// Runs `writes` durable waits, 10 ms apart (one call at a time), on a
@@ -508,63 +561,81 @@ mod tests {
             .unwrap()
     }
 
-    fn no_hold() -> Arc<std::sync::Barrier> {
-        Arc::new(std::sync::Barrier::new(1))
+    fn unheld() -> std::sync::mpsc::Receiver<()> {
+        std::sync::mpsc::channel().1
     }
 
     #[test]
     fn a_lone_writer_whose_thread_serves_one_client_flushes_there() {
-        let (commit, threads) = recording_commit(Duration::ZERO, no_hold());
+        let (commit, threads) = recording_commit(Duration::ZERO, unheld());
         let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
-        let threads = threads.lock().unwrap();
-        // The first flush measures the disk on the syncer.
-        assert_ne!(threads[0], writer);
-        assert_eq!(threads[1..], [writer, writer]);
+        assert_eq!(*threads.lock().unwrap(), [writer, writer, writer]);
     }
 
     #[test]
     fn a_writer_whose_thread_serves_several_clients_leaves_the_flush_to_the_syncer() {
-        let (commit, threads) = recording_commit(Duration::ZERO, no_hold());
+        let (commit, threads) = recording_commit(Duration::ZERO, unheld());
         let writer = writer_serving(2, &commit, 3, "writer").join().unwrap();
-        assert!(!threads.lock().unwrap().contains(&writer));
+        let threads = threads.lock().unwrap();
+        assert_eq!(threads.len(), 3);
+        assert!(!threads.contains(&writer));
     }
 
     #[test]
     fn a_slow_disk_leaves_even_a_lone_writers_flush_to_the_syncer() {
         let slow = here::QUICK * 2;
-        let (commit, threads) = recording_commit(slow, no_hold());
+        let (commit, threads) = recording_commit(slow, unheld());
         let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
-        assert!(!threads.lock().unwrap().contains(&writer));
+        let threads = threads.lock().unwrap();
+        assert_eq!(threads.len(), 3);
+        assert!(!threads.contains(&writer));
     }
 
     #[test]
-    fn a_writer_coming_during_a_flush_on_a_writers_thread_does_not_wait_for_it() {
-        let hold = Arc::new(std::sync::Barrier::new(2));
-        let (commit, threads) = recording_commit(Duration::ZERO, hold.clone());
-        // One flush on the syncer first, so the lone writer's second write
-        // flushes on its own thread, and holds there.
-        let held = writer_serving(1, &commit, 2, "held writer");
-        while threads.lock().unwrap().len() < 2 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // A writer on a thread that serves nobody in particular: its
-        // ticket comes after the held flush started, so the syncer flushes
-        // for it while that flush is still held.
-        let other = writer_serving(0, &commit, 1, "other writer");
+    fn a_writer_coming_during_a_flush_on_a_writers_thread_is_flushed_after_it() {
+        let (release, held) = std::sync::mpsc::channel();
+        let (commit, threads) = recording_commit(Duration::ZERO, held);
+        let held = writer_serving(1, &commit, 1, "held writer");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while threads.lock().unwrap().len() < 3 && Instant::now() < deadline {
+        while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let flushed_while_held = threads.lock().unwrap().len() >= 3;
-        hold.wait();
-        let (held, other) = (held.join().unwrap(), other.join().unwrap());
-        assert!(
-            flushed_while_held,
-            "the other writer waited for the held flush"
-        );
+        // A writer on a worker serving others: it wakes the syncer, which
+        // must not flush beside the held flush (one flush at a time).
+        let busy = writer_serving(2, &commit, 1, "busy writer");
+        std::thread::sleep(Duration::from_millis(50));
+        let during = threads.lock().unwrap().len();
+        release.send(()).unwrap();
+        let (held, busy) = (held.join().unwrap(), busy.join().unwrap());
         let threads = threads.lock().unwrap();
-        assert_eq!(threads[1], held);
-        assert_ne!(threads[2], other);
+        assert_eq!(during, 1, "a second flush ran beside the held one");
+        assert_eq!(threads.len(), 2);
+        assert_eq!(threads[0], held);
+        assert_ne!(threads[1], busy);
+    }
+
+    #[test]
+    fn a_panicking_flush_on_a_writers_thread_does_not_stop_the_syncer() {
+        let flushes = Arc::new(AtomicU64::new(0));
+        let counter = flushes.clone();
+        let commit = GroupCommit::new(
+            SyncMode::Batch,
+            Arc::new(move || {
+                let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+                if first && std::thread::current().name() == Some("writer") {
+                    panic!("flush panicked");
+                }
+                Ok(())
+            }),
+        );
+        lock(&commit.shared.queue)
+            .took
+            .add(Duration::from_micros(100));
+        let commit = parked(commit);
+        assert!(writer_serving(1, &commit, 1, "writer").join().is_err());
+        let writer = writer_serving(2, &commit, 1, "busy writer");
+        assert!(writer.join().is_ok(), "the syncer never flushed again");
+        assert_eq!(flushes.load(Ordering::SeqCst), 2);
     }
 
     #[test]
