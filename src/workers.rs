@@ -18,7 +18,7 @@
 //! (start-up, the accept loop, the sweeper, recovery) stays on the runtime
 //! that started the server.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,11 +30,11 @@ use futures_util::FutureExt;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::commit;
-
 thread_local! {
     /// 1..=n on a worker thread; 0 anywhere else.
     static WORKER: Cell<usize> = const { Cell::new(0) };
+    /// How many connections the worker on this thread serves.
+    static SERVING: OnceCell<Arc<AtomicUsize>> = const { OnceCell::new() };
 }
 
 /// How long a worker's leftover tasks (streams still relaying when the
@@ -77,9 +77,7 @@ impl Workers {
                 .name(format!("worker-{index}"))
                 .spawn(move || {
                     WORKER.with(|w| w.set(index));
-                    // A call on a worker serving only its client may flush
-                    // the log here instead of waking the syncer for it.
-                    commit::serving_here(serving);
+                    count_here(serving);
                     runtime.block_on(release.cancelled());
                     runtime.shutdown_timeout(LEFTOVERS);
                 })?;
@@ -153,6 +151,21 @@ pub fn current() -> usize {
     WORKER.with(Cell::get)
 }
 
+/// How many connections the worker this code runs on serves now; `None`
+/// off a worker. (The log's group commit asks: a call on a worker serving
+/// only its own client may flush there instead of waking another thread.)
+pub fn serving() -> Option<usize> {
+    SERVING.with(|count| count.get().map(|n| n.load(Ordering::Relaxed)))
+}
+
+/// Counts this thread's connections with `count` (a worker's thread, as it
+/// starts; later calls are ignored).
+fn count_here(count: Arc<AtomicUsize>) {
+    SERVING.with(|serving| {
+        let _ = serving.set(count);
+    });
+}
+
 /// One value per worker (and one for code on no worker), so that what a
 /// worker uses — an upstream connection pool — is its own.
 pub struct PerWorker<T> {
@@ -180,6 +193,11 @@ impl<T> PerWorker<T> {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
+
+    /// Lets this thread count as a worker serving `count` connections.
+    pub fn serving_on_this_thread(count: Arc<AtomicUsize>) {
+        count_here(count);
+    }
 
     /// Serves `count` connections that each run what `task` makes, report
     /// the worker they ran on with its output, and then stay open until the
@@ -252,6 +270,17 @@ mod tests {
         }
         let (again, _hold) = park(&workers, 1);
         assert_eq!(again, [1], "both idle: the first worker takes it");
+        workers.finish().await;
+    }
+
+    #[tokio::test]
+    async fn code_on_a_worker_knows_how_many_connections_it_serves() {
+        let workers = Workers::start(1).unwrap();
+        assert_eq!(serving(), None, "off a worker");
+        let (first, _hold) = testing::on_workers(&workers, 1, || async { serving() });
+        let (second, _hold) = testing::on_workers(&workers, 1, || async { serving() });
+        assert_eq!(first, [(1, Some(1))]);
+        assert_eq!(second, [(1, Some(2))], "the first still open");
         workers.finish().await;
     }
 

@@ -17,7 +17,6 @@
 mod here;
 mod linger;
 
-pub use here::serving_here;
 pub use linger::{CROWDED_LINGER, MAX_LINGER, QUIET};
 
 use linger::{Company, Smoothed};
@@ -545,7 +544,9 @@ mod tests {
         std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                serving_here(Arc::new(std::sync::atomic::AtomicUsize::new(clients)));
+                crate::workers::testing::serving_on_this_thread(Arc::new(
+                    std::sync::atomic::AtomicUsize::new(clients),
+                ));
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
