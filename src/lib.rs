@@ -18,7 +18,8 @@
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
 //!   start-up order (open log, recover, serve).
 //! - [`workers`]: the threads that serve connections, one single-threaded
-//!   scheduler each, and what each of them keeps for itself.
+//!   scheduler each, what each of them keeps for itself, and how many
+//!   connections each serves.
 //! - [`front_door`]: one connection from socket to hyper — TLS handshake,
 //!   limits on request heads, the client certificate's principal.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
@@ -52,7 +53,8 @@
 //! - [`store`]: the durable log's contract; [`store::journal`] (default:
 //!   append-only segment files, in-memory index), [`store::sled`],
 //!   [`store::redis`] (shared by instances: the feed they follow, leases and
-//!   ownership), and the group commit in [`store::commit`].
+//!   ownership), and the group commit in [`store::commit`] (a syncer
+//!   thread; a lone writer flushes on its own worker).
 //! - [`dialect`]: how clients come back, and the seam they plug into
 //!   (negotiation, command router, presentation);
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),

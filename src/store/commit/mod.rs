@@ -1,14 +1,15 @@
 //! Group commit: many concurrent writers share one flush.
 //!
 //! A writer that needs its inserts durable takes a ticket *after* inserting and
-//! waits until a flush that started after its ticket has completed. The
-//! syncer thread runs one flush at a time; every writer that arrived while
-//! it ran is covered by the next one. Under load this turns N fsyncs into
-//! about one per flush duration, while a lone writer pays exactly one flush.
-//! Under load the syncer lingers for company before a flush ([`linger`]); a
-//! lone writer may instead flush on its own thread, saving the two
-//! wake-ups of a hand-over ([`here`]). What a writer is promised does not
-//! change either way: its flush starts after its ticket.
+//! waits until a flush that started after its ticket has completed. One
+//! flush runs at a time, on the syncer thread; every writer that arrived
+//! while it ran is covered by the next one. Under load this turns N fsyncs
+//! into about one per flush duration, while a lone writer pays exactly one
+//! flush. Under load the syncer lingers for company before a flush
+//! (`linger.rs`); a lone writer may instead run its flush on its own
+//! thread, saving the two wake-ups of a hand-over (`here.rs`). What a
+//! writer is promised does not change either way: its flush starts after
+//! its ticket.
 //!
 //! This module owns only the scheduling; what "flush" means is the backend's.
 //! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
