@@ -4,9 +4,9 @@
 //! with them — whether the upstream has tasks of its own (then everything
 //! passes through untouched) and how many tasks each principal runs.
 //!
-//! [`call`] turns a call into a task once it runs past `task_after_ms`;
-//! [`methods`] answers `tasks/get`, `tasks/update` and `tasks/cancel` from
-//! the log, so any instance sharing it answers any task; [`listen`] serves
+//! `call.rs` turns a call into a task once it runs past `task_after_ms`;
+//! `methods.rs` answers `tasks/get`, `tasks/update` and `tasks/cancel` from
+//! the log, so any instance sharing it answers any task; `listen.rs` serves
 //! `notifications/tasks` on `subscriptions/listen`. The wire shapes are
 //! `dialect::tasks`'; this module does the I/O.
 
