@@ -182,7 +182,7 @@ impl Log {
     }
 
     /// Opens a call's stream unless the call has a prior (a client
-    /// re-sending it; see [`Store::create_call`]), which it returns
+    /// re-sending it; see [`crate::store::Store::create_call`]), which it returns
     /// instead, having opened nothing.
     pub async fn open_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
         let prior = self.store.create_call(meta).await?;
