@@ -300,6 +300,14 @@ impl Drop for GroupCommit {
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
         }
+        // A flush on a writer's thread (a `Later` outliving the store) may
+        // still run: the store's files are not closed for good before it
+        // ends. No new one starts: writers find `stop`.
+        let mut q = lock(&self.shared.queue);
+        while q.flushing_here {
+            q.behind_here = true;
+            q = self.shared.work.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
     }
 }
 
@@ -492,8 +500,9 @@ mod tests {
     /// A commit whose flushes note the thread they ran on, each taking
     /// `flush_time`; a flush on the thread named "held writer" also waits
     /// (10 s at most) until `release` sends. Its disk counts as quick from
-    /// the start unless `flush_time` says otherwise, so that a slow first
-    /// flush on a loaded machine cannot change which thread flushes.
+    /// the start unless `flush_time` says otherwise, so that the first
+    /// write's choice of thread does not depend on how long this machine
+    /// took to flush: a test that needs the choice fixed writes once.
     fn recording_commit(
         flush_time: Duration,
         release: std::sync::mpsc::Receiver<()>,
@@ -570,8 +579,48 @@ mod tests {
     #[test]
     fn a_lone_writer_whose_thread_serves_one_client_flushes_there() {
         let (commit, threads) = recording_commit(Duration::ZERO, unheld());
-        let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
-        assert_eq!(*threads.lock().unwrap(), [writer, writer, writer]);
+        let writer = writer_serving(1, &commit, 1, "writer").join().unwrap();
+        assert_eq!(*threads.lock().unwrap(), [writer]);
+    }
+
+    #[test]
+    fn a_store_dropped_during_a_flush_on_a_writers_thread_waits_for_it() {
+        let (release, held) = std::sync::mpsc::channel();
+        let (commit, threads) = recording_commit(Duration::ZERO, held);
+        // A wait that outlives its store's owner, as a `Later` does.
+        let later = commit.later();
+        let writer = std::thread::Builder::new()
+            .name("held writer".into())
+            .spawn(move || {
+                crate::workers::testing::serving_on_this_thread(Arc::new(
+                    std::sync::atomic::AtomicUsize::new(1),
+                ));
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(later.durable())
+            })
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dropper = std::thread::spawn({
+            let ended = ended.clone();
+            move || {
+                drop(Arc::into_inner(commit).expect("the only handle"));
+                ended.store(true, Ordering::SeqCst);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let ended_while_held = ended.load(Ordering::SeqCst);
+        release.send(()).unwrap();
+        writer.join().unwrap().unwrap();
+        dropper.join().unwrap();
+        assert!(!ended_while_held, "the store closed under a running flush");
+        assert!(ended.load(Ordering::SeqCst));
     }
 
     #[test]
