@@ -140,6 +140,9 @@ struct Shared {
     /// Wakes the syncer when a ticket is issued.
     work: Condvar,
     done: watch::Sender<Done>,
+    /// Held by each `always` flush: one at a time there too (see
+    /// [`Shared::own_flush`]).
+    own: Mutex<()>,
 }
 
 pub struct GroupCommit {
@@ -164,6 +167,7 @@ impl GroupCommit {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             done: watch::Sender::new(Done::default()),
+            own: Mutex::new(()),
         });
         let mut syncer = None;
         if mode == SyncMode::Batch {
@@ -192,7 +196,7 @@ impl GroupCommit {
             SyncMode::Never => Ok(()),
             SyncMode::Always => {
                 let shared = self.shared.clone();
-                tokio::task::spawn_blocking(move || shared.timed_flush())
+                tokio::task::spawn_blocking(move || shared.own_flush())
                     .await
                     .map_err(std::io::Error::other)?
             }
@@ -245,7 +249,7 @@ impl Later {
     pub async fn durable(self) -> std::io::Result<()> {
         match self.mode {
             SyncMode::Never => Ok(()),
-            SyncMode::Always => tokio::task::spawn_blocking(move || self.shared.timed_flush())
+            SyncMode::Always => tokio::task::spawn_blocking(move || self.shared.own_flush())
                 .await
                 .map_err(std::io::Error::other)?,
             SyncMode::Batch => self.shared.batched().await,
@@ -316,6 +320,15 @@ fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl Shared {
+    /// An `always` writer's own flush, never beside another: when two
+    /// `fdatasync`s of one file overlap, Linux reports a write-back error to
+    /// one of them only, and the other writer would be told its entry is
+    /// durable when it may not be.
+    fn own_flush(&self) -> std::io::Result<()> {
+        let _one = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        self.timed_flush()
+    }
+
     /// Flushes, timed for the observer and for the queue's smoothed flush
     /// time.
     fn timed_flush(&self) -> std::io::Result<()> {
@@ -404,327 +417,4 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    #[tokio::test]
-    async fn concurrent_writers_share_flushes() {
-        let (commit, flushes) = counting_commit(Duration::from_millis(5));
-        let writers: Vec<_> = (0..50)
-            .map(|_| {
-                let c = commit.clone();
-                tokio::spawn(async move { c.durable().await })
-            })
-            .collect();
-        for w in writers {
-            w.await.unwrap().unwrap();
-        }
-        let n = flushes.load(Ordering::SeqCst);
-        assert!((1..50).contains(&n), "{n} flushes for 50 writers");
-    }
-
-    #[tokio::test]
-    async fn a_later_wait_flushes_from_a_task_of_its_own() {
-        let (commit, flushes) = counting_commit(Duration::ZERO);
-        let later = commit.later();
-        tokio::spawn(later.durable()).await.unwrap().unwrap();
-        assert!(flushes.load(Ordering::SeqCst) >= 1);
-    }
-
-    fn counting_commit(flush_time: Duration) -> (Arc<GroupCommit>, Arc<AtomicU64>) {
-        let flushes = Arc::new(AtomicU64::new(0));
-        let counter = flushes.clone();
-        let commit = GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                std::thread::sleep(flush_time);
-                Ok(())
-            }),
-        );
-        (Arc::new(commit), flushes)
-    }
-
-    /// Bounds a hang (a writer nobody wakes the syncer for); asserts no time.
-    async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
-        tokio::time::timeout(Duration::from_secs(10), f)
-            .await
-            .expect("a writer was never flushed")
-    }
-
-    #[tokio::test]
-    async fn a_writer_coming_after_the_syncer_went_idle_wakes_it() {
-        let (commit, flushes) = counting_commit(Duration::ZERO);
-        for _ in 0..5 {
-            bounded(commit.durable()).await.unwrap();
-            // Long enough for the syncer to park again between writers.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(flushes.load(Ordering::SeqCst), 5);
-    }
-
-    #[tokio::test]
-    async fn writers_coming_during_a_flush_share_the_next_one() {
-        let (commit, flushes) = counting_commit(Duration::from_millis(200));
-        let first = tokio::spawn({
-            let c = commit.clone();
-            async move { c.durable().await }
-        });
-        while flushes.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // The first flush is running: these find the syncer awake.
-        let later: Vec<_> = (0..3)
-            .map(|_| {
-                let c = commit.clone();
-                tokio::spawn(async move { c.durable().await })
-            })
-            .collect();
-        bounded(first).await.unwrap().unwrap();
-        for w in later {
-            bounded(w).await.unwrap().unwrap();
-        }
-        assert_eq!(flushes.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn a_wait_that_outlives_its_store_fails_instead_of_hanging() {
-        let (commit, _) = counting_commit(Duration::ZERO);
-        let later = commit.later();
-        drop(Arc::into_inner(commit));
-        let outcome = bounded(later.durable()).await;
-        assert!(outcome.is_err());
-    }
-
-    /// A commit whose flushes note the thread they ran on, each taking
-    /// `flush_time`; a flush on the thread named "held writer" also waits
-    /// (10 s at most) until `release` sends. Its disk counts as quick from
-    /// the start unless `flush_time` says otherwise, so that the first
-    /// write's choice of thread does not depend on how long this machine
-    /// took to flush: a test that needs the choice fixed writes once.
-    fn recording_commit(
-        flush_time: Duration,
-        release: std::sync::mpsc::Receiver<()>,
-    ) -> (Arc<GroupCommit>, Arc<Mutex<Vec<std::thread::ThreadId>>>) {
-        let threads = Arc::new(Mutex::new(Vec::new()));
-        let seen = threads.clone();
-        let release = Mutex::new(release);
-        let commit = GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(move || {
-                let on = std::thread::current();
-                seen.lock().unwrap().push(on.id());
-                std::thread::sleep(flush_time);
-                if on.name() == Some("held writer") {
-                    let _ = release
-                        .lock()
-                        .unwrap()
-                        .recv_timeout(Duration::from_secs(10));
-                }
-                Ok(())
-            }),
-        );
-        lock(&commit.shared.queue)
-            .took
-            .add(flush_time.max(Duration::from_micros(100)));
-        (parked(commit), threads)
-    }
-
-    /// `commit` once its syncer has parked, waiting for tickets (a writer
-    /// coming before then leaves its flush to the syncer).
-    fn parked(commit: GroupCommit) -> Arc<GroupCommit> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !lock(&commit.shared.queue).parked {
-            assert!(Instant::now() < deadline, "the syncer never parked");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Arc::new(commit)
-    }
-
-    /// Runs `writes` durable waits, 10 ms apart (one call at a time), on a
-    /// thread whose scheduler serves `clients`; returns that thread's id.
-    fn writer_serving(
-        clients: usize,
-        commit: &Arc<GroupCommit>,
-        writes: usize,
-        name: &str,
-    ) -> std::thread::JoinHandle<std::thread::ThreadId> {
-        let commit = commit.clone();
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                crate::workers::testing::serving_on_this_thread(Arc::new(
-                    std::sync::atomic::AtomicUsize::new(clients),
-                ));
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    for _ in 0..writes {
-                        bounded(commit.durable()).await.unwrap();
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                });
-                std::thread::current().id()
-            })
-            .unwrap()
-    }
-
-    fn unheld() -> std::sync::mpsc::Receiver<()> {
-        std::sync::mpsc::channel().1
-    }
-
-    #[test]
-    fn a_lone_writer_whose_thread_serves_one_client_flushes_there() {
-        let (commit, threads) = recording_commit(Duration::ZERO, unheld());
-        let writer = writer_serving(1, &commit, 1, "writer").join().unwrap();
-        assert_eq!(*threads.lock().unwrap(), [writer]);
-    }
-
-    #[test]
-    fn a_store_dropped_during_a_flush_on_a_writers_thread_waits_for_it() {
-        let (release, held) = std::sync::mpsc::channel();
-        let (commit, threads) = recording_commit(Duration::ZERO, held);
-        // A wait that outlives its store's owner, as a `Later` does.
-        let later = commit.later();
-        let writer = std::thread::Builder::new()
-            .name("held writer".into())
-            .spawn(move || {
-                crate::workers::testing::serving_on_this_thread(Arc::new(
-                    std::sync::atomic::AtomicUsize::new(1),
-                ));
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(later.durable())
-            })
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let dropper = std::thread::spawn({
-            let ended = ended.clone();
-            move || {
-                drop(Arc::into_inner(commit).expect("the only handle"));
-                ended.store(true, Ordering::SeqCst);
-            }
-        });
-        std::thread::sleep(Duration::from_millis(50));
-        let ended_while_held = ended.load(Ordering::SeqCst);
-        release.send(()).unwrap();
-        writer.join().unwrap().unwrap();
-        dropper.join().unwrap();
-        assert!(!ended_while_held, "the store closed under a running flush");
-        assert!(ended.load(Ordering::SeqCst));
-    }
-
-    #[test]
-    fn a_writer_whose_thread_serves_several_clients_leaves_the_flush_to_the_syncer() {
-        let (commit, threads) = recording_commit(Duration::ZERO, unheld());
-        let writer = writer_serving(2, &commit, 3, "writer").join().unwrap();
-        let threads = threads.lock().unwrap();
-        assert_eq!(threads.len(), 3);
-        assert!(!threads.contains(&writer));
-    }
-
-    #[test]
-    fn a_slow_disk_leaves_even_a_lone_writers_flush_to_the_syncer() {
-        let slow = here::QUICK * 2;
-        let (commit, threads) = recording_commit(slow, unheld());
-        let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
-        let threads = threads.lock().unwrap();
-        assert_eq!(threads.len(), 3);
-        assert!(!threads.contains(&writer));
-    }
-
-    #[test]
-    fn a_writer_coming_during_a_flush_on_a_writers_thread_is_flushed_after_it() {
-        let (release, held) = std::sync::mpsc::channel();
-        let (commit, threads) = recording_commit(Duration::ZERO, held);
-        let held = writer_serving(1, &commit, 1, "held writer");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // A writer on a worker serving others: it wakes the syncer, which
-        // must not flush beside the held flush (one flush at a time).
-        let busy = writer_serving(2, &commit, 1, "busy writer");
-        std::thread::sleep(Duration::from_millis(50));
-        let during = threads.lock().unwrap().len();
-        release.send(()).unwrap();
-        let (held, busy) = (held.join().unwrap(), busy.join().unwrap());
-        let threads = threads.lock().unwrap();
-        assert_eq!(during, 1, "a second flush ran beside the held one");
-        assert_eq!(threads.len(), 2);
-        assert_eq!(threads[0], held);
-        assert_ne!(threads[1], busy);
-    }
-
-    #[test]
-    fn a_panicking_flush_on_a_writers_thread_does_not_stop_the_syncer() {
-        let flushes = Arc::new(AtomicU64::new(0));
-        let counter = flushes.clone();
-        let commit = GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(move || {
-                let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
-                if first && std::thread::current().name() == Some("writer") {
-                    panic!("flush panicked");
-                }
-                Ok(())
-            }),
-        );
-        lock(&commit.shared.queue)
-            .took
-            .add(Duration::from_micros(100));
-        let commit = parked(commit);
-        assert!(writer_serving(1, &commit, 1, "writer").join().is_err());
-        let writer = writer_serving(2, &commit, 1, "busy writer");
-        assert!(writer.join().is_ok(), "the syncer never flushed again");
-        assert_eq!(flushes.load(Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn flushes_finishing_out_of_order_never_move_done_back() {
-        let mut done = Done::default();
-        done.finish(11, true);
-        done.finish(10, true);
-        assert_eq!((done.attempted, done.covered), (11, 11));
-        done.finish(12, false);
-        done.finish(9, true);
-        assert_eq!((done.attempted, done.covered), (12, 11));
-    }
-
-    #[tokio::test]
-    async fn every_flush_is_timed_for_the_observer() {
-        let commit = GroupCommit::new(SyncMode::Always, Arc::new(|| Ok(())));
-        let seen = Arc::new(AtomicU64::new(0));
-        let counter = seen.clone();
-        commit.observe(Arc::new(move |_| {
-            counter.fetch_add(1, Ordering::SeqCst);
-        }));
-        commit.durable().await.unwrap();
-        commit.durable().await.unwrap();
-        assert_eq!(seen.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn never_mode_does_not_flush() {
-        let commit = GroupCommit::new(SyncMode::Never, Arc::new(|| panic!("flushed")));
-        commit.durable().await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_failed_flush_is_reported_to_its_writers() {
-        let commit = GroupCommit::new(
-            SyncMode::Batch,
-            Arc::new(|| Err(std::io::Error::other("disk full"))),
-        );
-        assert!(commit.durable().await.is_err());
-    }
-}
+mod tests;
