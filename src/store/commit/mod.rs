@@ -22,7 +22,7 @@ pub use linger::{CROWDED_LINGER, MAX_LINGER, QUIET};
 
 use linger::{Company, Smoothed};
 
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -118,10 +118,11 @@ struct Done {
 
 impl Done {
     /// Counts a flush for every ticket up to `target` as finished. Flushes
-    /// on writers' threads run beside the syncer's and may finish before an
-    /// earlier one: neither mark ever moves back. (A success covers every
-    /// ticket before its own, whose inserts preceded the flush; a failure
-    /// fails the tickets its flush was for that no finished flush covers.)
+    /// run one at a time, but a writer's own flush is counted after it lets
+    /// the syncer start the next one, which may be counted first: neither
+    /// mark ever moves back. (A success covers every ticket before its own,
+    /// whose inserts preceded the flush; a failure fails the tickets its
+    /// flush was for that no finished flush covers.)
     fn finish(&mut self, target: u64, ok: bool) {
         self.attempted = self.attempted.max(target);
         if ok {
@@ -307,15 +308,11 @@ impl Drop for GroupCommit {
         // A flush on a writer's thread (a `Later` outliving the store) may
         // still run: the store's files are not closed for good before it
         // ends. No new one starts: writers find `stop`.
-        let mut q = lock(&self.shared.queue);
-        while q.flushing_here {
-            q.behind_here = true;
-            q = self.shared.work.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
+        drop(self.shared.after_flush_here(lock(&self.shared.queue)));
     }
 }
 
-fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -383,21 +380,25 @@ impl Shared {
             if !linger.is_zero() {
                 self.linger(linger);
             }
-            let target = {
-                let mut q = lock(&self.queue);
-                while q.flushing_here {
-                    q.behind_here = true;
-                    q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
-                }
-                q.behind_here = false;
-                q.start_flush()
-            };
+            let target = self.after_flush_here(lock(&self.queue)).start_flush();
             let result = self.timed_flush();
             if let Err(e) = &result {
                 tracing::error!(error = %e, "log flush failed");
             }
             self.done.send_modify(|d| d.finish(target, result.is_ok()));
         }
+    }
+
+    /// Waits, with the queue's lock `q`, until no flush runs on a writer's
+    /// thread (its guard wakes this thread, the only other one waiting on
+    /// `work`).
+    fn after_flush_here<'a>(&self, mut q: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        while q.flushing_here {
+            q.behind_here = true;
+            q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        q.behind_here = false;
+        q
     }
 
     /// A writer's flush on its own thread, for every ticket up to `target`
