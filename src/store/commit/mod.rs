@@ -193,16 +193,7 @@ impl GroupCommit {
     /// Returns once everything inserted before the call is durable per the
     /// mode.
     pub async fn durable(&self) -> std::io::Result<()> {
-        match self.mode {
-            SyncMode::Never => Ok(()),
-            SyncMode::Always => {
-                let shared = self.shared.clone();
-                tokio::task::spawn_blocking(move || shared.own_flush())
-                    .await
-                    .map_err(std::io::Error::other)?
-            }
-            SyncMode::Batch => self.batched().await,
-        }
+        self.shared.durable(self.mode).await
     }
 
     /// A handle that waits as [`GroupCommit::durable`] does, for a task
@@ -219,10 +210,6 @@ impl GroupCommit {
     /// observer is ignored: one process, one set of metrics.
     pub fn observe(&self, observer: FlushObserver) {
         let _ = self.shared.observer.set(observer);
-    }
-
-    async fn batched(&self) -> std::io::Result<()> {
-        self.shared.batched().await
     }
 }
 
@@ -248,17 +235,26 @@ pub struct Later {
 
 impl Later {
     pub async fn durable(self) -> std::io::Result<()> {
-        match self.mode {
-            SyncMode::Never => Ok(()),
-            SyncMode::Always => tokio::task::spawn_blocking(move || self.shared.own_flush())
-                .await
-                .map_err(std::io::Error::other)?,
-            SyncMode::Batch => self.shared.batched().await,
-        }
+        self.shared.durable(self.mode).await
     }
 }
 
 impl Shared {
+    /// Returns once everything inserted before the call is durable per
+    /// `mode` (for [`GroupCommit`] and [`Later`] alike).
+    async fn durable(self: &Arc<Self>, mode: SyncMode) -> std::io::Result<()> {
+        match mode {
+            SyncMode::Never => Ok(()),
+            SyncMode::Always => {
+                let shared = self.clone();
+                tokio::task::spawn_blocking(move || shared.own_flush())
+                    .await
+                    .map_err(std::io::Error::other)?
+            }
+            SyncMode::Batch => self.batched().await,
+        }
+    }
+
     /// Takes a ticket and waits for a flush that covers it. Subscribed
     /// before the ticket is taken, so that no flush between the two is
     /// missed.

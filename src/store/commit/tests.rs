@@ -7,15 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[tokio::test]
 async fn concurrent_writers_share_flushes() {
     let (commit, flushes) = counting_commit(Duration::from_millis(5));
-    let writers: Vec<_> = (0..50)
-        .map(|_| {
-            let c = commit.clone();
-            tokio::spawn(async move { c.durable().await })
-        })
-        .collect();
-    for w in writers {
-        w.await.unwrap().unwrap();
-    }
+    concurrent_writers(&commit, 50).await;
     let n = flushes.load(Ordering::SeqCst);
     assert!((1..50).contains(&n), "{n} flushes for 50 writers");
 }
@@ -40,6 +32,20 @@ fn counting_commit(flush_time: Duration) -> (Arc<GroupCommit>, Arc<AtomicU64>) {
         }),
     );
     (Arc::new(commit), flushes)
+}
+
+/// `n` writers waiting for durability at once, each a task of its own;
+/// returns once all of them were told it is.
+async fn concurrent_writers(commit: &Arc<GroupCommit>, n: usize) {
+    let writers: Vec<_> = (0..n)
+        .map(|_| {
+            let c = commit.clone();
+            tokio::spawn(async move { c.durable().await })
+        })
+        .collect();
+    for w in writers {
+        bounded(w).await.unwrap().unwrap();
+    }
 }
 
 /// Bounds a hang (a writer nobody wakes the syncer for); asserts no time.
@@ -121,21 +127,44 @@ fn recording_commit(
             Ok(())
         }),
     );
-    lock(&commit.shared.queue)
-        .took
-        .add(flush_time.max(Duration::from_micros(100)));
-    (parked(commit), threads)
+    (ready(commit, flush_time), threads)
 }
 
 /// `commit` once its syncer has parked, waiting for tickets (a writer
-/// coming before then leaves its flush to the syncer).
-fn parked(commit: GroupCommit) -> Arc<GroupCommit> {
+/// coming before then leaves its flush to the syncer), with its flushes
+/// taking `flush_time` so far (100 µs at least: quick).
+fn ready(commit: GroupCommit, flush_time: Duration) -> Arc<GroupCommit> {
+    lock(&commit.shared.queue)
+        .took
+        .add(flush_time.max(Duration::from_micros(100)));
     let deadline = Instant::now() + Duration::from_secs(10);
     while !lock(&commit.shared.queue).parked {
         assert!(Instant::now() < deadline, "the syncer never parked");
         std::thread::sleep(Duration::from_millis(1));
     }
     Arc::new(commit)
+}
+
+/// Runs `work` on a thread named `name` whose scheduler (one thread's)
+/// counts as a worker serving `clients`.
+fn on_worker<T: Send + 'static>(
+    name: &str,
+    clients: usize,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            crate::workers::testing::serving_on_this_thread(Arc::new(
+                std::sync::atomic::AtomicUsize::new(clients),
+            ));
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(work)
+        })
+        .unwrap()
 }
 
 /// Runs `writes` durable waits, 10 ms apart (one call at a time), on a
@@ -147,25 +176,36 @@ fn writer_serving(
     name: &str,
 ) -> std::thread::JoinHandle<std::thread::ThreadId> {
     let commit = commit.clone();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            crate::workers::testing::serving_on_this_thread(Arc::new(
-                std::sync::atomic::AtomicUsize::new(clients),
-            ));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                for _ in 0..writes {
-                    bounded(commit.durable()).await.unwrap();
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            });
-            std::thread::current().id()
-        })
-        .unwrap()
+    on_worker(name, clients, async move {
+        for _ in 0..writes {
+            bounded(commit.durable()).await.unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::current().id()
+    })
+}
+
+/// Waits (10 s at most) until a flush began.
+fn until_a_flush_began(threads: &Mutex<Vec<std::thread::ThreadId>>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The threads the flushes of `writes` writes ran on, from a writer whose
+/// worker serves `clients`, the disk taking `flush_time`; and the writer's.
+fn flushes_of_one_writer(
+    clients: usize,
+    flush_time: Duration,
+    writes: usize,
+) -> (Vec<std::thread::ThreadId>, std::thread::ThreadId) {
+    let (commit, threads) = recording_commit(flush_time, unheld());
+    let writer = writer_serving(clients, &commit, writes, "writer")
+        .join()
+        .unwrap();
+    let threads = threads.lock().unwrap().clone();
+    (threads, writer)
 }
 
 fn unheld() -> std::sync::mpsc::Receiver<()> {
@@ -174,9 +214,8 @@ fn unheld() -> std::sync::mpsc::Receiver<()> {
 
 #[test]
 fn a_lone_writer_whose_thread_serves_one_client_flushes_there() {
-    let (commit, threads) = recording_commit(Duration::ZERO, unheld());
-    let writer = writer_serving(1, &commit, 1, "writer").join().unwrap();
-    assert_eq!(*threads.lock().unwrap(), [writer]);
+    let (threads, writer) = flushes_of_one_writer(1, Duration::ZERO, 1);
+    assert_eq!(threads, [writer]);
 }
 
 #[test]
@@ -184,24 +223,8 @@ fn a_store_dropped_during_a_flush_on_a_writers_thread_waits_for_it() {
     let (release, held) = std::sync::mpsc::channel();
     let (commit, threads) = recording_commit(Duration::ZERO, held);
     // A wait that outlives its store's owner, as a `Later` does.
-    let later = commit.later();
-    let writer = std::thread::Builder::new()
-        .name("held writer".into())
-        .spawn(move || {
-            crate::workers::testing::serving_on_this_thread(Arc::new(
-                std::sync::atomic::AtomicUsize::new(1),
-            ));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(later.durable())
-        })
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let writer = on_worker("held writer", 1, commit.later().durable());
+    until_a_flush_began(&threads);
     let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let dropper = std::thread::spawn({
         let ended = ended.clone();
@@ -221,19 +244,14 @@ fn a_store_dropped_during_a_flush_on_a_writers_thread_waits_for_it() {
 
 #[test]
 fn a_writer_whose_thread_serves_several_clients_leaves_the_flush_to_the_syncer() {
-    let (commit, threads) = recording_commit(Duration::ZERO, unheld());
-    let writer = writer_serving(2, &commit, 3, "writer").join().unwrap();
-    let threads = threads.lock().unwrap();
+    let (threads, writer) = flushes_of_one_writer(2, Duration::ZERO, 3);
     assert_eq!(threads.len(), 3);
     assert!(!threads.contains(&writer));
 }
 
 #[test]
 fn a_slow_disk_leaves_even_a_lone_writers_flush_to_the_syncer() {
-    let slow = here::QUICK * 2;
-    let (commit, threads) = recording_commit(slow, unheld());
-    let writer = writer_serving(1, &commit, 3, "writer").join().unwrap();
-    let threads = threads.lock().unwrap();
+    let (threads, writer) = flushes_of_one_writer(1, here::QUICK * 2, 3);
     assert_eq!(threads.len(), 3);
     assert!(!threads.contains(&writer));
 }
@@ -243,10 +261,7 @@ fn a_writer_coming_during_a_flush_on_a_writers_thread_is_flushed_after_it() {
     let (release, held) = std::sync::mpsc::channel();
     let (commit, threads) = recording_commit(Duration::ZERO, held);
     let held = writer_serving(1, &commit, 1, "held writer");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while threads.lock().unwrap().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_a_flush_began(&threads);
     // A writer on a worker serving others: it wakes the syncer, which
     // must not flush beside the held flush (one flush at a time).
     let busy = writer_serving(2, &commit, 1, "busy writer");
@@ -275,10 +290,7 @@ fn a_panicking_flush_on_a_writers_thread_does_not_stop_the_syncer() {
             Ok(())
         }),
     );
-    lock(&commit.shared.queue)
-        .took
-        .add(Duration::from_micros(100));
-    let commit = parked(commit);
+    let commit = ready(commit, Duration::ZERO);
     assert!(writer_serving(1, &commit, 1, "writer").join().is_err());
     let writer = writer_serving(2, &commit, 1, "busy writer");
     assert!(writer.join().is_ok(), "the syncer never flushed again");
@@ -323,15 +335,7 @@ async fn always_mode_flushes_run_one_at_a_time() {
             Ok(())
         }),
     ));
-    let writers: Vec<_> = (0..8)
-        .map(|_| {
-            let c = commit.clone();
-            tokio::spawn(async move { c.durable().await })
-        })
-        .collect();
-    for w in writers {
-        bounded(w).await.unwrap().unwrap();
-    }
+    concurrent_writers(&commit, 8).await;
     assert_eq!(most.load(Ordering::SeqCst), 1);
 }
 
