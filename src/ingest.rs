@@ -107,7 +107,6 @@ pub async fn record(
             let outcome = noted.outcome.or(Some(Outcome::Result));
             Finish::new(StreamStatus::Completed, outcome)
         }),
-        ahead: false,
         caps: (stream.kind == StreamKind::Request).then_some(Caps {
             entries: limits.stream_max_entries,
             bytes: limits.stream_max_bytes,

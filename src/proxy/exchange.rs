@@ -1,12 +1,14 @@
 //! Exchanges: how a client POST carrying requests reaches the upstream and
 //! how its answer gets into the log, for each kind of upstream.
 //!
-//! Every exchange first opens the request's stream and lets the session's
-//! dialects author its first entries (the resume policy, `stream/create`),
-//! written before the request goes upstream and shown once a flush covers
-//! them: the answer's, for a call answered within a few milliseconds, or
-//! else one of their own. (They used to be flushed before the request went
-//! upstream: a second flush per call for a client that negotiated dialects.)
+//! Every exchange first opens the request's stream with the first entries
+//! the session's dialects author (the resume policy, `stream/create`),
+//! written with the stream, in one step, before the request goes upstream,
+//! and shown once a flush covers them: the answer's, for a call answered
+//! within a few milliseconds, or else one of their own. (They used to be
+//! flushed before the request went upstream: a second flush per call for a
+//! client that negotiated dialects; and then written on their own: a second
+//! write, and a second Redis round trip.)
 //!
 //! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
 //! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
@@ -205,20 +207,18 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
         meta.params_digest = jsonrpc::params_digest(&post.bytes);
     }
     meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    if let Some(prior) = create(route, &meta, post.may_repeat(), admitted).await? {
+    // Written with the stream, shown once durable like every entry; the
+    // request does not wait for their flush (see the module docs).
+    let opening = negotiated.opening(&cx, &meta);
+    // Attached before the stream is created with its opening entries: the
+    // log hands what it writes only to a reader already attached, and one
+    // attached after would read them back from the store (two `pread`s per
+    // dialect call). A call that opens nothing drops it again.
+    let reader = log.attach(meta.id, 0);
+    if let Some(prior) = create(route, &meta, &opening, post.may_repeat(), admitted).await? {
         return Ok(Opening::Repeat(prior));
     }
-    let opening = negotiated.opening(&cx, &meta);
     let call = Call::start(&cx, &meta, tool.as_deref(), started);
-    // Attached before the opening entries are written: the log hands what
-    // it appends only to a reader already attached, and one attached after
-    // would read them back from the store (two `pread`s per dialect call).
-    let reader = log.attach(meta.id, 0);
-    if !opening.is_empty() {
-        // Shown once durable, like every entry; the request does not wait
-        // for their flush (see the module docs).
-        log.append_ahead(meta.id, &opening).await?;
-    }
     session.track(&meta);
     session.remember_headers(&post.headers);
     Ok(Opening::New(Opened {
@@ -228,7 +228,8 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     }))
 }
 
-/// Creates the stream of an admitted POST. A call the client may be
+/// Creates the stream of an admitted POST, with the entries the session's
+/// dialects open it with. A call the client may be
 /// re-sending finds its prior stream instead, which it returns: the same
 /// call is not executed twice, even at the quota (it opens nothing), and
 /// another call under its id is refused. Found through the log, so it
@@ -236,18 +237,19 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
 async fn create(
     route: &Route,
     meta: &StreamMeta,
+    opening: &[Bytes],
     may_repeat: bool,
     admitted: Result<(), Rejection>,
 ) -> Result<Option<StreamMeta>, Rejection> {
     let log = &route.shared.log;
     if !may_repeat {
         admitted?;
-        log.create(meta).await?;
+        log.create(meta, opening).await?;
         return Ok(None);
     }
     let refused = admitted.err();
     let prior = match refused {
-        None => log.open_call(meta).await?,
+        None => log.open_call(meta, opening).await?,
         Some(_) => log.store().prior_call(meta).await?,
     };
     let stream = match prior {
@@ -263,7 +265,7 @@ async fn create(
         (None, Some(refused)) => Err(refused),
         // Gone since (retention ran out in between): a new call after all.
         (None, None) => {
-            log.create(meta).await?;
+            log.create(meta, opening).await?;
             Ok(None)
         }
     }

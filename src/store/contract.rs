@@ -153,6 +153,21 @@ pub async fn appended_entries_read_back_in_order_after_any_cursor(open: Opener) 
     );
 }
 
+pub async fn opening_entries_are_the_streams_first_and_survive_reopen(open: Opener) {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = open(dir.path(), SyncMode::Batch);
+        store.create_with(&m, &bytes(&["p", "q"])).await.unwrap();
+        assert_eq!(store.append(m.id, &bytes(&["r"])).await.unwrap(), 3);
+        assert_eq!(messages(&store, m.id, 0).await, bytes(&["p", "q", "r"]));
+    }
+    let store = open(dir.path(), SyncMode::Batch);
+    let reopened = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!((reopened.entries, reopened.bytes), (3, 3));
+    assert_eq!(messages(&store, m.id, 0).await, bytes(&["p", "q", "r"]));
+}
+
 pub async fn entries_statuses_and_sessions_survive_reopen(open: Opener) {
     let dir = tempfile::tempdir().unwrap();
     let s = session(SessionId::random());
@@ -445,7 +460,7 @@ pub async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen(op
 
 /// A call of session `session` under request id `id` with params digest
 /// `digest`.
-fn call(session: SessionId, id: &str, digest: Option<&str>) -> StreamMeta {
+pub fn call(session: SessionId, id: &str, digest: Option<&str>) -> StreamMeta {
     StreamMeta {
         origin_ids: vec![RequestId(id.into())],
         params_digest: digest.map(str::to_owned),
@@ -458,13 +473,21 @@ pub async fn a_call_re_sent_finds_its_prior_and_creates_nothing(open: Opener) {
     let store = open(dir.path(), SyncMode::Batch);
     let session = SessionId::random();
     let first = call(session, "1", Some("d1"));
-    assert_eq!(store.create_call(&first).await.unwrap(), None);
+    assert_eq!(store.create_call(&first, &[]).await.unwrap(), None);
     let again = call(session, "1", Some("d1"));
     assert_eq!(
-        store.create_call(&again).await.unwrap(),
+        store
+            .create_call(&again, &bytes(&["opening"]))
+            .await
+            .unwrap(),
         Some(Prior::Same(first.id))
     );
     assert_eq!(store.stream_meta(again.id).await.unwrap(), None);
+    assert_eq!(
+        store.append(first.id, &bytes(&["answer"])).await.unwrap(),
+        1,
+        "the re-sent call's opening entries were written nowhere"
+    );
     assert_eq!(
         store
             .stream_of_request(session, &RequestId("1".into()))
@@ -479,12 +502,15 @@ pub async fn another_call_under_a_prior_id_is_refused_and_creates_nothing(open: 
     let store = open(dir.path(), SyncMode::Batch);
     let session = SessionId::random();
     store
-        .create_call(&call(session, "1", Some("d1")))
+        .create_call(&call(session, "1", Some("d1")), &[])
         .await
         .unwrap();
     for other in [Some("d2"), None] {
         let other = call(session, "1", other);
-        assert_eq!(store.create_call(&other).await.unwrap(), Some(Prior::Other));
+        assert_eq!(
+            store.create_call(&other, &[]).await.unwrap(),
+            Some(Prior::Other)
+        );
         assert_eq!(store.stream_meta(other.id).await.unwrap(), None);
     }
 }
@@ -495,9 +521,12 @@ pub async fn a_call_has_no_prior_in_another_session_under_another_id_or_without_
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path(), SyncMode::Batch);
     let (a, b) = (SessionId::random(), SessionId::random());
-    store.create_call(&call(a, "1", Some("d1"))).await.unwrap();
+    store
+        .create_call(&call(a, "1", Some("d1")), &[])
+        .await
+        .unwrap();
     let without_digest = call(a, "2", None);
-    store.create_call(&without_digest).await.unwrap();
+    store.create_call(&without_digest, &[]).await.unwrap();
     let mut new = [
         call(b, "1", Some("d1")),
         call(a, "\"1\"", Some("d1")),
@@ -506,12 +535,15 @@ pub async fn a_call_has_no_prior_in_another_session_under_another_id_or_without_
     // Newer by its creation time (two in one millisecond are not ordered).
     new[2].created_ms = without_digest.created_ms + 1;
     for new in &new {
-        assert_eq!(store.create_call(new).await.unwrap(), None);
+        assert_eq!(store.create_call(new, &[]).await.unwrap(), None);
         assert!(store.stream_meta(new.id).await.unwrap().is_some());
     }
     // The newest stream under an id is its prior from now on.
     assert_eq!(
-        store.create_call(&call(a, "2", Some("d1"))).await.unwrap(),
+        store
+            .create_call(&call(a, "2", Some("d1")), &[])
+            .await
+            .unwrap(),
         Some(Prior::Same(new[2].id))
     );
 }
@@ -521,10 +553,10 @@ pub async fn a_deleted_prior_is_no_prior(open: Opener) {
     let store = open(dir.path(), SyncMode::Batch);
     let session = SessionId::random();
     let first = call(session, "1", Some("d1"));
-    store.create_call(&first).await.unwrap();
+    store.create_call(&first, &[]).await.unwrap();
     store.delete_stream(first.id).await.unwrap();
     let again = call(session, "1", Some("d1"));
-    assert_eq!(store.create_call(&again).await.unwrap(), None);
+    assert_eq!(store.create_call(&again, &[]).await.unwrap(), None);
     assert!(store.stream_meta(again.id).await.unwrap().is_some());
 }
 
@@ -937,6 +969,12 @@ macro_rules! contract_tests {
             async fn idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen() {
                 let _guard = ($guard)();
                 c::idle_sessions_are_found_by_last_seen_or_close_and_survive_reopen(open).await
+            }
+
+            #[tokio::test]
+            async fn opening_entries_are_the_streams_first_and_survive_reopen() {
+                let _guard = ($guard)();
+                c::opening_entries_are_the_streams_first_and_survive_reopen(open).await
             }
 
             #[tokio::test]

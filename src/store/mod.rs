@@ -311,13 +311,6 @@ pub struct Along<'a> {
     pub upstream_event: Option<&'a str>,
     /// The stream leaves (or re-enters) `Live`.
     pub end: Option<Finish>,
-    /// The writer does not wait for durability: the seqs are the messages'
-    /// on return, and readers see them once a flush covers them (a backend
-    /// that cannot part the two waits as usual). For entries nobody waits
-    /// on, like a request stream's opening entries: the request goes
-    /// upstream without waiting for them, and the journal lets a fast
-    /// answer's flush cover them too.
-    pub ahead: bool,
     /// Refuse the write whole ([`StoreError::OverCaps`]) if it would take
     /// the stream past these: checked in the same atomic step as the
     /// write, so a shared log needs no read before it.
@@ -338,14 +331,6 @@ impl<'a> Along<'a> {
     pub fn ending(end: Finish) -> Self {
         Self {
             end: Some(end),
-            ..Self::default()
-        }
-    }
-
-    /// Not waited on (see the `ahead` field).
-    pub fn written_ahead() -> Self {
-        Self {
-            ahead: true,
             ..Self::default()
         }
     }
@@ -487,7 +472,18 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the session and every stream and entry it owns.
     async fn delete_session(&self, id: SessionId) -> Result<()>;
 
-    async fn create_stream(&self, meta: &StreamMeta) -> Result<()>;
+    /// Creates a stream from its (new) metadata, with no entries.
+    async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
+        self.create_with(meta, &[]).await
+    }
+    /// Creates a stream whose first entries (seqs `1..=opening.len()`) are
+    /// written with it, in one step: one write and one lock in the
+    /// journal, one round trip to Redis. They are written ahead: the
+    /// caller does not wait for their durability (a request goes upstream
+    /// without waiting for its opening entries, and the journal lets a fast
+    /// answer's flush cover them too), and readers see them once a flush
+    /// covers them (a backend that cannot part the two waits as usual).
+    async fn create_with(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()>;
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>>;
     async fn list_streams(&self) -> Result<Vec<StreamMeta>>;
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>>;
@@ -522,16 +518,17 @@ pub trait Store: Send + Sync + 'static {
         Ok(Prior::judge(meta, stream, digest.as_deref()))
     }
 
-    /// Creates a call's stream unless the call has a prior
+    /// Creates a call's stream, with its `opening` entries as
+    /// [`Store::create_with`] does, unless the call has a prior
     /// ([`Store::prior_call`]), which it returns instead, creating nothing.
     /// The journal decides and creates under one lock, Redis in one script
     /// (one round trip, and atomic across instances): two copies of a call
     /// re-sent at once are not both created.
-    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
+    async fn create_call(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<Option<Prior>> {
         if let Some(prior) = self.prior_call(meta).await? {
             return Ok(Some(prior));
         }
-        self.create_stream(meta).await?;
+        self.create_with(meta, opening).await?;
         Ok(None)
     }
     /// Streams whose abandonment deadline is at or before `now_ms`.

@@ -170,31 +170,40 @@ impl Log {
 
     /// Creates a stream from its (new, live) metadata.
     pub async fn open(&self, meta: StreamMeta) -> Result<StreamMeta> {
-        self.create(&meta).await?;
+        self.create(&meta, &[]).await?;
         Ok(meta)
     }
 
-    /// As [`Log::open`], for a caller that keeps the metadata.
-    pub async fn create(&self, meta: &StreamMeta) -> Result<()> {
-        self.store.create_stream(meta).await?;
-        self.opened(meta);
+    /// As [`Log::open`], for a caller that keeps the metadata, with the
+    /// stream's `opening` entries written in the same step (see
+    /// [`crate::store::Store::create_with`]).
+    pub async fn create(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()> {
+        self.store.create_with(meta, opening).await?;
+        self.opened(meta, opening);
         Ok(())
     }
 
-    /// Opens a call's stream unless the call has a prior (a client
-    /// re-sending it; see [`crate::store::Store::create_call`]), which it returns
-    /// instead, having opened nothing.
-    pub async fn open_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
-        let prior = self.store.create_call(meta).await?;
+    /// Opens a call's stream, with its `opening` entries, unless the call
+    /// has a prior (a client re-sending it; see
+    /// [`crate::store::Store::create_call`]), which it returns instead,
+    /// having opened nothing.
+    pub async fn open_call(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<Option<Prior>> {
+        let prior = self.store.create_call(meta, opening).await?;
         if prior.is_none() {
-            self.opened(meta);
+            self.opened(meta, opening);
         }
         Ok(prior)
     }
 
-    fn opened(&self, meta: &StreamMeta) {
+    /// Counts a new stream live, and hands its opening entries to the
+    /// reader attached already (the reader takes them once the watermark
+    /// covers them, as it does entries written ahead).
+    fn opened(&self, meta: &StreamMeta, opening: &[Bytes]) {
         if meta.status.is_live() {
             self.live.opened(meta.id, |id| self.finished(id));
+        }
+        if !opening.is_empty() {
+            self.appended(meta.id, opening.len() as Seq, opening, None);
         }
     }
 
@@ -218,14 +227,6 @@ impl Log {
             self.left_live(stream, status);
         }
         Ok(last)
-    }
-
-    /// Appends entries nobody waits on (see [`Along::ahead`]): their seqs
-    /// are taken on return, and readers see them once a flush covers them.
-    /// Handed over at once: the reader takes them only once the watermark
-    /// covers them.
-    pub async fn append_ahead(&self, stream: StreamId, messages: &[Bytes]) -> Result<Seq> {
-        self.write(stream, messages, Along::written_ahead()).await
     }
 
     /// Counts an append and hands it to the stream's reader here.

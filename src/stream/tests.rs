@@ -284,30 +284,56 @@ async fn deleting_a_stream_ends_its_reader() {
     assert_eq!(reader.next(IDLE).await.unwrap(), Next::Gone);
 }
 
+/// A new stream's metadata, not yet created.
+fn unopened() -> StreamMeta {
+    crate::store::contract::meta(SessionId::random())
+}
+
 #[tokio::test]
-async fn entries_appended_ahead_take_their_seqs_at_once_and_show_once_durable() {
+async fn opening_entries_take_the_first_seqs_and_show_once_durable() {
     let (_dir, log) = log().await;
-    let meta = opened(&log).await;
+    let meta = unopened();
     let mut reader = log.attach(meta.id, 0);
-    let last = log.append_ahead(meta.id, &numbered(0..2)).await.unwrap();
-    assert_eq!(last, 2, "seqs are taken before the flush");
+    log.create(&meta, &numbered(0..2)).await.unwrap();
     assert_eq!(reader.handed(0), None, "nothing unflushed is taken");
-    log.append_final(meta.id, &numbered(2..3), StreamStatus::Completed, None)
+    let last = log
+        .append_final(meta.id, &numbered(2..3), StreamStatus::Completed, None)
         .await
         .unwrap();
+    assert_eq!(last, 3, "the opening entries hold seqs 1 and 2");
     let (got, end) = drain(&mut reader).await;
     assert_eq!(got, numbered(0..3));
     assert_eq!(end, Next::End(StreamStatus::Completed));
 }
 
 #[tokio::test]
-async fn entries_appended_ahead_show_without_a_later_append() {
+async fn opening_entries_show_without_a_later_append() {
     let (_dir, log) = log().await;
-    let meta = opened(&log).await;
+    let meta = unopened();
     let mut reader = log.attach(meta.id, 0);
-    log.append_ahead(meta.id, &numbered(0..1)).await.unwrap();
+    log.create(&meta, &numbered(0..1)).await.unwrap();
     let Next::Entries(entries) = reader.next(IDLE).await.unwrap() else {
         panic!("the flush that covers them shows them");
     };
     assert_eq!(entries.len(), 1);
+}
+
+#[tokio::test]
+async fn a_re_sent_call_opens_nothing_and_writes_no_opening_entries() {
+    let (_dir, log) = log().await;
+    let session = SessionId::random();
+    let first = crate::store::contract::call(session, "1", Some("d"));
+    assert_eq!(log.open_call(&first, &numbered(0..1)).await.unwrap(), None);
+    let again = crate::store::contract::call(session, "1", Some("d"));
+    assert_eq!(
+        log.open_call(&again, &numbered(5..6)).await.unwrap(),
+        Some(Prior::Same(first.id))
+    );
+    assert_eq!(log.store().stream_meta(again.id).await.unwrap(), None);
+    let mut reader = log.attach(first.id, 0);
+    let Next::Entries(entries) = reader.next(IDLE).await.unwrap() else {
+        panic!("the first call's opening entry shows");
+    };
+    let got: Vec<Bytes> = entries.into_iter().map(|e| e.message).collect();
+    assert_eq!(got, numbered(0..1), "the prior keeps its own opening only");
 }

@@ -150,28 +150,43 @@ impl Journal {
         Ok(journal)
     }
 
-    /// Creates a stream unless `prior`, asked under the same lock, finds
-    /// the one it repeats. Not synced on its own: the first append's sync
-    /// covers it (the journal is sequential), and a stream without entries
-    /// that a crash loses was never shown to anyone. Encoded and copied
-    /// before the lock: every request creates a stream, and they all share
-    /// the lock.
+    /// Creates a stream, with its `opening` entries in the same record
+    /// write, unless `prior`, asked under the same lock, finds the one it
+    /// repeats. Not synced on its own: the first append's sync covers it
+    /// (the journal is sequential), and a stream without entries that a
+    /// crash loses was never shown to anyone. The opening entries are
+    /// written ahead ([`Store::create_with`]): shown once a flush covers
+    /// them.
+    /// Encoded before the lock: every request creates a stream, and they
+    /// all share the lock.
     fn create_unless(
         &self,
         meta: &StreamMeta,
+        opening: &[Bytes],
         prior: impl FnOnce(&Index) -> Option<Prior>,
     ) -> Result<Option<Prior>> {
         let mut encoded = Vec::with_capacity(512);
         record::stream(&mut encoded, meta);
+        let placed = encode_entries(&mut encoded, meta.id, 1, opening);
         let state = StreamState::new(meta.clone(), Vec::new());
-        let mut inner = self.lock();
-        if let Some(prior) = prior(&inner.index) {
-            return Ok(Some(prior));
+        let watermark = state.watermark.clone();
+        {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            if let Some(prior) = prior(&inner.index) {
+                return Ok(Some(prior));
+            }
+            inner.buf.extend_from_slice(&encoded);
+            let (no, at) = self.write(inner)?;
+            inner.index.add_stream(state, no);
+            if !placed.is_empty() {
+                inner.index.push_locs(meta.id, &locate(placed, no, at));
+            }
+            self.wrote(inner);
         }
-        inner.buf.extend_from_slice(&encoded);
-        let (no, _) = self.write(&mut inner)?;
-        inner.index.add_stream(state, no);
-        self.wrote(&mut inner);
+        if !opening.is_empty() {
+            self.show_when_durable(watermark, opening.len() as Seq);
+        }
         Ok(None)
     }
 
@@ -328,10 +343,6 @@ impl Journal {
             self.wrote(inner);
             (last, watermark)
         };
-        if along.ahead {
-            self.show_when_durable(watermark, last, finish);
-            return Ok(last);
-        }
         self.durable().await?;
         advance(&watermark, last, finish);
         Ok(last)
@@ -339,18 +350,14 @@ impl Journal {
 }
 
 impl Journal {
-    /// Moves the watermark over entries written [`Along::ahead`] once they
-    /// are durable: after [`AHEAD_GRACE`], by a flush of their own unless
-    /// one that covers them moved it meanwhile (a call answered within the
-    /// grace pays one flush for its opening entries and its answer). A
-    /// failed flush leaves them unseen: the stream's next append waits for
-    /// a flush that covers them too.
-    fn show_when_durable(
-        &self,
-        watermark: Arc<watch::Sender<Watermark>>,
-        last: Seq,
-        finish: Option<Finish>,
-    ) {
+    /// Moves the watermark over entries written ahead (a new stream's
+    /// opening entries, [`Store::create_with`]) once they are durable:
+    /// after [`AHEAD_GRACE`], by a flush of their own unless one that
+    /// covers them moved it meanwhile (a call answered within the grace
+    /// pays one flush for its opening entries and its answer). A failed
+    /// flush leaves them unseen: the stream's next append waits for a flush
+    /// that covers them too.
+    fn show_when_durable(&self, watermark: Arc<watch::Sender<Watermark>>, last: Seq) {
         let later = self.commit.later();
         tokio::spawn(async move {
             tokio::time::sleep(AHEAD_GRACE).await;
@@ -358,7 +365,7 @@ impl Journal {
                 return;
             }
             if later.durable().await.is_ok() {
-                advance(&watermark, last, finish);
+                advance(&watermark, last, None);
             }
         });
     }
@@ -612,12 +619,12 @@ impl Store for Journal {
         self.durable().await
     }
 
-    async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
-        self.create_unless(meta, |_| None).map(|_| ())
+    async fn create_with(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()> {
+        self.create_unless(meta, opening, |_| None).map(|_| ())
     }
 
-    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
-        self.create_unless(meta, |index| {
+    async fn create_call(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<Option<Prior>> {
+        self.create_unless(meta, opening, |index| {
             let stream = index.stream_of_request(meta.session, meta.call_id()?)?;
             let digest = index.streams.get(&stream)?.meta.params_digest.as_deref();
             Prior::judge(meta, stream, digest)

@@ -266,9 +266,14 @@ impl RedisStore {
 
     /// Creates a stream in one script, checking first (`prior`) for the
     /// call's prior, in which case nothing is created.
-    async fn create(&self, meta: &StreamMeta, prior: bool) -> Result<Option<Prior>> {
+    async fn create(
+        &self,
+        meta: &StreamMeta,
+        opening: &[Bytes],
+        prior: bool,
+    ) -> Result<Option<Prior>> {
         let (found, stream): (i64, String) = self
-            .create_invocation(meta, prior)?
+            .create_invocation(meta, opening, prior)?
             .invoke_async(&mut self.conn())
             .await
             .map_err(backend)?;
@@ -284,10 +289,12 @@ impl RedisStore {
         }
         // Its creator knows the new stream's watermark exactly: the reader
         // that attaches next needs no round trip to learn it.
+        let mut watermark = meta.watermark();
+        watermark.seq = opening.len() as Seq;
         self.follow
             .tails
             .entry(meta.id)
-            .or_insert_with(|| Arc::new(Tail::created(meta.watermark())));
+            .or_insert_with(|| Arc::new(Tail::created(watermark)));
         Ok(None)
     }
 
@@ -296,6 +303,7 @@ impl RedisStore {
     fn create_invocation(
         &self,
         meta: &StreamMeta,
+        opening: &[Bytes],
         prior: bool,
     ) -> Result<redis::ScriptInvocation<'_>> {
         let mut fields = mutable_fields(meta)?;
@@ -314,7 +322,8 @@ impl RedisStore {
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
             .key(self.owned_key(&self.instance))
-            .key(self.global_key("instances"));
+            .key(self.global_key("instances"))
+            .key(self.stream_key(meta.id, "log"));
         if let Some(task) = meta.task {
             invocation.key(self.task_key(task));
         }
@@ -337,6 +346,10 @@ impl RedisStore {
             .arg(encode(meta)?);
         for (field, value) in &fields {
             invocation.arg(*field).arg(value);
+        }
+        invocation.arg(opening.len());
+        for message in opening {
+            invocation.arg(message.as_ref());
         }
         for id in &meta.origin_ids {
             invocation.arg(id.as_json());
@@ -631,12 +644,12 @@ impl Store for RedisStore {
             .map_err(backend)
     }
 
-    async fn create_stream(&self, meta: &StreamMeta) -> Result<()> {
-        self.create(meta, false).await.map(|_| ())
+    async fn create_with(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()> {
+        self.create(meta, opening, false).await.map(|_| ())
     }
 
-    async fn create_call(&self, meta: &StreamMeta) -> Result<Option<Prior>> {
-        self.create(meta, meta.call_id().is_some()).await
+    async fn create_call(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<Option<Prior>> {
+        self.create(meta, opening, meta.call_id().is_some()).await
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {

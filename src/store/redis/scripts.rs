@@ -62,12 +62,16 @@ end
 /// call's prior and nothing is created. Returns `{0, ''}` when it created
 /// the stream, `{1, prior}` for the same call (same digest), `{2, prior}`
 /// for another call under the id.
+///
+/// The stream's opening entries (seqs 1, 2, …) are written in the same
+/// step; nobody follows a stream before it exists, so the feed is not told.
 /// KEYS: meta, session streams, all streams, abandon, finished, requests,
-/// the creator's owned set, instances, and for a task leg its task.
+/// the creator's owned set, instances, log, and for a task leg its task.
 /// ARGV: stream id, created_ms, abandon_at ('' none), finished_ms ('' none),
 /// instance, lease ms, check for a prior ('1'/'0'), the call's params
-/// digest ('' none), prefix, number of field/value pairs, the pairs, then
-/// the request ids (exactly one when checking for a prior).
+/// digest ('' none), prefix, number of field/value pairs, the pairs, number
+/// of opening entries, the entries, then the request ids (exactly one when
+/// checking for a prior).
 const CREATE: &str = r#"
 if ARGV[7] == '1' then
   local old = redis.call('HGET', KEYS[6], ARGV[#ARGV])
@@ -89,13 +93,28 @@ for _ = 1, n do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
+local opening = tonumber(ARGV[i])
+i = i + 1
+if opening > 0 then
+  redis.call('DEL', KEYS[9])
+  local bytes = 0
+  for seq = 1, opening do
+    redis.call('XADD', KEYS[9], '0-' .. string.format('%d', seq), 'm', ARGV[i])
+    bytes = bytes + string.len(ARGV[i])
+    i = i + 1
+  end
+  redis.call('HSET', KEYS[1], 'entries', string.format('%d', opening), 'bytes', string.format('%d', bytes))
+end
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1]) end
-local task = KEYS[9]
+local task = KEYS[10]
 if task then
   local ttl = redis.call('PTTL', task)
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) end
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    if opening > 0 then redis.call('PEXPIRE', KEYS[9], ttl) end
+  end
 end
 if ARGV[4] ~= '' then
   if not task then redis.call('ZADD', KEYS[5], ARGV[4], ARGV[1]) end

@@ -134,7 +134,7 @@ async fn copies_of_a_call_created_at_once_make_one_stream() {
                 params_digest: Some("d1".into()),
                 ..crate::store::contract::meta(session)
             };
-            tokio::spawn(async move { store.create_call(&copy).await.unwrap() })
+            tokio::spawn(async move { store.create_call(&copy, &[]).await.unwrap() })
         })
         .collect();
     let mut created = 0;
