@@ -145,7 +145,7 @@ impl App {
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path();
         if path == "/healthz" {
-            return reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..]);
+            return self.health();
         }
         if path == "/metrics" && self.shared.config.metrics {
             return self.metrics_page();
@@ -170,6 +170,19 @@ impl App {
 }
 
 impl App {
+    /// `GET /healthz`: 503 once the log stopped after a failed flush, so
+    /// that an orchestrator restarts the proxy (which recovers from what
+    /// the disk holds) and a load balancer sends new calls elsewhere.
+    fn health(&self) -> Response<Body> {
+        if self.shared.log.store().flush_failed() {
+            return reply::json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &b"{\"status\":\"failing\",\"reason\":\"a log flush failed; restart the proxy\"}"[..],
+            );
+        }
+        reply::json(StatusCode::OK, &b"{\"status\":\"ok\"}"[..])
+    }
+
     /// `GET /metrics`: the exposition, with the gauges counted now.
     fn metrics_page(&self) -> Response<Body> {
         let log = &self.shared.log;

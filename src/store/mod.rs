@@ -48,6 +48,10 @@ pub enum StoreError {
     /// was written.
     #[error("stream {0} would exceed its caps")]
     OverCaps(StreamId),
+    /// A flush of the log failed: it takes no more writes, and its readers
+    /// stop (see `commit.rs`).
+    #[error("the log stopped after a failed flush: restart the proxy")]
+    Stopped,
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -571,6 +575,12 @@ pub trait Store: Send + Sync + 'static {
     /// Tells the backend whom to report each flush's duration to. A backend
     /// that does not flush through a group commit has nothing to report.
     fn observe_flushes(&self, _observer: commit::FlushObserver) {}
+
+    /// Whether a flush of the log failed, which stops its writes until the
+    /// process restarts (see `commit.rs`): `/healthz` reports it.
+    fn flush_failed(&self) -> bool {
+        false
+    }
 
     /// Bytes the log occupies on disk (the disk quota is checked against it).
     fn size_on_disk(&self) -> u64;

@@ -625,6 +625,10 @@ impl Store for SledStore {
     fn observe_flushes(&self, observer: FlushObserver) {
         self.commit.observe(observer);
     }
+
+    fn flush_failed(&self) -> bool {
+        self.commit.failed()
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use super::handover::Handed;
 use super::Log;
 use crate::id::{Seq, StreamId};
 use crate::jsonrpc;
-use crate::store::{Entry, ReaderLease, Result, StreamStatus};
+use crate::store::{Entry, ReaderLease, Result, StoreError, StreamStatus};
 
 /// How many entries a reader takes from the store at once.
 const READ_BATCH: usize = 256;
@@ -155,6 +155,10 @@ impl Reader {
                     Some(meta) => Next::End(meta.status),
                     None => Next::Gone,
                 });
+            }
+            if self.log.store.flush_failed() {
+                // Nothing will move any more: what was durable was read.
+                return Err(StoreError::Stopped);
             }
             let replaced = async {
                 match self.exclusive.as_mut() {

@@ -11,6 +11,13 @@
 //! writer is promised does not change either way: its flush starts after
 //! its ticket.
 //!
+//! A failed flush stops the log for good (fail-stop): its writers are told,
+//! and so is every writer after it, without another flush. After a failed
+//! `fdatasync` the kernel may have marked the unwritten pages clean, so a
+//! later flush would "succeed" without writing them, and the writers it
+//! covers would be told entries are durable that a power loss takes. Only
+//! a restart, which recovers from what the disk holds, starts anew.
+//!
 //! This module owns only the scheduling; what "flush" means is the backend's.
 //! It times each flush for whoever asked ([`FlushObserver`]: the metrics),
 //! without knowing who that is.
@@ -22,6 +29,7 @@ pub use linger::{CROWDED_LINGER, MAX_LINGER, QUIET};
 
 use linger::{Company, Smoothed};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -114,6 +122,8 @@ impl Queue {
 struct Done {
     attempted: u64,
     covered: u64,
+    /// A flush failed: `covered` never moves again.
+    failed: bool,
 }
 
 impl Done {
@@ -122,10 +132,14 @@ impl Done {
     /// the syncer start the next one, which may be counted first: neither
     /// mark ever moves back. (A success covers every ticket before its own,
     /// whose inserts preceded the flush; a failure fails the tickets its
-    /// flush was for that no finished flush covers.)
+    /// flush was for that no finished flush covers.) After a failure
+    /// nothing is covered any more: a success counted late may then fail
+    /// writers whose entries did reach the disk, which errs on the safe
+    /// side.
     fn finish(&mut self, target: u64, ok: bool) {
         self.attempted = self.attempted.max(target);
-        if ok {
+        self.failed |= !ok;
+        if ok && !self.failed {
             self.covered = self.covered.max(target);
         }
     }
@@ -144,6 +158,10 @@ struct Shared {
     /// Held by each `always` flush: one at a time there too (see
     /// [`Shared::own_flush`]).
     own: Mutex<()>,
+    /// A flush failed: no flush runs again (see the module docs). Set as
+    /// the failed flush returns, before the next one may start (flushes
+    /// run one at a time, and each starts after the last one's end).
+    failed: AtomicBool,
 }
 
 pub struct GroupCommit {
@@ -169,6 +187,7 @@ impl GroupCommit {
             work: Condvar::new(),
             done: watch::Sender::new(Done::default()),
             own: Mutex::new(()),
+            failed: AtomicBool::new(false),
         });
         let mut syncer = None;
         if mode == SyncMode::Batch {
@@ -204,6 +223,12 @@ impl GroupCommit {
             mode: self.mode,
             shared: self.shared.clone(),
         }
+    }
+
+    /// Whether a flush failed: the log takes no more writes (see the module
+    /// docs).
+    pub fn failed(&self) -> bool {
+        self.shared.failed()
     }
 
     /// Reports every later flush's duration to `observer`. A second
@@ -267,6 +292,9 @@ impl Shared {
                 // ever flush this ticket.
                 return Err(std::io::Error::other("group commit stopped"));
             }
+            if self.failed() {
+                return Err(failed_earlier());
+            }
             let ticket = q.issue();
             if q.may_flush_here(ticket) && here::alone_here() {
                 q.flushing_here = true;
@@ -308,27 +336,50 @@ impl Drop for GroupCommit {
     }
 }
 
+/// What a writer is told once the log has stopped (see the module docs).
+fn failed_earlier() -> std::io::Error {
+    std::io::Error::other(
+        "an earlier log flush failed: the log takes no more writes until the proxy restarts",
+    )
+}
+
 fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
     /// An `always` writer's own flush, never beside another: when two
     /// `fdatasync`s of one file overlap, Linux reports a write-back error to
     /// one of them only, and the other writer would be told its entry is
     /// durable when it may not be.
     fn own_flush(&self) -> std::io::Result<()> {
         let _one = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        if self.failed() {
+            return Err(failed_earlier());
+        }
         self.timed_flush()
     }
 
     /// Flushes, timed for the observer and for the queue's smoothed flush
-    /// time.
+    /// time; a failure stops every later flush (see [`Shared::failed`]).
     fn timed_flush(&self) -> std::io::Result<()> {
         let started = Instant::now();
         let result = (self.flush)();
         let took = started.elapsed();
         lock(&self.queue).took.add(took);
+        if result.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        if let Err(e) = &result {
+            tracing::error!(
+                error = %e,
+                "log flush failed: the log takes no more writes until the proxy restarts"
+            );
+        }
         if let Some(observe) = self.observer.get() {
             observe(took);
         }
@@ -377,10 +428,11 @@ impl Shared {
                 self.linger(linger);
             }
             let target = self.after_flush_here(lock(&self.queue)).start_flush();
-            let result = self.timed_flush();
-            if let Err(e) = &result {
-                tracing::error!(error = %e, "log flush failed");
-            }
+            let result = if self.failed() {
+                Err(failed_earlier())
+            } else {
+                self.timed_flush()
+            };
             self.done.send_modify(|d| d.finish(target, result.is_ok()));
         }
     }
@@ -405,9 +457,6 @@ impl Shared {
             let _running = FlushingHere(self);
             self.timed_flush()
         };
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "log flush failed");
-        }
         self.done.send_modify(|d| d.finish(target, result.is_ok()));
         result
     }

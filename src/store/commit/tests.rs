@@ -2,7 +2,7 @@
 //! who flushes, one flush at a time, failures and shutdown.
 
 use super::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[tokio::test]
 async fn concurrent_writers_share_flushes() {
@@ -343,6 +343,44 @@ async fn always_mode_flushes_run_one_at_a_time() {
 async fn never_mode_does_not_flush() {
     let commit = GroupCommit::new(SyncMode::Never, Arc::new(|| panic!("flushed")));
     commit.durable().await.unwrap();
+}
+
+/// A flush that fails its first `failures` calls, then succeeds; counts
+/// every call.
+fn failing_at_first(failures: usize) -> (Arc<FlushFn>, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let flush = Arc::new(move || {
+        if counted.fetch_add(1, Ordering::SeqCst) < failures {
+            Err(std::io::Error::other("write-back error"))
+        } else {
+            Ok(())
+        }
+    });
+    (flush, calls)
+}
+
+#[tokio::test]
+async fn after_a_failed_flush_no_writer_is_told_durable_and_no_flush_runs() {
+    for mode in [SyncMode::Batch, SyncMode::Always] {
+        let (flush, calls) = failing_at_first(1);
+        let commit = GroupCommit::new(mode, flush);
+        assert!(commit.durable().await.is_err(), "{mode:?}");
+        assert!(commit.failed());
+        for _ in 0..3 {
+            assert!(commit.durable().await.is_err(), "{mode:?}");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_success_counted_after_a_failure_covers_nothing() {
+    let mut done = Done::default();
+    done.finish(3, true);
+    done.finish(5, false);
+    done.finish(7, true);
+    assert_eq!((done.attempted, done.covered), (7, 3));
 }
 
 #[tokio::test]

@@ -38,6 +38,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -64,6 +65,9 @@ const RECORD_TARGET: usize = 16 * 1024 * 1024;
 /// take (a `kill -9` takes nothing: written records are in the page cache).
 const NEVER_SYNC_EVERY: Duration = Duration::from_millis(200);
 
+/// Makes a segment file's data durable (`fdatasync`).
+type SyncFile = dyn Fn(&File) -> std::io::Result<()> + Send + Sync;
+
 fn io(e: std::io::Error) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -87,6 +91,8 @@ pub struct Journal {
     /// Held for the journal's lifetime: one process per data directory.
     _lock: File,
     orphans: OrphansOnce,
+    /// Readers were woken after a failed flush (see `tell_readers_stopped`).
+    readers_told: AtomicBool,
 }
 
 fn lock_dir(dir: &Path) -> Result<File> {
@@ -107,6 +113,22 @@ impl Journal {
     }
 
     pub fn open_with(data_dir: &Path, sync: SyncMode, segment_bytes: u64) -> Result<Arc<Self>> {
+        Self::open_syncing(
+            data_dir,
+            sync,
+            segment_bytes,
+            Arc::new(|file| file.sync_data()),
+        )
+    }
+
+    /// As [`Journal::open_with`], making the active segment durable with
+    /// `sync_file` (tests make it fail, as a failing disk does).
+    fn open_syncing(
+        data_dir: &Path,
+        sync: SyncMode,
+        segment_bytes: u64,
+        sync_file: Arc<SyncFile>,
+    ) -> Result<Arc<Self>> {
         let dir = data_dir.join("journal");
         std::fs::create_dir_all(&dir).map_err(io)?;
         let dir_lock = lock_dir(&dir)?;
@@ -120,7 +142,7 @@ impl Journal {
             sync,
             Arc::new(move || {
                 let file = lock(&flush_target).clone();
-                file.sync_data()
+                sync_file(&file)
             }),
         );
         let mut files = recovered.files;
@@ -138,6 +160,7 @@ impl Journal {
             segment_bytes,
             _lock: dir_lock,
             orphans: OrphansOnce::default(),
+            readers_told: AtomicBool::new(false),
         });
         {
             let mut inner = journal.lock();
@@ -195,13 +218,35 @@ impl Journal {
     }
 
     async fn durable(&self) -> Result<()> {
-        self.commit.durable().await.map_err(io)
+        let durable = self.commit.durable().await.map_err(io);
+        if durable.is_err() && !self.readers_told.swap(true, Ordering::SeqCst) {
+            self.tell_readers_stopped();
+        }
+        durable
+    }
+
+    /// Wakes every stream's readers once the log has stopped: they find
+    /// it has ([`Store::flush_failed`]) and end their answers, so that
+    /// clients reconnect (and learn it) instead of waiting on streams that
+    /// will never move.
+    fn tell_readers_stopped(&self) {
+        let inner = self.lock();
+        for state in inner.index.streams.values() {
+            state.watermark.send_modify(|_| {});
+        }
     }
 
     /// Appends the encoded records in `inner.buf` to the active segment;
     /// returns the segment and offset they start at. Rolls over afterwards
     /// when the segment is full.
+    /// Refused once a flush failed: a record written after the pages a
+    /// failed flush lost could reach the disk without them (see
+    /// `commit.rs`).
     fn write(&self, inner: &mut Inner) -> Result<(SegmentNo, u64)> {
+        if self.commit.failed() {
+            inner.buf.clear();
+            return Err(StoreError::Stopped);
+        }
         let written = inner.writer.append(&inner.buf);
         // Cleared either way: records whose write failed were never
         // acknowledged, and must not ride along with the next write.
@@ -842,6 +887,10 @@ impl Store for Journal {
 
     fn observe_flushes(&self, observer: FlushObserver) {
         self.commit.observe(observer);
+    }
+
+    fn flush_failed(&self) -> bool {
+        self.commit.failed()
     }
 }
 

@@ -479,3 +479,86 @@ async fn a_stream_recovers_its_entries_up_to_the_first_missing_seq() {
     let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, [1, 2]);
 }
+
+/// A journal whose flushes fail while `failing` is set, as a disk's do.
+fn flaky(dir: &Path, failing: &Arc<std::sync::atomic::AtomicBool>) -> Arc<Journal> {
+    let failing = failing.clone();
+    Journal::open_syncing(
+        dir,
+        SyncMode::Batch,
+        DEFAULT_SEGMENT_BYTES,
+        Arc::new(move |file| {
+            if failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected write-back error"));
+            }
+            file.sync_data()
+        }),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn after_a_failed_flush_the_journal_shows_and_takes_nothing_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = flaky(dir.path(), &failing);
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    assert_eq!(store.append(m.id, &[progress(1)]).await.unwrap(), 1);
+    assert!(!store.flush_failed());
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.append(m.id, &[progress(2)]).await.is_err());
+    // The disk answers again, but pages the failed flush lost may be
+    // marked clean: nothing after it may count as durable.
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.flush_failed());
+    assert!(store.append(m.id, &[progress(3)]).await.is_err());
+    assert!(store.create_stream(&meta(m.session)).await.is_err());
+    let shown = store.read_after(m.id, 0, 10).await.unwrap();
+    assert_eq!(shown.len(), 1, "only what a good flush covered shows");
+    assert_eq!(store.subscribe(m.id).await.borrow().seq, 1);
+}
+
+#[tokio::test]
+async fn a_restart_after_a_failed_flush_takes_writes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let m = meta(SessionId::random());
+    {
+        let store = flaky(dir.path(), &failing);
+        store.create_stream(&m).await.unwrap();
+        store.append(m.id, &[progress(1)]).await.unwrap();
+        failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(store.append(m.id, &[progress(2)]).await.is_err());
+    }
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let store = flaky(dir.path(), &failing);
+    assert!(!store.flush_failed());
+    let n = store.stream_meta(m.id).await.unwrap().unwrap().entries;
+    assert_eq!(store.append(m.id, &[progress(3)]).await.unwrap(), n + 1);
+}
+
+#[tokio::test]
+async fn a_reader_waiting_when_a_flush_fails_ends_with_the_log_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = flaky(dir.path(), &failing);
+    let log = crate::stream::Log::new(store.clone());
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    store.append(m.id, &[progress(1)]).await.unwrap();
+    let mut reader = log.attach(m.id, 0);
+    let idle = Duration::from_secs(60);
+    assert!(matches!(
+        reader.next(idle).await.unwrap(),
+        crate::stream::Next::Entries(_)
+    ));
+    let waiting = tokio::spawn(async move { reader.next(idle).await });
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.append(m.id, &[progress(2)]).await.is_err());
+    let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken, not left to its idle timeout")
+        .unwrap();
+    assert!(matches!(ended, Err(StoreError::Stopped)), "{ended:?}");
+}
