@@ -155,9 +155,10 @@ struct Shared {
     /// Wakes the syncer when a ticket is issued.
     work: Condvar,
     done: watch::Sender<Done>,
-    /// Held by each `always` flush: one at a time there too (see
-    /// [`Shared::own_flush`]).
-    own: Mutex<()>,
+    /// Held by every flush of the log's files, the group commit's and the
+    /// backend's own ([`GroupCommit::flush_with`]): see
+    /// [`Shared::one_flush`].
+    one: Mutex<()>,
     /// A flush failed: no flush runs again (see the module docs). Set as
     /// the failed flush returns, before the next one may start (flushes
     /// run one at a time, and each starts after the last one's end).
@@ -186,7 +187,7 @@ impl GroupCommit {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             done: watch::Sender::new(Done::default()),
-            own: Mutex::new(()),
+            one: Mutex::new(()),
             failed: AtomicBool::new(false),
         });
         let mut syncer = None;
@@ -225,6 +226,22 @@ impl GroupCommit {
         }
     }
 
+    /// Runs `flush`, a sync of the log's files the backend makes outside
+    /// the group commit (a rollover's seal, a copy forward, a deletion's
+    /// tombstones), as one of its flushes: never beside another, refused
+    /// once one failed, and stopping the log if it fails. A sync that
+    /// consumed a write-back error unseen would let the next flush report
+    /// success over lost pages.
+    pub fn flush_with(&self, flush: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+        self.shared.one_flush(flush)
+    }
+
+    /// A handle that runs flushes as [`GroupCommit::flush_with`] does, for
+    /// a blocking task.
+    pub fn flusher(&self) -> Flusher {
+        Flusher(self.shared.clone())
+    }
+
     /// Whether a flush failed: the log takes no more writes (see the module
     /// docs).
     pub fn failed(&self) -> bool {
@@ -249,6 +266,15 @@ impl Drop for FlushingHere<'_> {
         if std::mem::take(&mut q.behind_here) {
             self.0.work.notify_one();
         }
+    }
+}
+
+/// See [`GroupCommit::flusher`].
+pub struct Flusher(Arc<Shared>);
+
+impl Flusher {
+    pub fn flush_with(&self, flush: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+        self.0.one_flush(flush)
     }
 }
 
@@ -352,34 +378,44 @@ impl Shared {
         self.failed.load(Ordering::SeqCst)
     }
 
-    /// An `always` writer's own flush, never beside another: when two
-    /// `fdatasync`s of one file overlap, Linux reports a write-back error to
-    /// one of them only, and the other writer would be told its entry is
-    /// durable when it may not be.
+    /// An `always` writer's own flush.
     fn own_flush(&self) -> std::io::Result<()> {
-        let _one = self.own.lock().unwrap_or_else(|p| p.into_inner());
         if self.failed() {
             return Err(failed_earlier());
         }
         self.timed_flush()
     }
 
-    /// Flushes, timed for the observer and for the queue's smoothed flush
-    /// time; a failure stops every later flush (see [`Shared::failed`]).
-    fn timed_flush(&self) -> std::io::Result<()> {
-        let started = Instant::now();
-        let result = (self.flush)();
-        let took = started.elapsed();
-        lock(&self.queue).took.add(took);
-        if result.is_err() {
-            self.failed.store(true, Ordering::SeqCst);
+    /// Runs one flush of the log's files, never beside another: when two
+    /// `fdatasync`s of one file overlap, Linux reports a write-back error
+    /// to one of them only, and the other's writers would be told their
+    /// entries are durable when they may not be. (The syncer and a
+    /// writer's thread already take turns; `always` writers and the
+    /// backend's own syncs wait here.) A failure stops every later flush
+    /// (see [`Shared::failed`]).
+    fn one_flush(&self, flush: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<()> {
+        let _one = self.one.lock().unwrap_or_else(|p| p.into_inner());
+        if self.failed() {
+            return Err(failed_earlier());
         }
+        let result = flush();
         if let Err(e) = &result {
+            self.failed.store(true, Ordering::SeqCst);
             tracing::error!(
                 error = %e,
                 "log flush failed: the log takes no more writes until the proxy restarts"
             );
         }
+        result
+    }
+
+    /// Flushes, timed for the observer and for the queue's smoothed flush
+    /// time.
+    fn timed_flush(&self) -> std::io::Result<()> {
+        let started = Instant::now();
+        let result = self.one_flush(|| (self.flush)());
+        let took = started.elapsed();
+        lock(&self.queue).took.add(took);
         if let Some(observe) = self.observer.get() {
             observe(took);
         }

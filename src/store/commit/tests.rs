@@ -374,6 +374,18 @@ async fn after_a_failed_flush_no_writer_is_told_durable_and_no_flush_runs() {
     }
 }
 
+#[tokio::test]
+async fn a_failed_sync_outside_the_group_commit_stops_it_too() {
+    let (flush, calls) = failing_at_first(0);
+    let commit = GroupCommit::new(SyncMode::Batch, flush);
+    let outside = commit.flush_with(|| Err(std::io::Error::other("write-back error")));
+    assert!(outside.is_err());
+    assert!(commit.failed());
+    assert!(commit.durable().await.is_err());
+    assert!(commit.flush_with(|| Ok(())).is_err(), "refused, not run");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn a_success_counted_after_a_failure_covers_nothing() {
     let mut done = Done::default();

@@ -53,7 +53,7 @@ impl Journal {
             copied += self.copy_entries(inner, id, &sparse)?;
         }
         self.rewrite_records(inner, &records)?;
-        inner.writer.file.sync_data().map_err(io)?;
+        self.sync(&inner.writer.file).map_err(io)?;
         tracing::debug!(
             segments = ?sparse,
             entries = copied,

@@ -93,6 +93,8 @@ pub struct Journal {
     orphans: OrphansOnce,
     /// Readers were woken after a failed flush (see `tell_readers_stopped`).
     readers_told: AtomicBool,
+    /// How a segment file is made durable (`fdatasync`; tests fail it).
+    sync_file: Arc<SyncFile>,
 }
 
 fn lock_dir(dir: &Path) -> Result<File> {
@@ -138,11 +140,12 @@ impl Journal {
         let writer = Writer::create(&dir, recovered.last + 1).map_err(io)?;
         let active = Arc::new(Mutex::new(writer.file.clone()));
         let flush_target = active.clone();
+        let flush_file = sync_file.clone();
         let commit = GroupCommit::new(
             sync,
             Arc::new(move || {
                 let file = lock(&flush_target).clone();
-                sync_file(&file)
+                flush_file(&file)
             }),
         );
         let mut files = recovered.files;
@@ -161,6 +164,7 @@ impl Journal {
             _lock: dir_lock,
             orphans: OrphansOnce::default(),
             readers_told: AtomicBool::new(false),
+            sync_file,
         });
         {
             let mut inner = journal.lock();
@@ -215,6 +219,12 @@ impl Journal {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
+    }
+
+    /// Makes `file` (the active segment) durable outside the group commit,
+    /// as one of its flushes ([`GroupCommit::flush_with`]).
+    fn sync(&self, file: &File) -> std::io::Result<()> {
+        self.commit.flush_with(|| (self.sync_file)(file))
     }
 
     async fn durable(&self) -> Result<()> {
@@ -275,7 +285,7 @@ impl Journal {
         let next = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
         let sealed = inner
             .writer
-            .seal()
+            .seal(|file| self.sync(file))
             .and_then(|()| segment::sync_dir(&self.dir));
         if let Err(e) = sealed {
             let _ = std::fs::remove_file(segment::path(&self.dir, next.no));
@@ -332,7 +342,7 @@ impl Journal {
         }
         if freed {
             // The tombstones must outlive the entries they make unneeded.
-            inner.writer.file.sync_data().map_err(io)?;
+            self.sync(&inner.writer.file).map_err(io)?;
             self.drop_unused_segments(inner)?;
         }
         Ok(())
@@ -571,9 +581,13 @@ fn spawn_background_sync(journal: Weak<Journal>) {
                 return;
             };
             let file = lock(&journal.active).clone();
+            let (flusher, sync_file) = (journal.commit.flusher(), journal.sync_file.clone());
             drop(journal);
-            if let Err(e) = tokio::task::spawn_blocking(move || file.sync_data()).await {
-                tracing::warn!(error = %e, "journal background sync failed");
+            // A failure stops the log, and is logged, there.
+            let synced =
+                tokio::task::spawn_blocking(move || flusher.flush_with(|| sync_file(&file)));
+            if let Err(e) = synced.await {
+                tracing::warn!(error = %e, "journal background sync did not run");
             }
         }
     });
@@ -830,7 +844,8 @@ impl Store for Journal {
 
     async fn flush(&self) -> Result<()> {
         let file = lock(&self.active).clone();
-        tokio::task::spawn_blocking(move || file.sync_data())
+        let (flusher, sync_file) = (self.commit.flusher(), self.sync_file.clone());
+        tokio::task::spawn_blocking(move || flusher.flush_with(|| sync_file(&file)))
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?
             .map_err(io)

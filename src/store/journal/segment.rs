@@ -115,10 +115,11 @@ impl Writer {
         Ok(())
     }
 
-    /// Cuts the zeroes off a segment that will receive no more records.
-    pub fn seal(&self) -> io::Result<()> {
+    /// Cuts the zeroes off a segment that will receive no more records,
+    /// and makes that durable with `sync`.
+    pub fn seal(&self, sync: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
         self.file.set_len(self.len)?;
-        self.file.sync_data()
+        sync(&self.file)
     }
 
     /// Writes `bytes` at the end; returns the offset they start at. A failed

@@ -562,3 +562,21 @@ async fn a_reader_waiting_when_a_flush_fails_ends_with_the_log_stopped() {
         .unwrap();
     assert!(matches!(ended, Err(StoreError::Stopped)), "{ended:?}");
 }
+
+#[tokio::test]
+async fn a_failed_sync_outside_the_group_commit_stops_the_journal_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = flaky(dir.path(), &failing);
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    store.append(m.id, &[progress(1)]).await.unwrap();
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.flush().await.is_err());
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(store.flush_failed());
+    assert!(matches!(
+        store.append(m.id, &[progress(2)]).await,
+        Err(StoreError::Stopped)
+    ));
+}
