@@ -1,6 +1,8 @@
 //! The journal's own behaviour beyond the store contract: segments,
 //! rollover, copying forward, recovery from torn and damaged files.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::*;
 use crate::store::contract::{leg, meta, session, task, Churn};
 use crate::store::{now_ms, SharedStore};
@@ -480,82 +482,107 @@ async fn a_stream_recovers_its_entries_up_to_the_first_missing_seq() {
     assert_eq!(seqs, [1, 2]);
 }
 
-/// A journal whose flushes fail while `failing` is set, as a disk's do.
-fn flaky(dir: &Path, failing: &Arc<std::sync::atomic::AtomicBool>) -> Arc<Journal> {
-    let failing = failing.clone();
-    Journal::open_syncing(
-        dir,
-        SyncMode::Batch,
-        DEFAULT_SEGMENT_BYTES,
-        Arc::new(move |file| {
-            if failing.load(std::sync::atomic::Ordering::SeqCst) {
+/// A journal on a disk whose flushes fail while told to, holding one
+/// stream with one durable entry.
+struct FailingDisk {
+    dir: tempfile::TempDir,
+    failing: Arc<AtomicBool>,
+    store: Arc<Journal>,
+    stream: StreamId,
+}
+
+impl FailingDisk {
+    async fn with_one_entry() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let failing = Arc::new(AtomicBool::new(false));
+        let store = Self::open(dir.path(), &failing);
+        let m = meta(SessionId::random());
+        store.create_stream(&m).await.unwrap();
+        assert_eq!(store.append(m.id, &[progress(1)]).await.unwrap(), 1);
+        Self {
+            dir,
+            failing,
+            store,
+            stream: m.id,
+        }
+    }
+
+    fn open(dir: &Path, failing: &Arc<AtomicBool>) -> Arc<Journal> {
+        let failing = failing.clone();
+        let sync_file = move |file: &File| {
+            if failing.load(Ordering::SeqCst) {
                 return Err(std::io::Error::other("injected write-back error"));
             }
             file.sync_data()
-        }),
-    )
-    .unwrap()
+        };
+        Journal::open_syncing(
+            dir,
+            SyncMode::Batch,
+            DEFAULT_SEGMENT_BYTES,
+            Arc::new(sync_file),
+        )
+        .unwrap()
+    }
+
+    fn fail(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    async fn append(&self, i: u32) -> Result<Seq> {
+        self.store.append(self.stream, &[progress(i)]).await
+    }
 }
 
 #[tokio::test]
 async fn after_a_failed_flush_the_journal_shows_and_takes_nothing_more() {
-    let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = flaky(dir.path(), &failing);
-    let m = meta(SessionId::random());
-    store.create_stream(&m).await.unwrap();
-    assert_eq!(store.append(m.id, &[progress(1)]).await.unwrap(), 1);
-    assert!(!store.flush_failed());
-    failing.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(store.append(m.id, &[progress(2)]).await.is_err());
+    let disk = FailingDisk::with_one_entry().await;
+    assert!(!disk.store.flush_failed());
+    disk.fail(true);
+    assert!(disk.append(2).await.is_err());
     // The disk answers again, but pages the failed flush lost may be
     // marked clean: nothing after it may count as durable.
-    failing.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert!(store.flush_failed());
-    assert!(store.append(m.id, &[progress(3)]).await.is_err());
-    assert!(store.create_stream(&meta(m.session)).await.is_err());
-    let shown = store.read_after(m.id, 0, 10).await.unwrap();
+    disk.fail(false);
+    assert!(disk.store.flush_failed());
+    assert!(matches!(disk.append(3).await, Err(StoreError::Stopped)));
+    let other = meta(SessionId::random());
+    assert!(disk.store.create_stream(&other).await.is_err());
+    let shown = disk.store.read_after(disk.stream, 0, 10).await.unwrap();
     assert_eq!(shown.len(), 1, "only what a good flush covered shows");
-    assert_eq!(store.subscribe(m.id).await.borrow().seq, 1);
+    assert_eq!(disk.store.subscribe(disk.stream).await.borrow().seq, 1);
 }
 
 #[tokio::test]
 async fn a_restart_after_a_failed_flush_takes_writes_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let m = meta(SessionId::random());
-    {
-        let store = flaky(dir.path(), &failing);
-        store.create_stream(&m).await.unwrap();
-        store.append(m.id, &[progress(1)]).await.unwrap();
-        failing.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert!(store.append(m.id, &[progress(2)]).await.is_err());
-    }
-    failing.store(false, std::sync::atomic::Ordering::SeqCst);
-    let store = flaky(dir.path(), &failing);
+    let disk = FailingDisk::with_one_entry().await;
+    disk.fail(true);
+    assert!(disk.append(2).await.is_err());
+    disk.fail(false);
+    let FailingDisk {
+        dir,
+        failing,
+        store,
+        stream,
+    } = disk;
+    drop(store);
+    let store = FailingDisk::open(dir.path(), &failing);
     assert!(!store.flush_failed());
-    let n = store.stream_meta(m.id).await.unwrap().unwrap().entries;
-    assert_eq!(store.append(m.id, &[progress(3)]).await.unwrap(), n + 1);
+    let n = store.stream_meta(stream).await.unwrap().unwrap().entries;
+    assert_eq!(store.append(stream, &[progress(3)]).await.unwrap(), n + 1);
 }
 
 #[tokio::test]
 async fn a_reader_waiting_when_a_flush_fails_ends_with_the_log_stopped() {
-    let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = flaky(dir.path(), &failing);
-    let log = crate::stream::Log::new(store.clone());
-    let m = meta(SessionId::random());
-    store.create_stream(&m).await.unwrap();
-    store.append(m.id, &[progress(1)]).await.unwrap();
-    let mut reader = log.attach(m.id, 0);
+    let disk = FailingDisk::with_one_entry().await;
+    let log = crate::stream::Log::new(disk.store.clone());
+    let mut reader = log.attach(disk.stream, 0);
     let idle = Duration::from_secs(60);
     assert!(matches!(
         reader.next(idle).await.unwrap(),
         crate::stream::Next::Entries(_)
     ));
     let waiting = tokio::spawn(async move { reader.next(idle).await });
-    failing.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(store.append(m.id, &[progress(2)]).await.is_err());
+    disk.fail(true);
+    assert!(disk.append(2).await.is_err());
     let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("woken, not left to its idle timeout")
@@ -565,18 +592,10 @@ async fn a_reader_waiting_when_a_flush_fails_ends_with_the_log_stopped() {
 
 #[tokio::test]
 async fn a_failed_sync_outside_the_group_commit_stops_the_journal_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let store = flaky(dir.path(), &failing);
-    let m = meta(SessionId::random());
-    store.create_stream(&m).await.unwrap();
-    store.append(m.id, &[progress(1)]).await.unwrap();
-    failing.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(store.flush().await.is_err());
-    failing.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert!(store.flush_failed());
-    assert!(matches!(
-        store.append(m.id, &[progress(2)]).await,
-        Err(StoreError::Stopped)
-    ));
+    let disk = FailingDisk::with_one_entry().await;
+    disk.fail(true);
+    assert!(disk.store.flush().await.is_err());
+    disk.fail(false);
+    assert!(disk.store.flush_failed());
+    assert!(matches!(disk.append(2).await, Err(StoreError::Stopped)));
 }
