@@ -163,6 +163,9 @@ struct Shared {
     /// the failed flush returns, before the next one may start (flushes
     /// run one at a time, and each starts after the last one's end).
     failed: AtomicBool,
+    /// Turns true with `failed`, for those who wait on it
+    /// ([`GroupCommit::stops`]).
+    stopped: watch::Sender<bool>,
 }
 
 pub struct GroupCommit {
@@ -189,6 +192,7 @@ impl GroupCommit {
             done: watch::Sender::new(Done::default()),
             one: Mutex::new(()),
             failed: AtomicBool::new(false),
+            stopped: watch::Sender::new(false),
         });
         let mut syncer = None;
         if mode == SyncMode::Batch {
@@ -240,6 +244,12 @@ impl GroupCommit {
     /// a blocking task.
     pub fn flusher(&self) -> Flusher {
         Flusher(self.shared.clone())
+    }
+
+    /// Turns true once a flush failed: readers wait on it, so that they
+    /// end instead of waiting for entries that will never come.
+    pub fn stops(&self) -> watch::Receiver<bool> {
+        self.shared.stopped.subscribe()
     }
 
     /// Whether a flush failed: the log takes no more writes (see the module
@@ -401,6 +411,7 @@ impl Shared {
         let result = flush();
         if let Err(e) = &result {
             self.failed.store(true, Ordering::SeqCst);
+            self.stopped.send_replace(true);
             tracing::error!(
                 error = %e,
                 "log flush failed: the log takes no more writes until the proxy restarts"

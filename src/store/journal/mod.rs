@@ -38,7 +38,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -91,8 +90,6 @@ pub struct Journal {
     /// Held for the journal's lifetime: one process per data directory.
     _lock: File,
     orphans: OrphansOnce,
-    /// Readers were woken after a failed flush (see `tell_readers_stopped`).
-    readers_told: AtomicBool,
     /// How a segment file is made durable (`fdatasync`; tests fail it).
     sync_file: Arc<SyncFile>,
 }
@@ -163,7 +160,6 @@ impl Journal {
             segment_bytes,
             _lock: dir_lock,
             orphans: OrphansOnce::default(),
-            readers_told: AtomicBool::new(false),
             sync_file,
         });
         {
@@ -228,22 +224,7 @@ impl Journal {
     }
 
     async fn durable(&self) -> Result<()> {
-        let durable = self.commit.durable().await.map_err(io);
-        if durable.is_err() && !self.readers_told.swap(true, Ordering::SeqCst) {
-            self.tell_readers_stopped();
-        }
-        durable
-    }
-
-    /// Wakes every stream's readers once the log has stopped: they find
-    /// it has ([`Store::flush_failed`]) and end their answers, so that
-    /// clients reconnect (and learn it) instead of waiting on streams that
-    /// will never move.
-    fn tell_readers_stopped(&self) {
-        let inner = self.lock();
-        for state in inner.index.streams.values() {
-            state.watermark.send_modify(|_| {});
-        }
+        self.commit.durable().await.map_err(io)
     }
 
     /// Appends the encoded records in `inner.buf` to the active segment;
@@ -906,6 +887,10 @@ impl Store for Journal {
 
     fn flush_failed(&self) -> bool {
         self.commit.failed()
+    }
+
+    fn stops(&self) -> Option<watch::Receiver<bool>> {
+        Some(self.commit.stops())
     }
 }
 

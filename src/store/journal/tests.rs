@@ -570,24 +570,46 @@ async fn a_restart_after_a_failed_flush_takes_writes_again() {
     assert_eq!(store.append(stream, &[progress(3)]).await.unwrap(), n + 1);
 }
 
+impl FailingDisk {
+    /// A reader of the stream that has read its entry and waits for more
+    /// (for a minute at most).
+    async fn waiting_reader(&self) -> tokio::task::JoinHandle<Result<crate::stream::Next>> {
+        let log = crate::stream::Log::new(self.store.clone());
+        let mut reader = log.attach(self.stream, 0);
+        let idle = Duration::from_secs(60);
+        assert!(matches!(
+            reader.next(idle).await.unwrap(),
+            crate::stream::Next::Entries(_)
+        ));
+        tokio::spawn(async move { reader.next(idle).await })
+    }
+}
+
+/// What `waiting` ended with, or a failure if it was left waiting.
+async fn ended(waiting: tokio::task::JoinHandle<Result<crate::stream::Next>>) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken, not left to its idle timeout")
+        .unwrap()
+        .map(|_| ())
+}
+
 #[tokio::test]
 async fn a_reader_waiting_when_a_flush_fails_ends_with_the_log_stopped() {
     let disk = FailingDisk::with_one_entry().await;
-    let log = crate::stream::Log::new(disk.store.clone());
-    let mut reader = log.attach(disk.stream, 0);
-    let idle = Duration::from_secs(60);
-    assert!(matches!(
-        reader.next(idle).await.unwrap(),
-        crate::stream::Next::Entries(_)
-    ));
-    let waiting = tokio::spawn(async move { reader.next(idle).await });
+    let waiting = disk.waiting_reader().await;
     disk.fail(true);
     assert!(disk.append(2).await.is_err());
-    let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("woken, not left to its idle timeout")
-        .unwrap();
-    assert!(matches!(ended, Err(StoreError::Stopped)), "{ended:?}");
+    assert!(matches!(ended(waiting).await, Err(StoreError::Stopped)));
+}
+
+#[tokio::test]
+async fn a_reader_waiting_when_the_journals_own_sync_fails_ends_too() {
+    let disk = FailingDisk::with_one_entry().await;
+    let waiting = disk.waiting_reader().await;
+    disk.fail(true);
+    assert!(disk.store.flush().await.is_err());
+    assert!(matches!(ended(waiting).await, Err(StoreError::Stopped)));
 }
 
 #[tokio::test]
