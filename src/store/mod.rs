@@ -582,12 +582,6 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
-    /// Turns true when [`Store::flush_failed`] does, for readers to wait
-    /// on; `None` for a backend whose flushes are not its own to fail.
-    fn stops(&self) -> Option<watch::Receiver<bool>> {
-        None
-    }
-
     /// Bytes the log occupies on disk (the disk quota is checked against it).
     fn size_on_disk(&self) -> u64;
 

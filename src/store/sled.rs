@@ -61,7 +61,7 @@ pub struct SledStore {
     tasks: sled::Tree,
     task_expiry: sled::Tree,
     commit: GroupCommit,
-    tails: DashMap<StreamId, Arc<Tail>>,
+    tails: Arc<DashMap<StreamId, Arc<Tail>>>,
     orphans: OrphansOnce,
 }
 
@@ -137,6 +137,25 @@ fn locked(io: &std::io::Error) -> bool {
             && io.to_string().starts_with("could not acquire lock"))
 }
 
+/// Once the log stops after a failed flush, wakes the readers of every
+/// stream followed here: they find it stopped and end (as the journal's
+/// do).
+fn wake_readers_when_stopped(
+    tails: Arc<DashMap<StreamId, Arc<Tail>>>,
+    mut stops: watch::Receiver<bool>,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        if stops.wait_for(|stopped| *stopped).await.is_ok() {
+            for tail in tails.iter() {
+                tail.watermark.send_modify(|_| {});
+            }
+        }
+    });
+}
+
 impl SledStore {
     /// Opens (or creates) the log under `dir/log`.
     pub fn open(dir: &Path, sync: SyncMode) -> Result<Self> {
@@ -146,6 +165,8 @@ impl SledStore {
             sync,
             Arc::new(move || flusher.flush().map(|_| ()).map_err(std::io::Error::other)),
         );
+        let tails: Arc<DashMap<StreamId, Arc<Tail>>> = Arc::default();
+        wake_readers_when_stopped(tails.clone(), commit.stops());
         Ok(Self {
             sessions: db.open_tree("sessions").map_err(backend)?,
             streams: db.open_tree("streams").map_err(backend)?,
@@ -155,7 +176,7 @@ impl SledStore {
             task_expiry: db.open_tree("task_expiry").map_err(backend)?,
             db,
             commit,
-            tails: DashMap::new(),
+            tails,
             orphans: OrphansOnce::default(),
         })
     }
@@ -638,10 +659,6 @@ impl Store for SledStore {
 
     fn flush_failed(&self) -> bool {
         self.commit.failed()
-    }
-
-    fn stops(&self) -> Option<watch::Receiver<bool>> {
-        Some(self.commit.stops())
     }
 }
 

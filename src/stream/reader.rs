@@ -50,9 +50,6 @@ pub struct Reader {
     lease: Option<ReaderLease>,
     /// When this reader last re-armed the stream's abandonment.
     touched: Option<tokio::time::Instant>,
-    /// Turns true if the log stops after a failed flush
-    /// ([`crate::store::Store::stops`]).
-    stops: Option<watch::Receiver<bool>>,
 }
 
 /// What makes a reader exclusive.
@@ -88,7 +85,6 @@ impl Reader {
         exclusive: Option<Exclusive>,
     ) -> Self {
         Self {
-            stops: log.store.stops(),
             log,
             stream,
             cursor: after,
@@ -161,7 +157,8 @@ impl Reader {
                 });
             }
             if self.log.store.flush_failed() {
-                // Nothing will move any more: what was durable was read.
+                // Nothing will move any more: what was durable was read. (The
+                // store wakes every stream's readers when it stops.)
                 return Err(StoreError::Stopped);
             }
             let replaced = async {
@@ -178,16 +175,6 @@ impl Reader {
                     None => std::future::pending::<()>().await,
                 }
             };
-            // The log stopped after a failed flush: the check above ends
-            // this reader on the next turn.
-            let stopped = async {
-                match self.stops.as_mut() {
-                    Some(stops) => {
-                        let _ = stops.wait_for(|stopped| *stopped).await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
                 changed = appended.changed() => {
                     if changed.is_err() && self.log.store.stream_meta(self.stream).await?.is_none() {
@@ -196,7 +183,6 @@ impl Reader {
                 }
                 _ = replaced => return Ok(Next::Replaced),
                 _ = taken => return Ok(Next::Replaced),
-                () = stopped => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     self.still_reading().await;
                     return Ok(Next::Idle);

@@ -246,8 +246,9 @@ impl GroupCommit {
         Flusher(self.shared.clone())
     }
 
-    /// Turns true once a flush failed: readers wait on it, so that they
-    /// end instead of waiting for entries that will never come.
+    /// Turns true once a flush failed: the backend then wakes its streams'
+    /// readers, so that they end instead of waiting for entries that will
+    /// never come.
     pub fn stops(&self) -> watch::Receiver<bool> {
         self.shared.stopped.subscribe()
     }

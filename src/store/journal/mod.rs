@@ -170,6 +170,7 @@ impl Journal {
         if sync == SyncMode::Never {
             spawn_background_sync(Arc::downgrade(&journal));
         }
+        wake_readers_when_stopped(Arc::downgrade(&journal), journal.commit.stops());
         Ok(journal)
     }
 
@@ -548,6 +549,30 @@ fn chunks(messages: &[Bytes]) -> impl Iterator<Item = &[Bytes]> {
     })
 }
 
+/// Once the log stops after a failed flush, wakes every stream's readers:
+/// they find it stopped ([`Store::flush_failed`]) and end their answers, so
+/// that clients reconnect (and learn it) instead of waiting on streams
+/// that will never move. A task of its own, holding no lock when the
+/// failure comes: the flush that failed may run under the journal's lock.
+fn wake_readers_when_stopped(journal: Weak<Journal>, mut stops: watch::Receiver<bool>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        // An error: the journal (and its group commit) is gone.
+        if stops.wait_for(|stopped| *stopped).await.is_err() {
+            return;
+        }
+        let Some(journal) = journal.upgrade() else {
+            return;
+        };
+        let inner = journal.lock();
+        for state in inner.index.streams.values() {
+            state.watermark.send_modify(|_| {});
+        }
+    });
+}
+
 /// `sync = "never"` still syncs now and then, so a power loss costs at most
 /// this interval. Stops when the journal is dropped.
 fn spawn_background_sync(journal: Weak<Journal>) {
@@ -887,10 +912,6 @@ impl Store for Journal {
 
     fn flush_failed(&self) -> bool {
         self.commit.failed()
-    }
-
-    fn stops(&self) -> Option<watch::Receiver<bool>> {
-        Some(self.commit.stops())
     }
 }
 
