@@ -137,25 +137,6 @@ fn locked(io: &std::io::Error) -> bool {
             && io.to_string().starts_with("could not acquire lock"))
 }
 
-/// Once the log stops after a failed flush, wakes the readers of every
-/// stream followed here: they find it stopped and end (as the journal's
-/// do).
-fn wake_readers_when_stopped(
-    tails: Arc<DashMap<StreamId, Arc<Tail>>>,
-    mut stops: watch::Receiver<bool>,
-) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    handle.spawn(async move {
-        if stops.wait_for(|stopped| *stopped).await.is_ok() {
-            for tail in tails.iter() {
-                tail.watermark.send_modify(|_| {});
-            }
-        }
-    });
-}
-
 impl SledStore {
     /// Opens (or creates) the log under `dir/log`.
     pub fn open(dir: &Path, sync: SyncMode) -> Result<Self> {
@@ -166,7 +147,14 @@ impl SledStore {
             Arc::new(move || flusher.flush().map(|_| ()).map_err(std::io::Error::other)),
         );
         let tails: Arc<DashMap<StreamId, Arc<Tail>>> = Arc::default();
-        wake_readers_when_stopped(tails.clone(), commit.stops());
+        // Once the log stops, the readers of every stream followed here
+        // find it stopped and end, as the journal's do.
+        let followed = tails.clone();
+        commit.when_stopped(move || {
+            for tail in followed.iter() {
+                tail.watermark.send_modify(|_| {});
+            }
+        });
         Ok(Self {
             sessions: db.open_tree("sessions").map_err(backend)?,
             streams: db.open_tree("streams").map_err(backend)?,

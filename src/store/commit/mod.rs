@@ -164,7 +164,7 @@ struct Shared {
     /// run one at a time, and each starts after the last one's end).
     failed: AtomicBool,
     /// Turns true with `failed`, for those who wait on it
-    /// ([`GroupCommit::stops`]).
+    /// ([`GroupCommit::when_stopped`]).
     stopped: watch::Sender<bool>,
 }
 
@@ -246,11 +246,23 @@ impl GroupCommit {
         Flusher(self.shared.clone())
     }
 
-    /// Turns true once a flush failed: the backend then wakes its streams'
-    /// readers, so that they end instead of waiting for entries that will
-    /// never come.
-    pub fn stops(&self) -> watch::Receiver<bool> {
-        self.shared.stopped.subscribe()
+    /// Runs `then` once, in a task of its own, if a flush fails: a backend
+    /// wakes its streams' readers with it, so that they end instead of
+    /// waiting for entries that will never come. A task, holding no lock
+    /// when the failure comes (the flush that failed may run under the
+    /// backend's lock). Nothing runs if the log closes first, or outside a
+    /// runtime.
+    pub fn when_stopped(&self, then: impl FnOnce() + Send + 'static) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut stopped = self.shared.stopped.subscribe();
+        handle.spawn(async move {
+            // An error: the group commit is gone, and its log with it.
+            if stopped.wait_for(|stopped| *stopped).await.is_ok() {
+                then();
+            }
+        });
     }
 
     /// Whether a flush failed: the log takes no more writes (see the module
@@ -309,7 +321,7 @@ impl Shared {
             SyncMode::Never => Ok(()),
             SyncMode::Always => {
                 let shared = self.clone();
-                tokio::task::spawn_blocking(move || shared.own_flush())
+                tokio::task::spawn_blocking(move || shared.timed_flush())
                     .await
                     .map_err(std::io::Error::other)?
             }
@@ -389,14 +401,6 @@ impl Shared {
         self.failed.load(Ordering::SeqCst)
     }
 
-    /// An `always` writer's own flush.
-    fn own_flush(&self) -> std::io::Result<()> {
-        if self.failed() {
-            return Err(failed_earlier());
-        }
-        self.timed_flush()
-    }
-
     /// Runs one flush of the log's files, never beside another: when two
     /// `fdatasync`s of one file overlap, Linux reports a write-back error
     /// to one of them only, and the other's writers would be told their
@@ -422,8 +426,11 @@ impl Shared {
     }
 
     /// Flushes, timed for the observer and for the queue's smoothed flush
-    /// time.
+    /// time; refused, untimed, once a flush failed.
     fn timed_flush(&self) -> std::io::Result<()> {
+        if self.failed() {
+            return Err(failed_earlier());
+        }
         let started = Instant::now();
         let result = self.one_flush(|| (self.flush)());
         let took = started.elapsed();
@@ -476,11 +483,7 @@ impl Shared {
                 self.linger(linger);
             }
             let target = self.after_flush_here(lock(&self.queue)).start_flush();
-            let result = if self.failed() {
-                Err(failed_earlier())
-            } else {
-                self.timed_flush()
-            };
+            let result = self.timed_flush();
             self.done.send_modify(|d| d.finish(target, result.is_ok()));
         }
     }

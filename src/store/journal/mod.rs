@@ -170,7 +170,12 @@ impl Journal {
         if sync == SyncMode::Never {
             spawn_background_sync(Arc::downgrade(&journal));
         }
-        wake_readers_when_stopped(Arc::downgrade(&journal), journal.commit.stops());
+        let stopped = Arc::downgrade(&journal);
+        journal.commit.when_stopped(move || {
+            if let Some(journal) = stopped.upgrade() {
+                journal.wake_every_reader();
+            }
+        });
         Ok(journal)
     }
 
@@ -216,6 +221,25 @@ impl Journal {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         lock(&self.inner)
+    }
+
+    /// Wakes every stream's readers once the log stopped after a failed
+    /// flush: they find it stopped ([`Store::flush_failed`]) and end their
+    /// answers, so that clients reconnect (and learn it) instead of waiting
+    /// on streams that will never move.
+    fn wake_every_reader(&self) {
+        let inner = self.lock();
+        for state in inner.index.streams.values() {
+            state.watermark.send_modify(|_| {});
+        }
+    }
+
+    /// A sync of the active segment as one of the group commit's flushes,
+    /// for a blocking task that must not keep the journal alive.
+    fn active_sync(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
+        let file = lock(&self.active).clone();
+        let (flusher, sync_file) = (self.commit.flusher(), self.sync_file.clone());
+        move || flusher.flush_with(|| sync_file(&file))
     }
 
     /// Makes `file` (the active segment) durable outside the group commit,
@@ -549,30 +573,6 @@ fn chunks(messages: &[Bytes]) -> impl Iterator<Item = &[Bytes]> {
     })
 }
 
-/// Once the log stops after a failed flush, wakes every stream's readers:
-/// they find it stopped ([`Store::flush_failed`]) and end their answers, so
-/// that clients reconnect (and learn it) instead of waiting on streams
-/// that will never move. A task of its own, holding no lock when the
-/// failure comes: the flush that failed may run under the journal's lock.
-fn wake_readers_when_stopped(journal: Weak<Journal>, mut stops: watch::Receiver<bool>) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    handle.spawn(async move {
-        // An error: the journal (and its group commit) is gone.
-        if stops.wait_for(|stopped| *stopped).await.is_err() {
-            return;
-        }
-        let Some(journal) = journal.upgrade() else {
-            return;
-        };
-        let inner = journal.lock();
-        for state in inner.index.streams.values() {
-            state.watermark.send_modify(|_| {});
-        }
-    });
-}
-
 /// `sync = "never"` still syncs now and then, so a power loss costs at most
 /// this interval. Stops when the journal is dropped.
 fn spawn_background_sync(journal: Weak<Journal>) {
@@ -586,13 +586,10 @@ fn spawn_background_sync(journal: Weak<Journal>) {
             let Some(journal) = journal.upgrade() else {
                 return;
             };
-            let file = lock(&journal.active).clone();
-            let (flusher, sync_file) = (journal.commit.flusher(), journal.sync_file.clone());
+            let sync = journal.active_sync();
             drop(journal);
             // A failure stops the log, and is logged, there.
-            let synced =
-                tokio::task::spawn_blocking(move || flusher.flush_with(|| sync_file(&file)));
-            if let Err(e) = synced.await {
+            if let Err(e) = tokio::task::spawn_blocking(sync).await {
                 tracing::warn!(error = %e, "journal background sync did not run");
             }
         }
@@ -849,9 +846,7 @@ impl Store for Journal {
     }
 
     async fn flush(&self) -> Result<()> {
-        let file = lock(&self.active).clone();
-        let (flusher, sync_file) = (self.commit.flusher(), self.sync_file.clone());
-        tokio::task::spawn_blocking(move || flusher.flush_with(|| sync_file(&file)))
+        tokio::task::spawn_blocking(self.active_sync())
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?
             .map_err(io)
