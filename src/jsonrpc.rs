@@ -107,16 +107,26 @@ pub enum ParseError {
 /// (`IgnoredAny` when only the envelope matters).
 #[derive(Deserialize)]
 struct Peek<'a, P> {
-    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    jsonrpc: Option<Text<'a>>,
     #[serde(borrow)]
     id: Option<&'a RawValue>,
-    method: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    method: Option<Text<'a>>,
     /// Present, whatever its value: `"result": null` is a valid result.
     #[serde(default, deserialize_with = "present")]
     result: bool,
     error: Option<IgnoredAny>,
     params: Option<P>,
 }
+
+/// A string field read in place from the message when it holds no escapes.
+/// (serde reads an `Option<Cow<str>>` into a new `String` every time: the
+/// `"2.0"` of every message classified — several per call, one or two per
+/// streamed message — was an allocation only to be compared.)
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     IgnoredAny::deserialize(d).map(|_| true)
@@ -212,7 +222,7 @@ pub fn classify(bytes: &[u8]) -> Result<Envelope, ParseError> {
 }
 
 fn envelope<P>(peek: Peek<'_, P>) -> Result<Envelope, ParseError> {
-    if peek.jsonrpc.as_deref() != Some("2.0") {
+    if peek.jsonrpc.as_ref().map(|t| t.0.as_ref()) != Some("2.0") {
         return Err(ParseError::Shape("\"jsonrpc\" must be \"2.0\""));
     }
     // `"id": null` deserializes as a present RawValue "null"; a request with a
@@ -232,7 +242,7 @@ fn envelope<P>(peek: Peek<'_, P>) -> Result<Envelope, ParseError> {
         kind,
         id,
         error: kind == Kind::Response && peek.error.is_some(),
-        method: peek.method.map(Cow::into_owned),
+        method: peek.method.map(|t| t.0.into_owned()),
     })
 }
 
@@ -584,6 +594,20 @@ mod tests {
         assert_eq!(ok.map(|e| e.kind), Ok(Kind::Response));
         let err = classify(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#);
         assert_eq!(err.map(|e| e.kind), Ok(Kind::Response));
+    }
+
+    #[test]
+    fn escaped_envelope_strings_are_read_as_their_text() {
+        // Read in place when plain, unescaped into a copy otherwise: the
+        // same envelope either way.
+        let plain = classify(br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#).unwrap();
+        let escaped = classify(br#"{"jsonrpc":"2\u002e0","id":1,"method":"tools\/call"}"#).unwrap();
+        assert_eq!(escaped, plain);
+        assert_eq!(escaped.method.as_deref(), Some("tools/call"));
+        assert!(matches!(
+            classify(br#"{"jsonrpc":2.0,"id":1,"method":"x"}"#),
+            Err(ParseError::Json(_))
+        ));
     }
 
     #[test]
