@@ -56,6 +56,12 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl From<commit::Stopped> for StoreError {
+    fn from(_: commit::Stopped) -> Self {
+        StoreError::Stopped
+    }
+}
+
 /// What a legacy session maps to upstream. Persisted so a restarted proxy
 /// still routes the client's `Mcp-Session-Id` to the same upstream session.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

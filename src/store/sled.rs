@@ -219,14 +219,6 @@ impl SledStore {
         ))
     }
 
-    /// Refuses a new stream or entries once a flush failed (see `commit.rs`).
-    fn not_stopped(&self) -> Result<()> {
-        if self.commit.failed() {
-            return Err(StoreError::Stopped);
-        }
-        Ok(())
-    }
-
     /// Inserts entries (and the final status), waits once for durability,
     /// then moves the watermark readers follow.
     async fn append_inner(
@@ -236,7 +228,7 @@ impl SledStore {
         along: Along<'_>,
     ) -> Result<Seq> {
         let (finish, upstream) = (along.end, along.upstream_event);
-        self.not_stopped()?;
+        self.commit.writable()?;
         let tail = self.tail(stream)?.ok_or(StoreError::NoSuchStream(stream))?;
         let _serial = tail.append.lock().await;
         let mut seq = tail.watermark.borrow().seq;
@@ -436,7 +428,7 @@ impl Store for SledStore {
     }
 
     async fn create_with(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()> {
-        self.not_stopped()?;
+        self.commit.writable()?;
         // Not flushed on its own: the first append's flush covers it, and a
         // stream without entries that a crash loses was never shown to anyone.
         self.streams

@@ -271,6 +271,16 @@ impl GroupCommit {
         self.shared.failed()
     }
 
+    /// Refuses a write once a flush failed: a record written after the
+    /// pages a failed flush lost could reach the disk without them. Every
+    /// backend's write path asks here first.
+    pub fn writable(&self) -> Result<(), Stopped> {
+        if self.failed() {
+            return Err(Stopped);
+        }
+        Ok(())
+    }
+
     /// Reports every later flush's duration to `observer`. A second
     /// observer is ignored: one process, one set of metrics.
     pub fn observe(&self, observer: FlushObserver) {
@@ -291,6 +301,10 @@ impl Drop for FlushingHere<'_> {
         }
     }
 }
+
+/// A write refused because a flush failed (see [`GroupCommit::writable`]).
+#[derive(Debug)]
+pub struct Stopped;
 
 /// See [`GroupCommit::flusher`].
 pub struct Flusher(Arc<Shared>);

@@ -19,7 +19,7 @@ use super::holdings::Object;
 use super::segment::SegmentNo;
 use super::{encode_entries, io, locate, read_locs, record, Inner, Journal};
 use crate::id::{Seq, StreamId};
-use crate::store::{Result, StoreError};
+use crate::store::Result;
 
 /// A sealed segment whose still-needed contents fill less than 1/SPARSE of
 /// a segment is emptied (copied forward) at the next rollover.
@@ -34,10 +34,7 @@ impl Journal {
     /// are mostly dead into the active one, so those files can go. Durable
     /// before it returns: the caller deletes the emptied segments next.
     pub(super) fn copy_forward(&self, inner: &mut Inner) -> Result<()> {
-        if self.commit.failed() {
-            // Nothing is written after a failed flush (see `commit.rs`).
-            return Err(StoreError::Stopped);
-        }
+        self.commit.writable()?;
         let sparse = self.oldest_sparse(inner);
         let mut streams: Vec<StreamId> = Vec::new();
         let mut records: Vec<Object> = Vec::new();

@@ -254,14 +254,12 @@ impl Journal {
 
     /// Appends the encoded records in `inner.buf` to the active segment;
     /// returns the segment and offset they start at. Rolls over afterwards
-    /// when the segment is full.
-    /// Refused once a flush failed: a record written after the pages a
-    /// failed flush lost could reach the disk without them (see
-    /// `commit.rs`).
+    /// when the segment is full. Refused once a flush failed
+    /// ([`GroupCommit::writable`]).
     fn write(&self, inner: &mut Inner) -> Result<(SegmentNo, u64)> {
-        if self.commit.failed() {
+        if let Err(stopped) = self.commit.writable() {
             inner.buf.clear();
-            return Err(StoreError::Stopped);
+            return Err(stopped.into());
         }
         let written = inner.writer.append(&inner.buf);
         // Cleared either way: records whose write failed were never

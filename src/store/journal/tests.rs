@@ -531,6 +531,19 @@ impl FailingDisk {
     async fn append(&self, i: u32) -> Result<Seq> {
         self.store.append(self.stream, &[progress(i)]).await
     }
+
+    /// A reader of the stream that has read its entry and waits for more
+    /// (for a minute at most).
+    async fn waiting_reader(&self) -> tokio::task::JoinHandle<Result<crate::stream::Next>> {
+        let log = crate::stream::Log::new(self.store.clone());
+        let mut reader = log.attach(self.stream, 0);
+        let idle = Duration::from_secs(60);
+        assert!(matches!(
+            reader.next(idle).await.unwrap(),
+            crate::stream::Next::Entries(_)
+        ));
+        tokio::spawn(async move { reader.next(idle).await })
+    }
 }
 
 #[tokio::test]
@@ -568,21 +581,6 @@ async fn a_restart_after_a_failed_flush_takes_writes_again() {
     assert!(!store.flush_failed());
     let n = store.stream_meta(stream).await.unwrap().unwrap().entries;
     assert_eq!(store.append(stream, &[progress(3)]).await.unwrap(), n + 1);
-}
-
-impl FailingDisk {
-    /// A reader of the stream that has read its entry and waits for more
-    /// (for a minute at most).
-    async fn waiting_reader(&self) -> tokio::task::JoinHandle<Result<crate::stream::Next>> {
-        let log = crate::stream::Log::new(self.store.clone());
-        let mut reader = log.attach(self.stream, 0);
-        let idle = Duration::from_secs(60);
-        assert!(matches!(
-            reader.next(idle).await.unwrap(),
-            crate::stream::Next::Entries(_)
-        ));
-        tokio::spawn(async move { reader.next(idle).await })
-    }
 }
 
 /// What `waiting` ended with, or a failure if it was left waiting.
