@@ -306,6 +306,7 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
             upstream_session: Some("up".into()),
             protocol_version: Some("2025-11-25".into()),
             principal: "p".into(),
+            credential: None,
             initialize: None,
             created_ms: now,
             last_seen_ms: now,

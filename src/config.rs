@@ -37,6 +37,16 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// Request header that identifies the client principal.
     pub principal_header: String,
+    /// The origin clients reach the proxy at (`https://mcp.example.com`),
+    /// when an ingress in front changes it; it is what the proxy writes
+    /// where an upstream wrote its own URL, and an allowed `Host`. Unset:
+    /// a trusted ingress's forwarding headers, else the request's own.
+    pub public_url: Option<String>,
+    /// Peers (addresses or networks) whose `Forwarded` and
+    /// `X-Forwarded-Proto` / `X-Forwarded-Host` are believed.
+    pub trusted_proxies: Vec<String>,
+    /// CORS for browsers (`[cors]`); unset: as the upstream answers it.
+    pub cors: Option<crate::edge::cors::CorsConfig>,
     /// Seconds to wait for connections to finish on shutdown.
     pub shutdown_grace_secs: u64,
     /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
@@ -434,6 +444,16 @@ pub struct UpstreamConfig {
     /// built-in (webpki) roots: for upstreams with a private CA.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// The URL clients use for this upstream's endpoint
+    /// (`https://mcp.example.com/mcp`), when it differs from the proxy's
+    /// origin and mount path.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Paths of the upstream's origin forwarded as they are (an upstream
+    /// that is its own authorization server: `/authorize`, `/token`,
+    /// `/register`). Only these exact paths open.
+    #[serde(default)]
+    pub passthrough: Vec<String>,
 }
 
 fn default_mount() -> String {
@@ -471,6 +491,9 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
             principal_header: "authorization".into(),
+            public_url: None,
+            trusted_proxies: Vec::new(),
+            cors: None,
             shutdown_grace_secs: 5,
             metrics: true,
             workers: None,
@@ -536,6 +559,8 @@ impl UpstreamConfig {
             resume_tokens: ResumeTokensConfig::default(),
             tasks: TasksConfig::default(),
             ca_file: None,
+            public_url: None,
+            passthrough: Vec::new(),
         }
     }
 }
@@ -709,6 +734,7 @@ impl Config {
                 self.principal_header
             ));
         }
+        crate::edge::validate(self).map_err(ConfigError)?;
         let mut paths = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter().enumerate() {
             let key = format!("upstream[{i}]");

@@ -26,12 +26,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::LimitsConfig;
 use crate::reply::Body;
+use crate::edge::origin::Peer;
 use crate::tls::CertificatePrincipal;
 
 /// What serves the requests of every connection.
 #[async_trait::async_trait]
 pub trait Handler: Send + Sync + 'static {
-    async fn handle(&self, req: Request<Incoming>) -> http::Response<Body>;
+    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> http::Response<Body>;
 }
 
 /// hyper refuses an HTTP/1 read buffer smaller than this (it panics).
@@ -117,6 +118,10 @@ impl FrontDoor {
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
         let first_request = Arc::new(Notify::new());
+        let from = Peer {
+            addr: peer,
+            tls: principal.is_some() || self.tls.is_some(),
+        };
         let service = {
             let app = self.app.clone();
             let first_request = first_request.clone();
@@ -126,7 +131,7 @@ impl FrontDoor {
                     req.extensions_mut().insert(principal.clone());
                 }
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(app.handle(req).await) }
+                async move { Ok::<_, Infallible>(app.handle(req, from).await) }
             })
         };
         let conn = watcher.watch(self.http.serve_connection(io, service).into_owned());

@@ -20,6 +20,11 @@
 //! - [`workers`]: the threads that serve connections, one single-threaded
 //!   scheduler each, what each of them keeps for itself, and how many
 //!   connections each serves.
+//! - [`edge`]: what is settled before a route sees a request and what every
+//!   answer carries out — the public URL the client used (configured, or
+//!   from a trusted ingress), `Host` and `Origin` checks, CORS, the OAuth
+//!   discovery and authorization paths passed to the upstream's origin, the
+//!   upstream's own URL rewritten into the proxy's.
 //! - [`front_door`]: one connection from socket to hyper — TLS handshake,
 //!   limits on request heads, the client certificate's principal.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
@@ -98,6 +103,7 @@
 pub mod config;
 pub mod demo;
 pub mod dialect;
+pub mod edge;
 pub mod front_door;
 pub mod headers;
 pub mod id;

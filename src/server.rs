@@ -16,6 +16,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Backend, Config};
+use crate::edge::discovery::Passage;
+use crate::edge::origin::{Arrival, Peer};
+use crate::edge::{self, Edge};
 use crate::front_door::{FrontDoor, Handler};
 use crate::lifetime::{Recovered, Resumer};
 use crate::proxy::{Rejection, Route, Shared};
@@ -35,6 +38,7 @@ use crate::workers::Workers;
 /// Everything a request needs, built once at start-up.
 pub struct App {
     routes: Vec<Route>,
+    edge: Edge,
     shared: Arc<Shared>,
 }
 
@@ -113,7 +117,12 @@ impl App {
                 shared.sessions.close(record.id).await?;
             }
         }
-        let app = Arc::new(App { routes, shared });
+        let edge = Edge::new(&shared.config).map_err(anyhow::Error::msg)?;
+        let app = Arc::new(App {
+            routes,
+            edge,
+            shared,
+        });
         let recovered = crate::lifetime::recover(&app.shared.log, app.as_ref()).await?;
         if recovered != Recovered::default() {
             tracing::warn!(
@@ -142,7 +151,11 @@ impl App {
         }
     }
 
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+    /// One request through the edge: the paths that are not MCP (health,
+    /// metrics), the checks of where it came from, then a discovery
+    /// passage, a preflight or a route; its answer carries the public URL
+    /// and CORS out.
+    pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
         let path = req.uri().path();
         if path == "/healthz" {
             return self.health();
@@ -150,22 +163,91 @@ impl App {
         if path == "/metrics" && self.shared.config.metrics {
             return self.metrics_page();
         }
-        if !self.host_allowed(req.headers()) {
+        let (parts, body) = req.into_parts();
+        let arrival = self.edge.origins.arrival(&parts, peer);
+        if !self.edge.host_allowed(&arrival, self.shared.config.listen.ip().is_loopback()) {
             return Rejection::forbidden("Host").into_response();
         }
-        if let Some(origin) = req.headers().get(http::header::ORIGIN) {
-            let allowed = origin
-                .to_str()
-                .is_ok_and(|o| origin_allowed(o, &self.shared.config.allowed_origins));
-            if !allowed {
-                return Rejection::forbidden("Origin").into_response();
+        let origin = parts.headers.get(http::header::ORIGIN).cloned();
+        if origin.as_ref().is_some_and(|o| !self.edge.origin_allowed(o)) {
+            return Rejection::forbidden("Origin").into_response();
+        }
+        let (route, mut res) = self.dispatch(parts, body, &arrival).await;
+        let reached = route.map(|i| (&self.edge.mounts[i], self.routes[i].http()));
+        self.edge
+            .outgoing(&mut res, reached, &arrival, origin.as_ref())
+            .await;
+        res
+    }
+
+    /// The answer, and the route (by index) that gave it.
+    async fn dispatch(
+        &self,
+        parts: http::request::Parts,
+        body: Incoming,
+        arrival: &Arrival,
+    ) -> (Option<usize>, Response<Body>) {
+        let preflight = edge::is_preflight(&parts.method, &parts.headers);
+        if let (true, Some(cors), Some(origin)) = (
+            preflight,
+            &self.edge.cors,
+            parts.headers.get(http::header::ORIGIN),
+        ) {
+            let origin = origin.to_str().unwrap_or_default();
+            return (None, cors.preflight(origin, &parts.headers));
+        }
+        let path = parts.uri.path().trim_end_matches('/');
+        let route = self.routes.iter().position(|r| r.path == path);
+        let passage = match route {
+            // A browser's preflight of an MCP endpoint is the upstream's to
+            // answer when no `[cors]` says otherwise.
+            Some(i) if preflight => self.edge.mounts[i].urls.as_ref().map(|urls| Passage {
+                route: i,
+                path: urls.upstream_path().to_owned(),
+                fallback: None,
+                metadata: false,
+            }),
+            Some(_) => None,
+            None => self.edge.passage(parts.uri.path()),
+        };
+        let reached = passage.as_ref().map(|p| p.route).or(route);
+        let answer = match (passage, route) {
+            (Some(passage), _) => self.pass(&passage, parts, body, arrival).await,
+            (None, Some(i)) => Ok(self.routes[i].handle(Request::from_parts(parts, body)).await),
+            (None, None) => Err(Rejection::not_found()),
+        };
+        (reached, answer.unwrap_or_else(Rejection::into_response))
+    }
+
+    /// A discovery, authorization or preflight request, forwarded to the
+    /// upstream's origin as plain HTTP.
+    async fn pass(
+        &self,
+        passage: &Passage,
+        parts: http::request::Parts,
+        body: Incoming,
+        arrival: &Arrival,
+    ) -> Result<Response<Body>, Rejection> {
+        let mount = &self.edge.mounts[passage.route];
+        let (Some(upstream), Some(urls)) = (self.routes[passage.route].http(), &mount.urls) else {
+            return Err(Rejection::not_found());
+        };
+        let body = crate::proxy::read_body(body, &self.shared.config).await?;
+        let forward = edge::passage::Forward {
+            upstream,
+            urls,
+            origin: &arrival.origin,
+        };
+        let query = parts.uri.query();
+        let res = forward
+            .send(passage, parts.method.clone(), query, &parts.headers, body)
+            .await?;
+        if let Some(origin) = parts.headers.get(http::header::ORIGIN) {
+            if edge::is_preflight(&parts.method, &parts.headers) {
+                mount.learn(origin, res.headers());
             }
         }
-        let path = path.trim_end_matches('/');
-        match self.route_of(path) {
-            Some(route) => route.handle(req).await,
-            None => Rejection::not_found().into_response(),
-        }
+        Ok(res)
     }
 }
 
@@ -201,8 +283,8 @@ impl App {
 /// The front door hands every request to the app.
 #[async_trait::async_trait]
 impl Handler for App {
-    async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
-        App::handle(self, req).await
+    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
+        App::handle(self, req, peer).await
     }
 }
 
@@ -232,60 +314,6 @@ impl Resumer for App {
             None => false,
         }
     }
-}
-
-impl App {
-    /// DNS-rebinding protection: on a loopback listener only localhost
-    /// names reach the upstreams, unless more are configured.
-    fn host_allowed(&self, headers: &http::HeaderMap) -> bool {
-        let config = &self.shared.config;
-        if config.allowed_hosts.is_empty() && !config.listen.ip().is_loopback() {
-            return true;
-        }
-        let Some(host) = headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-        else {
-            // HTTP/2 carries the authority in the URI, not a Host header.
-            return true;
-        };
-        host_allowed(host, &config.allowed_hosts)
-    }
-}
-
-/// Localhost hosts (any port) are always allowed; others only when listed,
-/// as `host` (any port) or `host:port`.
-pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
-    // A slice of `host` but for a bracket left open (read as if closed).
-    let name: std::borrow::Cow<'_, str> = match host.strip_prefix('[') {
-        Some(v6) => match v6.find(']') {
-            Some(end) => host[..end + 2].into(),
-            None => format!("[{v6}]").into(),
-        },
-        None => host.split(':').next().unwrap_or_default().into(),
-    };
-    matches!(name.as_ref(), "localhost" | "127.0.0.1" | "[::1]")
-        || allowed
-            .iter()
-            .any(|a| a == "*" || a.eq_ignore_ascii_case(host) || a.eq_ignore_ascii_case(&name))
-}
-
-/// Localhost origins are always allowed; others only when configured.
-pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
-    if allowed
-        .iter()
-        .any(|a| a == "*" || a.trim_end_matches('/').eq_ignore_ascii_case(origin))
-    {
-        return true;
-    }
-    let Ok(uri) = origin.parse::<http::Uri>() else {
-        return false;
-    };
-    matches!(uri.scheme_str(), Some("http" | "https"))
-        && matches!(
-            uri.host(),
-            Some("localhost" | "127.0.0.1" | "[::1]" | "::1")
-        )
 }
 
 /// A running proxy.
@@ -438,51 +466,4 @@ async fn accept_loop(
         tracing::info!("grace period over; closing remaining connections");
     }
     sweeper.abort();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn localhost_origins_are_allowed_by_default() {
-        for o in [
-            "http://localhost",
-            "http://localhost:3000",
-            "https://127.0.0.1:8443",
-            "http://[::1]:8080",
-        ] {
-            assert!(origin_allowed(o, &[]), "{o}");
-        }
-    }
-
-    #[test]
-    fn only_localhost_hosts_pass_unless_configured() {
-        for h in ["localhost", "localhost:8080", "127.0.0.1:1", "[::1]:8080"] {
-            assert!(host_allowed(h, &[]), "{h}");
-        }
-        assert!(!host_allowed("evil.example", &[]));
-        assert!(!host_allowed("evil.example:8080", &[]));
-        let allowed = vec!["mcp.example.com".to_owned()];
-        assert!(host_allowed("mcp.example.com:443", &allowed));
-        assert!(host_allowed("anything", &["*".to_owned()]));
-    }
-
-    #[test]
-    fn an_ipv6_host_is_named_by_its_brackets_even_left_open() {
-        assert!(host_allowed("[::1]", &[]));
-        assert!(host_allowed("[::1", &[]));
-        assert!(!host_allowed("[::2]:80", &[]));
-        assert!(host_allowed("[fe80::1]:80", &["[fe80::1]".to_owned()]));
-    }
-
-    #[test]
-    fn foreign_origins_need_configuration() {
-        assert!(!origin_allowed("https://evil.example", &[]));
-        assert!(!origin_allowed("null", &[]));
-        assert!(!origin_allowed("http://localhost.evil.example", &[]));
-        let allowed = vec!["https://app.example.com".to_owned()];
-        assert!(origin_allowed("https://app.example.com", &allowed));
-        assert!(origin_allowed("https://evil.example", &["*".to_owned()]));
-    }
 }

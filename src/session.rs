@@ -71,10 +71,23 @@ pub fn principal(request: &http::request::Parts, header: &str) -> String {
     }
 }
 
+/// Whether the request's principal is its client certificate.
+pub fn by_certificate(request: &http::request::Parts) -> bool {
+    request.extensions.get::<CertificatePrincipal>().is_some()
+}
+
 fn header_principal(headers: &HeaderMap, header: &str) -> String {
     let value = headers.get(header).map(|v| v.as_bytes()).unwrap_or(b"");
     let d = digest::digest(&digest::SHA256, value);
     crate::id::hex(d.as_ref())
+}
+
+/// What a session id names for one caller.
+pub enum Lookup {
+    Found(Arc<Session>),
+    /// This route's open session, answering to another credential.
+    OtherCredential(Arc<Session>),
+    Absent,
 }
 
 /// A live session.
@@ -447,6 +460,7 @@ impl Sessions {
                 upstream_session: None,
                 protocol_version: crate::jsonrpc::protocol_version(initialize),
                 principal,
+                credential: None,
                 initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
                 created_ms: now,
                 last_seen_ms: now,
@@ -519,21 +533,22 @@ impl Sessions {
         }
     }
 
-    /// The session `id` on `route` as seen by `principal`; another route's or
-    /// another principal's session is reported as absent.
-    pub async fn get(
-        &self,
-        id: SessionId,
-        route: &str,
-        principal: &str,
-    ) -> Result<Option<Arc<Session>>> {
+    /// The session `id` on `route` as seen by a caller whose principal is
+    /// `principal`: [`Lookup::Found`] when the session answers to it,
+    /// [`Lookup::OtherCredential`] when it is this route's open session
+    /// but answers to another credential (a refreshed token, or someone
+    /// else's: only the upstream can tell), absent otherwise.
+    pub async fn lookup(&self, id: SessionId, route: &str, principal: &str) -> Result<Lookup> {
         let Some(session) = self.load(id).await? else {
-            return Ok(None);
+            return Ok(Lookup::Absent);
         };
         let stale = {
             let mut r = session.lock();
-            if r.route != route || session.principal() != principal || r.closed_ms.is_some() {
-                return Ok(None);
+            if r.route != route || r.closed_ms.is_some() {
+                return Ok(Lookup::Absent);
+            }
+            if r.credential.as_deref().unwrap_or(&session.principal) != principal {
+                return Ok(Lookup::OtherCredential(session.clone()));
             }
             let now = now_ms();
             let stale = now.saturating_sub(r.last_seen_ms) >= TOUCH_EVERY_MS;
@@ -546,12 +561,36 @@ impl Sessions {
                 // cache last heard: touch what is stored, not a stale copy.
                 self.refresh(id).await?;
                 if self.cached(id).is_none() {
-                    return Ok(None); // deleted elsewhere
+                    return Ok(Lookup::Absent); // deleted elsewhere
                 }
             }
             self.persist(&session).await?;
         }
-        Ok(Some(session))
+        Ok(Lookup::Found(session))
+    }
+
+    /// The session `id` on `route` if it answers to `principal`.
+    pub async fn get(
+        &self,
+        id: SessionId,
+        route: &str,
+        principal: &str,
+    ) -> Result<Option<Arc<Session>>> {
+        Ok(match self.lookup(id, route, principal).await? {
+            Lookup::Found(session) => Some(session),
+            Lookup::OtherCredential(_) | Lookup::Absent => None,
+        })
+    }
+
+    /// Makes `session` answer to `credential` from now on (and no longer
+    /// to the one before): the upstream accepted it on that session.
+    pub async fn rebind(&self, session: &Session, credential: &str) -> Result<()> {
+        let owner = session.principal.to_string();
+        self.update(session, |r| {
+            r.credential = (credential != owner).then(|| credential.to_owned());
+            r.last_seen_ms = now_ms();
+        })
+        .await
     }
 
     /// The session `id` for the proxy's own work on it (resuming its
@@ -640,6 +679,7 @@ mod tests {
                 upstream_session: None,
                 protocol_version: None,
                 principal: "p".into(),
+                credential: None,
                 initialize: None,
                 created_ms: 0,
                 last_seen_ms: 0,

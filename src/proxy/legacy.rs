@@ -16,13 +16,13 @@ use hyper::body::Incoming;
 
 use super::exchange::{self, Post, Target};
 use super::present::{self, Showing};
-use super::{read_body, Rejection, Route};
+use super::{read_body, rebind, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Body as Message, Needle, RequestId};
 use crate::reply::{self, Body};
-use crate::session::{self, Session};
+use crate::session::{self, Lookup, Session};
 use crate::store::StreamStatus;
 use crate::upstream::Upstream;
 
@@ -124,12 +124,14 @@ async fn find_session(
         .parse::<SessionId>()
         .map_err(|()| Rejection::session_not_found())?;
     let principal = session::principal(request, &route.shared.config.principal_header);
-    route
-        .shared
-        .sessions
-        .get(id, &route.path, &principal)
-        .await?
-        .ok_or_else(Rejection::session_not_found)
+    match route.shared.sessions.lookup(id, &route.path, &principal).await? {
+        Lookup::Found(session) => Ok(session),
+        // A client certificate is an identity, not a credential to refresh.
+        Lookup::OtherCredential(session) if !session::by_certificate(request) => {
+            rebind::ask_upstream(route, session, &request.headers, &principal).await
+        }
+        Lookup::OtherCredential(_) | Lookup::Absent => Err(Rejection::session_not_found()),
+    }
 }
 
 /// A message a dialect claimed, answered from the log.

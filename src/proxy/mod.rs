@@ -9,6 +9,7 @@ pub mod legacy;
 pub mod modern;
 mod present;
 mod quota;
+mod rebind;
 mod rejection;
 mod renew;
 pub mod tasks;
@@ -55,6 +56,14 @@ pub struct Route {
 }
 
 impl Route {
+    /// The route's HTTP upstream; `None` for a stdio one.
+    pub fn http(&self) -> Option<&crate::upstream::http::HttpUpstream> {
+        match &self.upstream {
+            Upstream::Http(http) => Some(http),
+            Upstream::Stdio(_) => None,
+        }
+    }
+
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let answered = match (Era::of(req.headers()), req.method()) {
             (Era::Modern, _) => match &self.upstream {

@@ -22,6 +22,8 @@ pub struct Rejection {
     allow: Option<&'static str>,
     /// The error's `data` (raw JSON), when it has one.
     data: Option<String>,
+    /// `Retry-After` seconds, for a refusal that passes.
+    retry_after: Option<u32>,
 }
 
 impl Rejection {
@@ -33,6 +35,7 @@ impl Rejection {
             message: message.into(),
             allow: None,
             data: None,
+            retry_after: None,
         }
     }
 
@@ -146,6 +149,20 @@ impl Rejection {
         }
     }
 
+    /// Something the answer depends on cannot be reached now (503 with
+    /// `Retry-After`): nothing the client holds is lost.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, message)
+        }
+    }
+
+    /// The upstream answered something the proxy cannot pass on.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, code::SERVER_ERROR, message)
+    }
+
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, code::SERVER_ERROR, "Not Found")
     }
@@ -234,6 +251,9 @@ impl Rejection {
         if let Some(allow) = self.allow {
             res.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if let Some(secs) = self.retry_after {
+            res.headers_mut().insert(header::RETRY_AFTER, secs.into());
         }
         res
     }

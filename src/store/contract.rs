@@ -46,6 +46,7 @@ pub fn session(id: SessionId) -> SessionRecord {
         upstream_session: Some("up-1".into()),
         protocol_version: Some("2025-11-25".into()),
         principal: "p".into(),
+        credential: None,
         initialize: None,
         created_ms: now_ms(),
         last_seen_ms: now_ms(),

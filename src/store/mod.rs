@@ -73,9 +73,16 @@ pub struct SessionRecord {
     pub upstream_session: Option<String>,
     /// Negotiated protocol version, once the `initialize` result was seen.
     pub protocol_version: Option<String>,
-    /// SHA-256 of the client's credential (hex), so a session is usable only
-    /// by the principal that created it.
+    /// Whom the session belongs to: a verified identity, or (with
+    /// `principal = "token"`) the SHA-256 of the credential that created
+    /// it (hex). Handles given out in the session are sealed with it, so it
+    /// never changes.
     pub principal: String,
+    /// With `principal = "token"`, the digest of the credential the session
+    /// answers to now, once a refreshed token was accepted by the upstream
+    /// on it; unset, it answers to `principal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
     /// The original `initialize` request, to re-initialize an upstream that
     /// lost the session.
     pub initialize: Option<String>,

@@ -93,6 +93,79 @@ impl HttpUpstream {
             .map_err(|e| UpstreamError::Connect(error_chain(&e)))
     }
 
+    /// Sends a request to another path of the upstream's origin (OAuth
+    /// discovery, the upstream's own authorization endpoints, a CORS
+    /// preflight): the path and query are the caller's, the scheme and
+    /// authority always the upstream's, so no request target reaches
+    /// another server. No session id: these paths know none.
+    pub async fn send_to(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut parts = self.url.clone().into_parts();
+        parts.path_and_query = Some(
+            path_and_query
+                .parse()
+                .map_err(|e| UpstreamError::Connect(format!("{path_and_query:?}: {e}")))?,
+        );
+        let uri = Uri::from_parts(parts).map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        *req.headers_mut() = headers::to_upstream(client_headers, None);
+        self.client
+            .get()
+            .request(req)
+            .await
+            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+    }
+
+    /// Asks the upstream whether it accepts these client headers (a new
+    /// credential) on its session: a `ping`, answered with a result. Only
+    /// the answer to this ping counts; anything the upstream sends before
+    /// it on the same stream is not logged (a ping carries no work).
+    pub async fn accepts(
+        &self,
+        client_headers: &HeaderMap,
+        upstream_session: Option<&str>,
+        protocol_version: Option<&str>,
+    ) -> Result<bool, UpstreamError> {
+        const PING: &[u8] = br#"{"jsonrpc":"2.0","id":"mcp-resume-proxy:rebind","method":"ping"}"#;
+        let mut headers = proxy_post_headers(client_headers);
+        if let Some(value) = protocol_version.and_then(|v| http::HeaderValue::from_str(v).ok()) {
+            headers.insert(headers::PROTOCOL_VERSION, value);
+        }
+        let res = self
+            .send(Method::POST, &headers, Bytes::from_static(PING), upstream_session)
+            .await?;
+        if !res.status().is_success() {
+            return Ok(false);
+        }
+        let mut messages = Messages::new(res);
+        while let Some(batch) = messages.next_batch().await {
+            for event in batch? {
+                let Ok(envelope) = crate::jsonrpc::classify(&event.message) else {
+                    continue;
+                };
+                let ours = envelope.id.as_ref().map(|id| id.as_json()) == Some("\"mcp-resume-proxy:rebind\"");
+                if envelope.kind == crate::jsonrpc::Kind::Response && ours {
+                    return Ok(!envelope.error);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The upstream's own MCP URL, as configured.
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
     /// Reconnects to an upstream SSE stream after `last_event_id` (the
     /// upstream's own id), for upstreams that close streams early.
     pub async fn resume(

@@ -1,0 +1,59 @@
+//! A refreshed token on an existing session. With `principal = "token"` a
+//! session answers to the credential that created it, and access tokens
+//! are refreshed every few minutes while the calls this proxy exists for
+//! run for longer. A request that names a session with another credential
+//! may be its owner's new token or someone else's, and only the upstream
+//! can tell: so the proxy asks it, on that upstream session with the new
+//! credential (a `ping`), and re-binds the session only when it answers.
+//! The proxy is then never laxer than the upstream, and a stock client
+//! keeps its session across a refresh with no configuration.
+//!
+//! A stdio child checks no credential, so a stdio session is never
+//! re-bound: there the proxy is the only gate. This module asks and
+//! re-binds; it never answers the request itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderMap;
+
+use super::{Rejection, Route};
+use crate::session::Session;
+use crate::upstream::UpstreamError;
+
+/// How long the upstream has to answer the ping.
+const ASK_WITHIN: Duration = Duration::from_secs(10);
+
+/// The session, re-bound to `credential` if the upstream accepts it there;
+/// 404 (exactly as for an unknown id) if it does not. An upstream that
+/// cannot be reached ends nothing: the client is told to come back.
+pub async fn ask_upstream(
+    route: &Route,
+    session: Arc<Session>,
+    headers: &HeaderMap,
+    credential: &str,
+) -> Result<Arc<Session>, Rejection> {
+    let Some(upstream) = route.http() else {
+        return Err(Rejection::session_not_found());
+    };
+    let upstream_session = session.upstream_session();
+    let version = session.protocol_version();
+    let asked = upstream.accepts(headers, upstream_session.as_deref(), version.as_deref());
+    let accepted = match tokio::time::timeout(ASK_WITHIN, asked).await {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(e)) => return Err(unavailable(&session, e)),
+        Err(_) => return Err(unavailable(&session, UpstreamError::TimedOut("no answer"))),
+    };
+    if !accepted {
+        tracing::info!(session = %session.id, "another credential on a session, refused by the upstream");
+        return Err(Rejection::session_not_found());
+    }
+    route.shared.sessions.rebind(&session, credential).await?;
+    tracing::info!(session = %session.id, "session re-bound to a refreshed credential");
+    Ok(session)
+}
+
+fn unavailable(session: &Session, e: UpstreamError) -> Rejection {
+    tracing::warn!(session = %session.id, error = %e, "cannot ask the upstream about a refreshed credential");
+    Rejection::unavailable("the upstream cannot be asked about this credential now; try again")
+}
