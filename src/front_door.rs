@@ -25,8 +25,8 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::LimitsConfig;
-use crate::reply::Body;
 use crate::edge::origin::Peer;
+use crate::reply::Body;
 use crate::tls::CertificatePrincipal;
 
 /// What serves the requests of every connection.

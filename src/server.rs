@@ -165,11 +165,17 @@ impl App {
         }
         let (parts, body) = req.into_parts();
         let arrival = self.edge.origins.arrival(&parts, peer);
-        if !self.edge.host_allowed(&arrival, self.shared.config.listen.ip().is_loopback()) {
+        if !self
+            .edge
+            .host_allowed(&arrival, self.shared.config.listen.ip().is_loopback())
+        {
             return Rejection::forbidden("Host").into_response();
         }
         let origin = parts.headers.get(http::header::ORIGIN).cloned();
-        if origin.as_ref().is_some_and(|o| !self.edge.origin_allowed(o)) {
+        if origin
+            .as_ref()
+            .is_some_and(|o| !self.edge.origin_allowed(o))
+        {
             return Rejection::forbidden("Origin").into_response();
         }
         let (route, mut res) = self.dispatch(parts, body, &arrival).await;
@@ -213,7 +219,9 @@ impl App {
         let reached = passage.as_ref().map(|p| p.route).or(route);
         let answer = match (passage, route) {
             (Some(passage), _) => self.pass(&passage, parts, body, arrival).await,
-            (None, Some(i)) => Ok(self.routes[i].handle(Request::from_parts(parts, body)).await),
+            (None, Some(i)) => Ok(self.routes[i]
+                .handle(Request::from_parts(parts, body))
+                .await),
             (None, None) => Err(Rejection::not_found()),
         };
         (reached, answer.unwrap_or_else(Rejection::into_response))

@@ -130,7 +130,9 @@ impl CorsConfig {
 }
 
 fn vary_preflight() -> HeaderValue {
-    HeaderValue::from_static("Origin, Access-Control-Request-Method, Access-Control-Request-Headers")
+    HeaderValue::from_static(
+        "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
+    )
 }
 
 /// The MCP request headers, and any `Mcp-Param-*` the browser asks for
@@ -176,10 +178,16 @@ impl Grant {
         let expose = headers
             .get(header::ACCESS_CONTROL_EXPOSE_HEADERS)
             .cloned()
-            .or_else(|| allow_origin.is_some().then(|| HeaderValue::from_static(EXPOSED)));
+            .or_else(|| {
+                allow_origin
+                    .is_some()
+                    .then(|| HeaderValue::from_static(EXPOSED))
+            });
         Self {
             allow_origin,
-            allow_credentials: headers.get(header::ACCESS_CONTROL_ALLOW_CREDENTIALS).cloned(),
+            allow_credentials: headers
+                .get(header::ACCESS_CONTROL_ALLOW_CREDENTIALS)
+                .cloned(),
             expose,
         }
     }
@@ -194,7 +202,10 @@ impl Grant {
         };
         headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
         if let Some(credentials) = &self.allow_credentials {
-            headers.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, credentials.clone());
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                credentials.clone(),
+            );
         }
         if let Some(expose) = &self.expose {
             headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, expose.clone());
@@ -259,7 +270,10 @@ mod tests {
 
     fn preflight_request(headers: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::ORIGIN, HeaderValue::from_static("https://app.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://app.example"),
+        );
         h.insert(
             header::ACCESS_CONTROL_REQUEST_METHOD,
             HeaderValue::from_static("POST"),
@@ -273,16 +287,30 @@ mod tests {
 
     #[test]
     fn a_preflight_from_an_allowed_origin_allows_the_mcp_headers() {
-        let res = config(&["https://app.example"])
-            .preflight("https://app.example", &preflight_request("content-type,mcp-session-id"));
+        let res = config(&["https://app.example"]).preflight(
+            "https://app.example",
+            &preflight_request("content-type,mcp-session-id"),
+        );
         assert_eq!(res.status(), StatusCode::NO_CONTENT);
         let h = res.headers();
         assert_eq!(h["access-control-allow-origin"], "https://app.example");
-        let allowed = h["access-control-allow-headers"].to_str().unwrap().to_lowercase();
-        for name in ["content-type", "authorization", "mcp-session-id", "mcp-protocol-version", "last-event-id"] {
+        let allowed = h["access-control-allow-headers"]
+            .to_str()
+            .unwrap()
+            .to_lowercase();
+        for name in [
+            "content-type",
+            "authorization",
+            "mcp-session-id",
+            "mcp-protocol-version",
+            "last-event-id",
+        ] {
             assert!(allowed.contains(name), "{name}");
         }
-        assert!(h["access-control-allow-methods"].to_str().unwrap().contains("DELETE"));
+        assert!(h["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("DELETE"));
         assert_eq!(h["access-control-max-age"], "600");
     }
 
@@ -292,7 +320,9 @@ mod tests {
             "https://app.example",
             &preflight_request("content-type, Mcp-Param-Region"),
         );
-        let allowed = res.headers()["access-control-allow-headers"].to_str().unwrap();
+        let allowed = res.headers()["access-control-allow-headers"]
+            .to_str()
+            .unwrap();
         assert!(allowed.ends_with("Mcp-Param-Region"), "{allowed}");
     }
 
@@ -309,7 +339,10 @@ mod tests {
         let mut h = HeaderMap::new();
         config(&["*"]).decorate("https://app.example", &mut h);
         assert_eq!(h["access-control-allow-origin"], "https://app.example");
-        assert!(h["access-control-expose-headers"].to_str().unwrap().contains("Mcp-Session-Id"));
+        assert!(h["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("Mcp-Session-Id"));
         let mut none = HeaderMap::new();
         config(&["https://other.example"]).decorate("https://app.example", &mut none);
         assert!(none.is_empty());
@@ -344,7 +377,9 @@ mod tests {
             grants.learn(&format!("https://o{i}.example"), Grant::default());
         }
         assert_eq!(grants.0.len(), MOST_ORIGINS);
-        assert!(grants.get(&format!("https://o{}.example", MOST_ORIGINS + 9)).is_some());
+        assert!(grants
+            .get(&format!("https://o{}.example", MOST_ORIGINS + 9))
+            .is_some());
     }
 
     #[test]

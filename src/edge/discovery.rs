@@ -54,13 +54,23 @@ pub fn find(path: &str, mounts: &[MountView<'_>]) -> Option<Passage> {
         if let Some(issuer) = path.strip_suffix(well_known) {
             let (route, up) = http_mount(issuer, mounts)?;
             let path = format!("{}{well_known}", nonroot(up));
-            return Some(Passage { route, path, fallback: None, metadata: false });
+            return Some(Passage {
+                route,
+                path,
+                fallback: None,
+                metadata: false,
+            });
         }
     }
-    let route = mounts.iter().position(|m| {
-        m.upstream_path.is_some() && m.passthrough.iter().any(|p| p == path)
-    })?;
-    Some(Passage { route, path: path.to_owned(), fallback: None, metadata: false })
+    let route = mounts
+        .iter()
+        .position(|m| m.upstream_path.is_some() && m.passthrough.iter().any(|p| p == path))?;
+    Some(Passage {
+        route,
+        path: path.to_owned(),
+        fallback: None,
+        metadata: false,
+    })
 }
 
 /// `/.well-known/oauth-protected-resource[/<mount>]`: the path-based form
@@ -73,10 +83,20 @@ fn protected_resource(rest: &str, mounts: &[MountView<'_>]) -> Option<Passage> {
     };
     let root = PROTECTED_RESOURCE.to_owned();
     Some(if up == "/" {
-        Passage { route, path: root, fallback: None, metadata: true }
+        Passage {
+            route,
+            path: root,
+            fallback: None,
+            metadata: true,
+        }
     } else {
         let path = format!("{PROTECTED_RESOURCE}{up}");
-        Passage { route, path, fallback: Some(root), metadata: true }
+        Passage {
+            route,
+            path,
+            fallback: Some(root),
+            metadata: true,
+        }
     })
 }
 
@@ -88,11 +108,21 @@ fn by_issuer_path(path: &str, rest: &str, mounts: &[MountView<'_>]) -> Option<Pa
         if let Some((route, up)) = http_mount(rest, mounts) {
             let base = &path[..path.len() - rest.len()];
             let path = format!("{base}{}", nonroot(up));
-            return Some(Passage { route, path, fallback: None, metadata: false });
+            return Some(Passage {
+                route,
+                path,
+                fallback: None,
+                metadata: false,
+            });
         }
     }
     let (route, _) = only_http(mounts)?;
-    Some(Passage { route, path: path.to_owned(), fallback: None, metadata: false })
+    Some(Passage {
+        route,
+        path: path.to_owned(),
+        fallback: None,
+        metadata: false,
+    })
 }
 
 fn http_mount<'a>(mount: &str, mounts: &[MountView<'a>]) -> Option<(usize, &'a str)> {
@@ -127,7 +157,9 @@ pub fn plain(path: &str) -> bool {
     path.starts_with('/')
         && !path.contains('\\')
         && !path.contains("//")
-        && !["%2e", "%2f", "%5c", "%00"].iter().any(|e| lower.contains(e))
+        && !["%2e", "%2f", "%5c", "%00"]
+            .iter()
+            .any(|e| lower.contains(e))
         && !path.split('/').any(|s| s == "." || s == "..")
 }
 
@@ -137,8 +169,16 @@ mod tests {
 
     fn mounts(passthrough: &[String]) -> Vec<MountView<'_>> {
         vec![
-            MountView { mount: "/mcp", upstream_path: Some("/mcp"), passthrough },
-            MountView { mount: "/local", upstream_path: None, passthrough: &[] },
+            MountView {
+                mount: "/mcp",
+                upstream_path: Some("/mcp"),
+                passthrough,
+            },
+            MountView {
+                mount: "/local",
+                upstream_path: None,
+                passthrough: &[],
+            },
         ]
     }
 
@@ -155,21 +195,45 @@ mod tests {
     fn path_based_metadata_goes_to_the_mounts_upstream_with_root_as_fallback() {
         assert_eq!(
             find("/.well-known/oauth-protected-resource/mcp", &mounts(&[])),
-            to(0, "/.well-known/oauth-protected-resource/mcp", Some("/.well-known/oauth-protected-resource"), true)
+            to(
+                0,
+                "/.well-known/oauth-protected-resource/mcp",
+                Some("/.well-known/oauth-protected-resource"),
+                true
+            )
         );
-        assert_eq!(find("/.well-known/oauth-protected-resource/local", &mounts(&[])), None);
-        assert_eq!(find("/.well-known/oauth-protected-resource/other", &mounts(&[])), None);
+        assert_eq!(
+            find("/.well-known/oauth-protected-resource/local", &mounts(&[])),
+            None
+        );
+        assert_eq!(
+            find("/.well-known/oauth-protected-resource/other", &mounts(&[])),
+            None
+        );
     }
 
     #[test]
     fn root_metadata_goes_to_the_only_http_upstream() {
         assert_eq!(
             find("/.well-known/oauth-protected-resource", &mounts(&[])),
-            to(0, "/.well-known/oauth-protected-resource/mcp", Some("/.well-known/oauth-protected-resource"), true)
+            to(
+                0,
+                "/.well-known/oauth-protected-resource/mcp",
+                Some("/.well-known/oauth-protected-resource"),
+                true
+            )
         );
         let two = vec![
-            MountView { mount: "/a", upstream_path: Some("/mcp"), passthrough: &[] },
-            MountView { mount: "/b", upstream_path: Some("/mcp"), passthrough: &[] },
+            MountView {
+                mount: "/a",
+                upstream_path: Some("/mcp"),
+                passthrough: &[],
+            },
+            MountView {
+                mount: "/b",
+                upstream_path: Some("/mcp"),
+                passthrough: &[],
+            },
         ];
         assert_eq!(find("/.well-known/oauth-protected-resource", &two), None);
         assert!(find("/.well-known/oauth-protected-resource/b", &two).is_some_and(|p| p.route == 1));
@@ -192,13 +256,19 @@ mod tests {
             find("/mcp/.well-known/openid-configuration", &mounts(&[])),
             to(0, "/mcp/.well-known/openid-configuration", None, false)
         );
-        assert_eq!(find("/.well-known/oauth-authorization-serverX", &mounts(&[])), None);
+        assert_eq!(
+            find("/.well-known/oauth-authorization-serverX", &mounts(&[])),
+            None
+        );
     }
 
     #[test]
     fn only_listed_pass_through_paths_open() {
         let listed = ["/authorize".to_owned(), "/token".to_owned()];
-        assert_eq!(find("/token", &mounts(&listed)), to(0, "/token", None, false));
+        assert_eq!(
+            find("/token", &mounts(&listed)),
+            to(0, "/token", None, false)
+        );
         for path in ["/register", "/token/x", "/tokens", "/admin", "/"] {
             assert_eq!(find(path, &mounts(&listed)), None, "{path}");
         }

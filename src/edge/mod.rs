@@ -88,9 +88,22 @@ impl Edge {
             .chain(config.upstream.iter().filter_map(|u| u.public_url.as_ref()))
             .filter_map(|url| url.parse::<http::Uri>().ok())
             .filter_map(|uri| uri.authority().map(|a| a.as_str().to_owned()));
-        let allowed_hosts = config.allowed_hosts.iter().cloned().chain(public_hosts).collect();
-        let cors_origins = config.cors.iter().flat_map(|c| c.allowed_origins.iter().cloned());
-        let allowed_origins = config.allowed_origins.iter().cloned().chain(cors_origins).collect();
+        let allowed_hosts = config
+            .allowed_hosts
+            .iter()
+            .cloned()
+            .chain(public_hosts)
+            .collect();
+        let cors_origins = config
+            .cors
+            .iter()
+            .flat_map(|c| c.allowed_origins.iter().cloned());
+        let allowed_origins = config
+            .allowed_origins
+            .iter()
+            .cloned()
+            .chain(cors_origins)
+            .collect();
         Ok(Self {
             origins,
             cors: config.cors.clone(),
@@ -101,9 +114,12 @@ impl Edge {
     }
 
     /// DNS-rebinding protection, on the name the client asked for: on a
-    /// loopback listener only localhost names and the configured ones pass.
+    /// loopback listener only localhost names and the configured ones pass,
+    /// and whatever a trusted ingress forwarded (a browser cannot send
+    /// `X-Forwarded-Host` without a preflight, which the `Origin` check
+    /// refuses for a foreign page).
     pub fn host_allowed(&self, arrival: &Arrival, loopback_listener: bool) -> bool {
-        if self.allowed_hosts.is_empty() && !loopback_listener {
+        if (self.allowed_hosts.is_empty() && !loopback_listener) || arrival.host_forwarded {
             return true;
         }
         match &arrival.host {
@@ -157,7 +173,10 @@ impl Edge {
                 }
             }
             (None, Some((mount, Some(upstream)))) => {
-                if !res.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
+                if !res
+                    .headers()
+                    .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+                {
                     let grant = mount.grant(upstream, origin).await;
                     grant.apply(res.headers_mut());
                 }
@@ -215,7 +234,9 @@ pub fn validate(config: &Config) -> Result<(), String> {
                 matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
             });
             if !ok {
-                return Err(format!("upstream[{i}].public_url = {url:?} is not an http(s) URL"));
+                return Err(format!(
+                    "upstream[{i}].public_url = {url:?} is not an http(s) URL"
+                ));
             }
         }
         if !up.passthrough.is_empty() && up.url.is_none() {
@@ -228,14 +249,21 @@ pub fn validate(config: &Config) -> Result<(), String> {
                 .upstream
                 .iter()
                 .any(|u| u.path.trim_end_matches('/') == path.trim_end_matches('/'));
-            if !discovery::plain(path) || path == "/" || mounted || path == "/healthz" || path == "/metrics" {
+            if !discovery::plain(path)
+                || path == "/"
+                || mounted
+                || path == "/healthz"
+                || path == "/metrics"
+            {
                 return Err(format!(
                     "upstream[{i}].passthrough: {path:?} must be a plain path (no dot segments or \
                      encoded separators) other than /, a mount, /healthz and /metrics"
                 ));
             }
             if !opened.insert(path.as_str()) {
-                return Err(format!("upstream[{i}].passthrough: {path:?} is listed twice"));
+                return Err(format!(
+                    "upstream[{i}].passthrough: {path:?} is listed twice"
+                ));
             }
         }
     }
@@ -244,7 +272,12 @@ pub fn validate(config: &Config) -> Result<(), String> {
 
 /// `resource_metadata` in a `401`/`403`'s challenges and a `Location`
 /// that name the upstream name the proxy instead.
-fn rewrite_headers(h: &mut HeaderMap, status: StatusCode, urls: &PublicUrls, origin: &PublicOrigin) {
+fn rewrite_headers(
+    h: &mut HeaderMap,
+    status: StatusCode,
+    urls: &PublicUrls,
+    origin: &PublicOrigin,
+) {
     if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
         let challenges: Vec<HeaderValue> = h
             .get_all(header::WWW_AUTHENTICATE)
@@ -362,16 +395,22 @@ mod tests {
 
     #[test]
     fn a_public_url_is_an_allowed_host() {
-        let mut config = Config::default();
-        config.public_url = Some("https://mcp.example.com".into());
-        config.upstream.push(crate::config::UpstreamConfig::new("http://127.0.0.1:1/mcp"));
+        let config = Config {
+            public_url: Some("https://mcp.example.com".into()),
+            upstream: vec![crate::config::UpstreamConfig::new("http://127.0.0.1:1/mcp")],
+            ..Config::default()
+        };
         let edge = Edge::new(&config).unwrap();
         let arrival = Arrival {
             origin: PublicOrigin::parse("https://mcp.example.com").unwrap(),
             host: Some("mcp.example.com".into()),
+            host_forwarded: false,
         };
         assert!(edge.host_allowed(&arrival, true));
-        let other = Arrival { host: Some("mcp_resume_proxy".into()), ..arrival };
+        let other = Arrival {
+            host: Some("mcp_resume_proxy".into()),
+            ..arrival
+        };
         assert!(!edge.host_allowed(&other, true));
     }
 }

@@ -48,7 +48,9 @@ impl PublicOrigin {
     /// Reads an origin (`https://host[:port]`, a path is not allowed).
     pub fn parse(text: &str) -> Option<Self> {
         let uri = text.parse::<http::Uri>().ok()?;
-        let scheme = uri.scheme_str().filter(|s| matches!(*s, "http" | "https"))?;
+        let scheme = uri
+            .scheme_str()
+            .filter(|s| matches!(*s, "http" | "https"))?;
         let authority = uri.authority()?;
         if authority.as_str().contains('@') || !matches!(uri.path(), "" | "/") {
             return None;
@@ -158,6 +160,9 @@ pub struct Arrival {
     /// or `Forwarded: host`, else `Host`), for the DNS-rebinding check.
     /// `None` for HTTP/2 without a `Host` (the authority is in the URI).
     pub host: Option<String>,
+    /// Whether `host` is what a trusted ingress said: that ingress routes
+    /// by name and answers for it, so the name needs no listing here.
+    pub host_forwarded: bool,
 }
 
 impl Origins {
@@ -175,6 +180,7 @@ impl Origins {
             .get(HOST)
             .and_then(|h| h.to_str().ok())
             .map(str::to_owned);
+        let host_forwarded = forwarded.host.is_some();
         let host = forwarded.host.clone().or(own_host);
         let origin = match &self.configured {
             Some(configured) => configured.clone(),
@@ -189,7 +195,11 @@ impl Origins {
                     .to_ascii_lowercase(),
             },
         };
-        Arrival { origin, host }
+        Arrival {
+            origin,
+            host,
+            host_forwarded,
+        }
     }
 }
 
@@ -232,9 +242,13 @@ mod tests {
 
     #[test]
     fn the_origin_is_the_requests_own_scheme_and_host_by_default() {
-        let arrival = Origins::default().arrival(&parts(&[("host", "LocalHost:3922")]), peer("127.0.0.1"));
+        let arrival =
+            Origins::default().arrival(&parts(&[("host", "LocalHost:3922")]), peer("127.0.0.1"));
         assert_eq!(arrival.origin.url(), "http://localhost:3922");
-        let tls = Peer { tls: true, ..peer("127.0.0.1") };
+        let tls = Peer {
+            tls: true,
+            ..peer("127.0.0.1")
+        };
         let arrival = Origins::default().arrival(&parts(&[("host", "mcp.example.com")]), tls);
         assert_eq!(arrival.origin.url(), "https://mcp.example.com");
     }
@@ -266,7 +280,10 @@ mod tests {
     #[test]
     fn forwarded_wins_over_the_x_forwarded_pair() {
         let req = parts(&[
-            ("forwarded", "for=1.2.3.4;proto=https;host=\"a.example:8443\""),
+            (
+                "forwarded",
+                "for=1.2.3.4;proto=https;host=\"a.example:8443\"",
+            ),
             ("x-forwarded-host", "b.example"),
         ]);
         let arrival = trusting(&["::1", "127.0.0.0/8"]).arrival(&req, peer("127.0.0.1"));

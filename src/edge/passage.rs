@@ -59,7 +59,12 @@ impl Forward<'_> {
             None => path.to_owned(),
         };
         let mut res = self
-            .once(method.clone(), &target(&passage.path), headers, body.clone())
+            .once(
+                method.clone(),
+                &target(&passage.path),
+                headers,
+                body.clone(),
+            )
             .await?;
         if let (StatusCode::NOT_FOUND, Some(root)) = (res.status(), &passage.fallback) {
             res = self.once(method, &target(root), headers, body).await?;
@@ -138,7 +143,11 @@ pub fn rewrite_resource(json: &[u8], map: impl Fn(&str) -> Option<String>) -> Op
         }
         out.extend_from_slice(serde_json::to_string(key).ok()?.as_bytes());
         out.push(b':');
-        let value = if i == at { public.as_str() } else { value.get() };
+        let value = if i == at {
+            public.as_str()
+        } else {
+            value.get()
+        };
         out.extend_from_slice(value.as_bytes());
     }
     out.push(b'}');

@@ -90,7 +90,11 @@ impl PublicUrls {
     /// through the proxy (the path-based form: unambiguous with several
     /// upstreams).
     pub fn metadata(&self, request: &PublicOrigin) -> String {
-        let path = if self.public_path == "/" { "" } else { &self.public_path };
+        let path = if self.public_path == "/" {
+            ""
+        } else {
+            &self.public_path
+        };
         format!("{}{PROTECTED_RESOURCE}{path}", self.origin(request).url())
     }
 
@@ -117,7 +121,7 @@ impl PublicUrls {
             self.metadata(request)
         } else if path.starts_with(AUTHORIZATION_SERVER)
             || path.starts_with(OPENID_CONFIGURATION)
-            || self.passthrough.iter().any(|p| *p == path)
+            || self.passthrough.contains(&path)
         {
             format!("{origin}{path}")
         } else {
@@ -232,12 +236,14 @@ mod tests {
     fn the_upstreams_endpoint_becomes_the_proxys() {
         let u = urls();
         assert_eq!(
-            u.to_public("http://localhost:3920/mcp", &proxy()).as_deref(),
+            u.to_public("http://localhost:3920/mcp", &proxy())
+                .as_deref(),
             Some("http://127.0.0.1:3922/mcp")
         );
         // The upstream named by another loopback name is still itself.
         assert_eq!(
-            u.to_public("http://127.0.0.1:3920/mcp/", &proxy()).as_deref(),
+            u.to_public("http://127.0.0.1:3920/mcp/", &proxy())
+                .as_deref(),
             Some("http://127.0.0.1:3922/mcp")
         );
     }
@@ -313,7 +319,9 @@ mod tests {
         let unquoted = "Bearer resource_metadata=http://localhost:3920/.well-known/oauth-protected-resource/mcp";
         assert_eq!(
             urls().www_authenticate(unquoted, &proxy()).as_deref(),
-            Some(r#"Bearer resource_metadata="http://127.0.0.1:3922/.well-known/oauth-protected-resource/mcp""#)
+            Some(
+                r#"Bearer resource_metadata="http://127.0.0.1:3922/.well-known/oauth-protected-resource/mcp""#
+            )
         );
     }
 

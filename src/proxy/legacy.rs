@@ -124,7 +124,12 @@ async fn find_session(
         .parse::<SessionId>()
         .map_err(|()| Rejection::session_not_found())?;
     let principal = session::principal(request, &route.shared.config.principal_header);
-    match route.shared.sessions.lookup(id, &route.path, &principal).await? {
+    match route
+        .shared
+        .sessions
+        .lookup(id, &route.path, &principal)
+        .await?
+    {
         Lookup::Found(session) => Ok(session),
         // A client certificate is an identity, not a credential to refresh.
         Lookup::OtherCredential(session) if !session::by_certificate(request) => {

@@ -154,7 +154,11 @@ impl Rejection {
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {
             retry_after: Some(1),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, code::INTERNAL_ERROR, message)
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code::INTERNAL_ERROR,
+                message,
+            )
         }
     }
 

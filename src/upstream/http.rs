@@ -141,7 +141,12 @@ impl HttpUpstream {
             headers.insert(headers::PROTOCOL_VERSION, value);
         }
         let res = self
-            .send(Method::POST, &headers, Bytes::from_static(PING), upstream_session)
+            .send(
+                Method::POST,
+                &headers,
+                Bytes::from_static(PING),
+                upstream_session,
+            )
             .await?;
         if !res.status().is_success() {
             return Ok(false);
@@ -152,7 +157,8 @@ impl HttpUpstream {
                 let Ok(envelope) = crate::jsonrpc::classify(&event.message) else {
                     continue;
                 };
-                let ours = envelope.id.as_ref().map(|id| id.as_json()) == Some("\"mcp-resume-proxy:rebind\"");
+                let ours = envelope.id.as_ref().map(|id| id.as_json())
+                    == Some("\"mcp-resume-proxy:rebind\"");
                 if envelope.kind == crate::jsonrpc::Kind::Response && ours {
                     return Ok(!envelope.error);
                 }
