@@ -111,6 +111,8 @@ pub struct Session {
     /// proxy sends upstream on its own (a cancellation): the upstream may
     /// want the client's credentials. Kept in memory only, never logged.
     headers: Mutex<HeaderMap>,
+    /// Told when `headers` change.
+    new_headers: tokio::sync::watch::Sender<()>,
     /// Cancelled when the session ends: stops its relays.
     pub ended: CancellationToken,
     /// Orders writes of the record, so an older snapshot never overwrites a
@@ -186,6 +188,7 @@ impl Session {
             tokens_of: DashMap::new(),
             standalone: Mutex::new(None),
             headers: Mutex::new(HeaderMap::new()),
+            new_headers: tokio::sync::watch::Sender::new(()),
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
             renewing: tokio::sync::Mutex::new(()),
@@ -305,6 +308,32 @@ impl Session {
         // is cheaper than copying them each time.
         if *remembered != *headers {
             *remembered = headers.clone();
+            drop(remembered);
+            self.new_headers.send_replace(());
+        }
+    }
+
+    /// Remembers `headers` if their `credential` header differs from the
+    /// remembered one's: what a relay waiting to resume needs, without a
+    /// copy per request of a client that alternates GETs and POSTs.
+    pub fn remember_credential(&self, headers: &HeaderMap, credential: &str) {
+        let same = {
+            let remembered = self.headers.lock().unwrap_or_else(|p| p.into_inner());
+            remembered.get(credential) == headers.get(credential) && !remembered.is_empty()
+        };
+        if !same {
+            self.remember_headers(headers);
+        }
+    }
+
+    /// Resolves when the client sends headers other than the ones
+    /// remembered now (a relay the upstream refused for want of a
+    /// credential waits on it: a proxy restart forgets credentials, and
+    /// tokens expire while calls run).
+    pub fn headers_changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut changed = self.new_headers.subscribe();
+        async move {
+            let _ = changed.changed().await;
         }
     }
 

@@ -482,3 +482,55 @@ async fn a_preflight_from_an_origin_not_allowed_gets_no_cors_headers_and_request
         StatusCode::FORBIDDEN
     );
 }
+
+#[tokio::test]
+async fn after_kill9_a_call_resumes_upstream_with_the_credential_its_client_comes_back_with() {
+    use common::process::{free_addr, ProxyProcess};
+    let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("demo upstream");
+    let guard = Guard::start(demo.url()).await;
+    guard.grant("alice-1", "alice");
+    guard.grant("alice-2", "alice");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let addr = free_addr();
+    let url = guard.url();
+    let args = ["--upstream", url.as_str()];
+    let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
+    let mcp = McpClient::new(format!("http://{addr}/mcp"));
+    let init = Call::post(&initialize(V_LATEST)).header("authorization", &bearer("alice-1"));
+    let res = mcp.send(init).await;
+    let session = session_id(res.headers()).expect("session id");
+    read_all(res).await;
+    let call = Call::post(&slow_call(9, 6, 200))
+        .session(&session)
+        .header("authorization", &bearer("alice-1"));
+    let mut reader = SseReader::new(mcp.send(call).await);
+    let (first_id, first) = loop {
+        if let Some((Some(id), message)) = reader.next_message().await {
+            break (id, message);
+        }
+    };
+    drop(reader);
+    proxy.kill9();
+    guard.revoke("alice-1");
+    // The restarted proxy knows no credential: the upstream refuses its
+    // resume until the client is back with one.
+    let _proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
+    let resume = Call::get()
+        .session(&session)
+        .header("authorization", &bearer("alice-2"))
+        .header("last-event-id", &first_id);
+    let res = mcp.send(resume).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut all = vec![first];
+    all.extend(messages(res).await);
+    assert_eq!(
+        progress_values(&all),
+        (1..=6).collect::<Vec<_>>(),
+        "{all:?}"
+    );
+    let results: Vec<_> = all.iter().filter(|m| m["id"] == 9).collect();
+    assert_eq!(results.len(), 1, "{all:?}");
+    assert!(results[0]["result"].is_object(), "{all:?}");
+}

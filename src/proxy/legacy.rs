@@ -124,19 +124,18 @@ async fn find_session(
         .parse::<SessionId>()
         .map_err(|()| Rejection::session_not_found())?;
     let principal = session::principal(request, &route.shared.config.principal_header);
-    match route
-        .shared
-        .sessions
-        .lookup(id, &route.path, &principal)
-        .await?
-    {
-        Lookup::Found(session) => Ok(session),
+    let lookup = route.shared.sessions.lookup(id, &route.path, &principal);
+    let session = match lookup.await? {
+        Lookup::Found(session) => session,
         // A client certificate is an identity, not a credential to refresh.
         Lookup::OtherCredential(session) if !session::by_certificate(request) => {
-            rebind::ask_upstream(route, session, &request.headers, &principal).await
+            rebind::ask_upstream(route, session, &request.headers, &principal).await?
         }
-        Lookup::OtherCredential(_) | Lookup::Absent => Err(Rejection::session_not_found()),
-    }
+        Lookup::OtherCredential(_) | Lookup::Absent => return Err(Rejection::session_not_found()),
+    };
+    // A relay waiting for a credential to resume upstream gets this one.
+    session.remember_credential(&request.headers, &route.shared.config.principal_header);
+    Ok(session)
 }
 
 /// A message a dialect claimed, answered from the log.

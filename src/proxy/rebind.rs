@@ -6,7 +6,13 @@
 //! can tell: so the proxy asks it, on that upstream session with the new
 //! credential (a `ping`), and re-binds the session only when it answers.
 //! The proxy is then never laxer than the upstream, and a stock client
-//! keeps its session across a refresh with no configuration.
+//! keeps its session across a refresh with no configuration. An upstream
+//! that answers the same ping without any credential checks none, so its
+//! yes proves nothing: such a session stays its creator's, as before.
+//!
+//! An upstream that checks tokens but does not bind its sessions to their
+//! users accepts another user's valid token too; to tell people apart in
+//! front of such a server, configure a verified principal (`[auth]`).
 //!
 //! A stdio child checks no credential, so a stdio session is never
 //! re-bound: there the proxy is the only gate. This module asks and
@@ -38,14 +44,26 @@ pub async fn ask_upstream(
     };
     let upstream_session = session.upstream_session();
     let version = session.protocol_version();
-    let asked = upstream.accepts(headers, upstream_session.as_deref(), version.as_deref());
-    let accepted = match tokio::time::timeout(ASK_WITHIN, asked).await {
-        Ok(Ok(accepted)) => accepted,
-        Ok(Err(e)) => return Err(unavailable(&session, e)),
-        Err(_) => return Err(unavailable(&session, UpstreamError::TimedOut("no answer"))),
+    let ask = |headers: HeaderMap| {
+        let (upstream_session, version) = (upstream_session.clone(), version.clone());
+        async move {
+            let asked = upstream.accepts(&headers, upstream_session.as_deref(), version.as_deref());
+            match tokio::time::timeout(ASK_WITHIN, asked).await {
+                Ok(answer) => answer,
+                Err(_) => Err(UpstreamError::TimedOut("no answer")),
+            }
+        }
     };
-    if !accepted {
-        tracing::info!(session = %session.id, "another credential on a session, refused by the upstream");
+    let accepted = ask(headers.clone())
+        .await
+        .map_err(|e| unavailable(&session, e))?;
+    // An upstream that also answers without any credential checks none: its
+    // yes says nothing about who this is, and the session stays its owner's.
+    let mut anonymous = headers.clone();
+    anonymous.remove(route.shared.config.principal_header.as_str());
+    let checks = accepted && !ask(anonymous).await.map_err(|e| unavailable(&session, e))?;
+    if !checks {
+        tracing::info!(session = %session.id, accepted, "another credential on a session; not re-bound");
         return Err(Rejection::session_not_found());
     }
     route.shared.sessions.rebind(&session, credential).await?;

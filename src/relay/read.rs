@@ -34,6 +34,19 @@ use crate::upstream::UpstreamError;
 /// `retry:` says.
 const MAX_RESUME_DELAY: Duration = Duration::from_secs(5);
 
+/// How long a relay the upstream refused for want of a credential waits
+/// for its client to come back with one before the stream fails.
+const CREDENTIAL_WAIT: Duration = Duration::from_secs(600);
+
+/// Whether a refusal asks for a credential (RFC 9110 401, RFC 6750 403
+/// `insufficient_scope` alike): a client with a fresh one can still resume.
+fn wants_credentials(status: http::StatusCode) -> bool {
+    matches!(
+        status,
+        http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
+    )
+}
+
 /// Longest upstream event id the proxy records (longer ones are followed but
 /// not logged: a restart then cannot resume that stream).
 const MAX_EVENT_ID: usize = 1024;
@@ -354,8 +367,20 @@ impl Relay {
             reading.resumes_left -= 1;
             tokio::time::sleep(delay).await;
             let upstream_session = self.session.upstream_session();
+            // Subscribed before the headers are read, so new ones sent
+            // meanwhile wake the wait below.
+            let changed = self.session.headers_changed();
+            // The client's latest headers: its credential may have been
+            // refreshed since the call began, or (after a restart) be known
+            // only from its return.
+            let remembered = self.session.remembered_headers();
+            let headers = if remembered.is_empty() {
+                &self.client_headers
+            } else {
+                &remembered
+            };
             let answer = (self.upstream)
-                .resume(&self.client_headers, upstream_session.as_deref(), &last)
+                .resume(headers, upstream_session.as_deref(), &last)
                 .await;
             match answer {
                 Ok(res) if carries_messages(&res) => {
@@ -363,6 +388,18 @@ impl Relay {
                     self.log.metrics().upstream_resumed(after);
                     reading.resumed = true;
                     return Ok(Box::new(Messages::new(res)));
+                }
+                Ok(res) if wants_credentials(res.status()) => {
+                    // No credential (a restart forgot it) or an expired one:
+                    // the client's next request on the session brings one.
+                    tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream wants a credential to resume; waiting for the client");
+                    if tokio::time::timeout(CREDENTIAL_WAIT, changed)
+                        .await
+                        .is_err()
+                    {
+                        return Err(failed);
+                    }
+                    reading.resumes_left += 1; // a wait is not a try
                 }
                 Ok(res) => {
                     // A refusal is an answer: asking again changes nothing.
