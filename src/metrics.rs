@@ -215,15 +215,8 @@ macro_rules! label_value {
         }
     )*};
 }
-label_value!(
-    Replayed,
-    UpstreamFailure,
-    ResumedAfter,
-    Dropped,
-    TaskEnd,
-    PrincipalMode,
-    RefusalReason
-);
+label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
+label_value!(PrincipalMode, RefusalReason);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DialectLabel {

@@ -34,9 +34,10 @@ pub enum KeyKind {
 }
 
 impl KeyKind {
-    /// Whether a signature of `alg` can be made with a key of this kind
-    /// (jsonwebtoken's verify must never see a key of another family: it
-    /// would fail, or for some pairs not even that).
+    /// Whether a signature of `alg` can be made with a key of this kind.
+    /// jsonwebtoken's verify must never see a key of another family: given
+    /// an RSA key from a JWK's components and a non-RSA algorithm, version
+    /// 9 reaches an `unreachable!()` (a panic a token could trigger).
     pub fn fits(self, alg: Algorithm) -> bool {
         use Algorithm::*;
         match self {

@@ -92,6 +92,23 @@ impl JwtVerifier {
                 "iss is not the configured issuer",
             ));
         }
+        self.verify_signature(&parts, alg).await?;
+        let exp = self.check_claims(&parts.claims, now)?;
+        let subject = match parts.claims.get(&self.claim) {
+            Some(Value::String(s)) if !s.is_empty() => s.as_str(),
+            _ => return Err(Failure::Refused(Why::Malformed, "no person claim")),
+        };
+        let vouched = Vouched {
+            principal: prefixed_digest("jwt:", &self.issuer, subject).into(),
+            until: exp.saturating_add(self.leeway),
+        };
+        self.verified.insert(digest, vouched.clone());
+        Ok(vouched)
+    }
+
+    /// The signature, with the key the token names; the key must be of
+    /// the algorithm's family (and the JWK's own `alg`, when it has one).
+    async fn verify_signature(&self, parts: &Parts<'_>, alg: Algorithm) -> Result<(), Failure> {
         let key = self
             .keys
             .key(parts.kid.as_deref())
@@ -120,17 +137,7 @@ impl JwtVerifier {
                 "the signature does not verify",
             ));
         }
-        let exp = self.check_claims(&parts.claims, now)?;
-        let subject = match parts.claims.get(&self.claim) {
-            Some(Value::String(s)) if !s.is_empty() => s.as_str(),
-            _ => return Err(Failure::Refused(Why::Malformed, "no person claim")),
-        };
-        let vouched = Vouched {
-            principal: prefixed_digest("jwt:", &self.issuer, subject).into(),
-            until: exp.saturating_add(self.leeway),
-        };
-        self.verified.insert(digest, vouched.clone());
-        Ok(vouched)
+        Ok(())
     }
 
     /// The token's algorithm, when it is one of the accepted ones (never

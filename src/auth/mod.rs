@@ -404,6 +404,15 @@ mod tests {
     }
 
     #[test]
+    fn the_authenticator_and_its_answer_can_cross_threads() {
+        fn send_sync<T: Send + Sync>(_: &T) {}
+        fn send<T: Send>(_: T) {}
+        let auth = Authenticator::new(&Config::default()).unwrap();
+        send_sync(&auth);
+        send(auth.identify(&HeaderMap::new(), &Metrics::new()));
+    }
+
+    #[test]
     fn a_challenge_names_invalid_token_only_when_a_token_was_sent() {
         let missing = Refusal::Unauthenticated(RefusalReason::Missing);
         assert_eq!(missing.challenge(), Some("Bearer"));
