@@ -43,6 +43,7 @@ fn jwt_config(issuer: &str, jwks_url: Option<String>) -> JwtConfig {
         claim: "sub".into(),
         algorithms: ["RS256", "ES256", "EdDSA"].map(String::from).to_vec(),
         refetch_min_secs: 60,
+        refresh_secs: 900,
         leeway_secs: 0,
     }
 }
@@ -256,6 +257,37 @@ async fn a_rotated_key_is_picked_up_on_its_new_kid() {
     let after = identify(&auth, &metrics, &new.sign(&claims(&server.issuer(), "ann"))).await;
     assert_eq!(before.unwrap(), after.unwrap());
     assert_eq!(server.hits("/jwks"), 2);
+}
+
+#[tokio::test]
+async fn a_key_removed_from_the_set_stops_verifying_once_the_set_is_refreshed() {
+    let old = TestKey::es256("old");
+    let (server, auth) = jwt_rig(&old, |c| (c.refetch_min_secs, c.refresh_secs) = (1, 1)).await;
+    let metrics = Metrics::new();
+    identify(&auth, &metrics, &old.sign(&claims(&server.issuer(), "ann")))
+        .await
+        .unwrap();
+    let new = TestKey::es256("new");
+    server.publish(&[&new]);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // An old set still answers, and is fetched again behind the request.
+    let bob = old.sign(&claims(&server.issuer(), "bob"));
+    assert!(identify(&auth, &metrics, &bob).await.is_ok());
+    // Once the fetch behind it is done, the old key is gone.
+    let unknown = Err(Refusal::Unauthenticated(RefusalReason::UnknownKey));
+    let mut result = Ok(None);
+    for i in 0..100 {
+        let token = old.sign(&claims(&server.issuer(), &format!("p{i}")));
+        result = identify(&auth, &metrics, &token).await.map(Some);
+        if result.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(result, unknown.map(Some));
+    assert_eq!(server.hits("/jwks"), 2);
+    let dave = new.sign(&claims(&server.issuer(), "dave"));
+    assert!(identify(&auth, &metrics, &dave).await.is_ok());
 }
 
 #[tokio::test]

@@ -95,6 +95,10 @@ pub struct JwtConfig {
     /// An unknown `kid` fetches the key set again at most this often.
     #[serde(default = "default_refetch")]
     pub refetch_min_secs: u64,
+    /// A key set this old is fetched again (behind the request), so that
+    /// a key the issuer removed stops verifying.
+    #[serde(default = "default_refresh")]
+    pub refresh_secs: u64,
     /// Clock skew allowed on `exp` and `nbf`.
     #[serde(default = "default_leeway")]
     pub leeway_secs: u64,
@@ -128,6 +132,9 @@ fn default_algorithms() -> Vec<String> {
 }
 fn default_refetch() -> u64 {
     60
+}
+fn default_refresh() -> u64 {
+    900
 }
 fn default_leeway() -> u64 {
     30
@@ -216,6 +223,12 @@ impl JwtConfig {
             // Zero would let every token with a made-up kid fetch the set.
             return fail("auth.jwt.refetch_min_secs must be greater than 0".into());
         }
+        if self.refresh_secs < self.refetch_min_secs {
+            return fail(format!(
+                "auth.jwt.refresh_secs = {} must not be below refetch_min_secs = {}",
+                self.refresh_secs, self.refetch_min_secs
+            ));
+        }
         Ok(())
     }
 }
@@ -275,6 +288,7 @@ mod tests {
         assert_eq!(jwt.claim, "sub");
         assert_eq!(jwt.algorithms, ["RS256", "ES256", "EdDSA"]);
         assert_eq!((jwt.refetch_min_secs, jwt.leeway_secs), (60, 30));
+        assert_eq!(jwt.refresh_secs, 900);
         let err = parse("principal = \"jwt\"\n").unwrap_err();
         assert!(err.0.contains("[auth.jwt]"), "{err}");
         let err = parse("principal = \"jwt\"\n[jwt]\njwks_url = \"https://a/\"\n").unwrap_err();
@@ -320,6 +334,9 @@ mod tests {
             parse("principal = \"jwt\"\n[jwt]\nissuer = \"https://a\"\nrefetch_min_secs = 0\n")
                 .unwrap_err();
         assert!(err.0.contains("auth.jwt.refetch_min_secs"), "{err}");
+        let err = parse("principal = \"jwt\"\n[jwt]\nissuer = \"https://a\"\nrefresh_secs = 5\n")
+            .unwrap_err();
+        assert!(err.0.contains("auth.jwt.refresh_secs"), "{err}");
         let err = parse("principal = \"oauth\"\n").unwrap_err();
         assert!(err.0.contains("principal"), "{err}");
     }

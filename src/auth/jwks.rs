@@ -2,7 +2,10 @@
 //! or from the `jwks_uri` of the issuer's metadata), kept, and fetched again
 //! only when a token names a key the set lacks — at most once per
 //! `refetch_min_secs`, one fetch shared by every request that missed
-//! meanwhile, and the old set kept when the new fetch fails.
+//! meanwhile, and the old set kept when the new fetch fails. A set older
+//! than `refresh_secs` is fetched again behind the request that found it
+//! old, so a key the issuer removed (rotated out, or compromised) stops
+//! verifying without any request waiting for the fetch.
 //!
 //! It owns the key set and when to fetch it; it does not verify signatures
 //! or look at claims ([`super::jwt`] does), and never fetches at start-up:
@@ -57,9 +60,10 @@ pub struct Key {
     pub decoding: DecodingKey,
 }
 
-#[derive(Default)]
 pub struct KeySet {
     pub keys: Vec<Arc<Key>>,
+    /// When it was fetched.
+    pub fetched: Instant,
 }
 
 impl KeySet {
@@ -74,7 +78,10 @@ impl KeySet {
         if keys.is_empty() {
             return Err("the key set holds no usable signing key".into());
         }
-        Ok(Self { keys })
+        Ok(Self {
+            keys,
+            fetched: Instant::now(),
+        })
     }
 
     /// The key a token names, or with no `kid` the set's only key.
@@ -138,12 +145,13 @@ pub struct KeySource {
     issuer: String,
     jwks_url: Option<Uri>,
     refetch_min: Duration,
+    refresh: Duration,
     current: RwLock<Option<Arc<KeySet>>>,
     /// Bumped when a fetch finishes, so that requests that waited for it
     /// take its outcome instead of fetching again.
     generation: AtomicU64,
     /// Held for the length of a fetch: the singleflight.
-    fetch: tokio::sync::Mutex<FetchState>,
+    fetch: Arc<tokio::sync::Mutex<FetchState>>,
 }
 
 #[derive(Default)]
@@ -162,22 +170,27 @@ impl KeySource {
         issuer: String,
         jwks_url: Option<Uri>,
         refetch_min: Duration,
+        refresh: Duration,
     ) -> Self {
         Self {
             fetcher,
             issuer,
             jwks_url,
             refetch_min,
+            refresh,
             current: RwLock::new(None),
             generation: AtomicU64::new(0),
-            fetch: tokio::sync::Mutex::new(FetchState::default()),
+            fetch: Arc::default(),
         }
     }
 
     /// The key a token names: from the cached set, else from a fetch when
     /// one is due.
-    pub async fn key(&self, kid: Option<&str>) -> Result<Arc<Key>, Miss> {
-        if let Some(key) = self.cached(kid) {
+    pub async fn key(self: &Arc<Self>, kid: Option<&str>) -> Result<Arc<Key>, Miss> {
+        if let Some((key, fetched)) = self.cached_with_age(kid) {
+            if fetched.elapsed() >= self.refresh {
+                self.refresh_behind();
+            }
             return Ok(key);
         }
         let seen = self.generation.load(Ordering::Acquire);
@@ -194,7 +207,34 @@ impl KeySource {
         if state.finished.is_some_and(|t| t.elapsed() < pause) {
             return self.cached(kid).ok_or_else(|| self.miss(&state));
         }
-        let fetched = self.download(&mut state).await;
+        self.fetch_into(&mut state).await;
+        self.cached(kid).ok_or_else(|| self.miss(&state))
+    }
+
+    /// Starts a fetch of the set behind the request, unless one is running
+    /// or the last one finished less than `refetch_min` ago (so that an
+    /// issuer that is down is not asked on every request).
+    fn refresh_behind(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut state) = self.fetch.clone().try_lock_owned() else {
+            return;
+        };
+        if state
+            .finished
+            .is_some_and(|t| t.elapsed() < self.refetch_min)
+        {
+            return;
+        }
+        let this = self.clone();
+        runtime.spawn(async move { this.fetch_into(&mut state).await });
+    }
+
+    /// One fetch; its outcome replaces the set, or is kept as the error
+    /// while the old set stays.
+    async fn fetch_into(&self, state: &mut FetchState) {
+        let fetched = self.download(state).await;
         state.finished = Some(Instant::now());
         match fetched {
             Ok(set) => {
@@ -204,12 +244,17 @@ impl KeySource {
             Err(e) => state.error = Some(e.0),
         }
         self.generation.fetch_add(1, Ordering::Release);
-        self.cached(kid).ok_or_else(|| self.miss(&state))
     }
 
     fn cached(&self, kid: Option<&str>) -> Option<Arc<Key>> {
+        self.cached_with_age(kid).map(|(key, _)| key)
+    }
+
+    /// The key and when its set was fetched.
+    fn cached_with_age(&self, kid: Option<&str>) -> Option<(Arc<Key>, Instant)> {
         let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        current.as_ref()?.find(kid)
+        let set = current.as_ref()?;
+        Some((set.find(kid)?, set.fetched))
     }
 
     fn has_set(&self) -> bool {

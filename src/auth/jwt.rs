@@ -34,7 +34,7 @@ pub struct JwtVerifier {
     claim: String,
     algorithms: Vec<Algorithm>,
     leeway: u64,
-    keys: KeySource,
+    keys: Arc<KeySource>,
     verified: TokenCache,
 }
 
@@ -64,13 +64,20 @@ impl JwtVerifier {
             None => None,
         };
         let refetch = Duration::from_secs(config.refetch_min_secs);
+        let refresh = Duration::from_secs(config.refresh_secs);
         Ok(Self {
             issuer: config.issuer.clone(),
             audience: config.audience.clone(),
             claim: config.claim.clone(),
             algorithms,
             leeway: config.leeway_secs,
-            keys: KeySource::new(fetcher, config.issuer.clone(), jwks_url, refetch),
+            keys: Arc::new(KeySource::new(
+                fetcher,
+                config.issuer.clone(),
+                jwks_url,
+                refetch,
+                refresh,
+            )),
             verified: TokenCache::new(VERIFIED_TOKENS),
         })
     }
@@ -253,6 +260,7 @@ mod tests {
             claim: "sub".into(),
             algorithms: vec!["ES256".into()],
             refetch_min_secs: 60,
+            refresh_secs: 900,
             leeway_secs: 30,
         };
         JwtVerifier::new(&config, Arc::new(Fetcher::new().unwrap())).unwrap()
