@@ -424,6 +424,18 @@ async fn introspection_names_the_subject_with_the_clients_credentials() {
 }
 
 #[tokio::test]
+async fn concurrent_requests_with_one_new_token_share_one_introspection() {
+    let server = AuthServer::start().await;
+    let auth = introspection_mode(&server, 300);
+    let metrics = Metrics::new();
+    server.answer_for("fresh", json!({"active": true, "sub": "ann"}));
+    let requests = (0..8).map(|_| identify(&auth, &metrics, "fresh"));
+    let callers = futures_util::future::join_all(requests).await;
+    assert!(callers.iter().all(|c| c.is_ok()), "{callers:?}");
+    assert_eq!(server.hits("/introspect"), 1);
+}
+
+#[tokio::test]
 async fn introspection_inactive_is_refused() {
     let server = AuthServer::start().await;
     let auth = introspection_mode(&server, 300);

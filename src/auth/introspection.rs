@@ -2,7 +2,8 @@
 //! bearer token (RFC 7662, with the proxy's client credentials), once per
 //! token; an active answer is cached by the token's digest until its `exp`,
 //! at most `cache_max_secs`, so a cached answer still decides while the
-//! endpoint is down.
+//! endpoint is down. Requests that bring the same new token at once (a
+//! client's first requests on a session often do) share one call.
 //!
 //! It decides whether a token stands for a person and which; it does not
 //! log, count or answer HTTP (the [`Authenticator`] does), and it never
@@ -11,13 +12,14 @@
 //!
 //! [`Authenticator`]: super::Authenticator
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use http::{HeaderValue, Uri};
 use serde_json::Value;
 
-use super::cache::{token_key, TokenCache, Vouched};
+use super::cache::{token_key, TokenCache, TokenKey, Vouched};
 use super::config::IntrospectionConfig;
 use super::fetch::{form_encode, Fetcher};
 use super::{prefixed_digest, Failure, RefusalReason as Why};
@@ -29,6 +31,37 @@ pub struct Introspector {
     credentials: HeaderValue,
     cache: TokenCache,
     cache_max_secs: u64,
+    /// Tokens being asked about: later requests with one wait their turn
+    /// and then find the answer cached. An entry lives while a request
+    /// holds it ([`Flight`] removes it).
+    in_flight: Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A request's place in the queue of one token's requests.
+struct Flight<'a> {
+    map: &'a Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>,
+    key: TokenKey,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> Flight<'a> {
+    fn join(map: &'a Mutex<HashMap<TokenKey, Arc<tokio::sync::Mutex<()>>>>, key: TokenKey) -> Self {
+        let mut flights = map.lock().unwrap_or_else(|e| e.into_inner());
+        let gate = flights.entry(key).or_default().clone();
+        Self { map, key, gate }
+    }
+}
+
+impl Drop for Flight<'_> {
+    /// The last request of a token removes its entry, also when it was
+    /// cancelled while waiting.
+    fn drop(&mut self) {
+        let mut flights = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's reference and this one: nobody else waits.
+        if Arc::strong_count(&self.gate) <= 2 {
+            flights.remove(&self.key);
+        }
+    }
 }
 
 impl Introspector {
@@ -52,12 +85,19 @@ impl Introspector {
             credentials,
             cache: TokenCache::new(config.cache_entries),
             cache_max_secs: config.cache_max_secs,
+            in_flight: Mutex::default(),
         })
     }
 
     /// Whom `token` stands for at `now` (Unix seconds).
     pub async fn principal(&self, token: &str, now: u64) -> Result<Vouched, Failure> {
         let digest = token_key(token);
+        if let Some(vouched) = self.cache.get(&digest, now) {
+            return Ok(vouched);
+        }
+        let flight = Flight::join(&self.in_flight, digest);
+        let _turn = flight.gate.lock().await;
+        // The request before this one may have asked already.
         if let Some(vouched) = self.cache.get(&digest, now) {
             return Ok(vouched);
         }
@@ -184,6 +224,18 @@ mod tests {
             300,
         );
         assert_ne!(other_as.unwrap().principal, a.principal);
+    }
+
+    #[test]
+    fn a_token_leaves_the_flights_with_its_last_request() {
+        let map = Mutex::default();
+        let first = Flight::join(&map, [1; 32]);
+        let second = Flight::join(&map, [1; 32]);
+        assert!(Arc::ptr_eq(&first.gate, &second.gate));
+        drop(first);
+        assert_eq!(map.lock().unwrap().len(), 1);
+        drop(second);
+        assert!(map.lock().unwrap().is_empty());
     }
 
     #[test]
