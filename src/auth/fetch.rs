@@ -69,8 +69,9 @@ impl Fetcher {
         serde_json::from_slice(&body).map_err(|e| FetchError(format!("GET {url}: not JSON: {e}")))
     }
 
-    /// POSTs a form with HTTP Basic credentials; the status and the body
-    /// parsed as JSON when 2xx.
+    /// POSTs a form with the given `Authorization` (HTTP Basic client
+    /// credentials) and parses its 2xx body as JSON; any other status is
+    /// an error.
     pub async fn post_form(
         &self,
         url: &Uri,

@@ -266,7 +266,11 @@ impl Authenticator {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok();
         if due {
-            tracing::warn!(mode = self.mode.as_str(), error = why, "cannot verify credentials: new requests are refused with 503 until the verifier answers");
+            tracing::warn!(
+                mode = self.mode.as_str(),
+                error = why,
+                "cannot verify credentials: the verifier is unreachable"
+            );
         } else {
             tracing::debug!(
                 mode = self.mode.as_str(),
