@@ -62,6 +62,8 @@ pub struct Config {
     pub tokens: TokensConfig,
     /// Serve https instead of plain HTTP (`[tls]`); unset: plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// How the principal of a request is found (`[auth]`).
+    pub auth: crate::auth::AuthConfig,
     pub upstream: Vec<UpstreamConfig>,
 }
 
@@ -503,6 +505,7 @@ impl Default for Config {
             dialects: DialectsConfig::default(),
             tokens: TokensConfig::default(),
             tls: None,
+            auth: crate::auth::AuthConfig::default(),
             upstream: Vec::new(),
         }
     }
@@ -735,6 +738,7 @@ impl Config {
             ));
         }
         crate::edge::validate(self).map_err(ConfigError)?;
+        self.auth.validate()?;
         let mut paths = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter().enumerate() {
             let key = format!("upstream[{i}]");

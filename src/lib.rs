@@ -38,6 +38,9 @@
 //!   [`proxy::Rejection`], [`proxy::modern`] (stateless pass-through) and
 //!   [`proxy::tasks`] (durable tasks for modern clients of task-unaware
 //!   upstreams: the call that becomes a task, the `tasks/*` methods).
+//! - [`auth`]: who a request speaks for — the principal from a credential
+//!   digest, a trusted identity header, a verified JWT (keys from the
+//!   issuer's JWKS) or token introspection, each cached; refusals counted.
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
@@ -100,6 +103,7 @@
 //! nothing until something comes: most open streams are a long call waiting
 //! in silence.
 
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod dialect;

@@ -26,6 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::auth::{PrincipalMode, RefusalReason};
 use crate::id::StreamId;
 
 use crate::store::commit::FlushObserver;
@@ -215,6 +216,7 @@ macro_rules! label_value {
     )*};
 }
 label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
+label_value!(PrincipalMode, RefusalReason);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DialectLabel {
@@ -241,6 +243,17 @@ struct StatusLabel {
     status: TaskEnd,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RefusalLabels {
+    mode: PrincipalMode,
+    reason: RefusalReason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ModeLabel {
+    mode: PrincipalMode,
+}
+
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
@@ -256,6 +269,8 @@ pub struct Metrics {
     upstream_dropped: Family<ReasonLabel, Counter>,
     tasks_created: Counter,
     tasks_ended: Family<StatusLabel, Counter>,
+    auth_refusals: Family<RefusalLabels, Counter>,
+    auth_unavailable: Family<ModeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -347,6 +362,7 @@ impl Metrics {
             "Upstream requests of tasks that ended, by the status they left the task in",
             tasks_ended.clone(),
         );
+        let (auth_refusals, auth_unavailable) = register_auth(&mut registry);
         Self {
             registry,
             sessions_open,
@@ -361,6 +377,8 @@ impl Metrics {
             upstream_dropped,
             tasks_created,
             tasks_ended,
+            auth_refusals,
+            auth_unavailable,
         }
     }
 
@@ -435,6 +453,20 @@ impl Metrics {
             .inc();
     }
 
+    /// A credential refused by the principal mode `mode`.
+    pub fn auth_refused(&self, mode: PrincipalMode, reason: RefusalReason) {
+        self.auth_refusals
+            .get_or_create(&RefusalLabels { mode, reason })
+            .inc();
+    }
+
+    /// A request the verifier of `mode` could not decide (unreachable).
+    pub fn auth_unavailable(&self, mode: PrincipalMode) {
+        self.auth_unavailable
+            .get_or_create(&ModeLabel { mode })
+            .inc();
+    }
+
     pub fn upstream_resumed(&self, after: ResumedAfter) {
         self.upstream_resumes
             .get_or_create(&AfterLabel { after })
@@ -454,6 +486,30 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The two families of issue 35's authentication, every mode and reason
+/// present from the start.
+fn register_auth(
+    registry: &mut Registry,
+) -> (Family<RefusalLabels, Counter>, Family<ModeLabel, Counter>) {
+    let refusals = labelled(PrincipalMode::ALL.iter().flat_map(|&mode| {
+        RefusalReason::ALL
+            .iter()
+            .map(move |&reason| RefusalLabels { mode, reason })
+    }));
+    registry.register(
+        "auth_refusals",
+        "Requests whose credential was refused (missing, malformed, not verifying), by principal mode and reason",
+        refusals.clone(),
+    );
+    let unavailable = labelled(PrincipalMode::ALL.iter().map(|&mode| ModeLabel { mode }));
+    registry.register(
+        "auth_unavailable",
+        "Requests whose credential could not be checked because the verifier (key set, introspection endpoint) was unreachable",
+        unavailable.clone(),
+    );
+    (refusals, unavailable)
 }
 
 /// A counter family with every label value present from the start, so a
@@ -538,6 +594,8 @@ mod tests {
             "mcp_proxy_replays_total{dialect=\"resume_tokens\"} 0",
             "mcp_proxy_upstream_errors_total{kind=\"too_large\"} 0",
             "mcp_proxy_upstream_resumes_total{after=\"restart\"} 0",
+            "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"unknown_key\"} 0",
+            "mcp_proxy_auth_unavailable_total{mode=\"introspection\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
@@ -555,6 +613,8 @@ mod tests {
         metrics.upstream_answer(&Ok::<_, UpstreamFailure>(http::Response::new(())));
         metrics.recovered(2);
         metrics.upstream_resumed(ResumedAfter::Cut);
+        metrics.auth_refused(PrincipalMode::Jwt, RefusalReason::Signature);
+        metrics.auth_unavailable(PrincipalMode::Jwt);
         (metrics.flush_observer())(Duration::from_millis(3));
         let text = metrics.render(1, 4);
         for line in [
@@ -569,6 +629,9 @@ mod tests {
             "mcp_proxy_recovered_streams_total 2",
             "mcp_proxy_upstream_resumes_total{after=\"cut\"} 1",
             "mcp_proxy_flush_duration_seconds_count 1",
+            "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"signature\"} 1",
+            "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"expired\"} 0",
+            "mcp_proxy_auth_unavailable_total{mode=\"jwt\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
