@@ -223,7 +223,16 @@ fn main() -> ExitCode {
             }
         };
     }
-    let config = match config(&cli).and_then(|c| c.validate().map(|()| c).map_err(|e| e.0)) {
+    // A TLS file that cannot be read is as much a configuration error as a
+    // key that cannot be parsed: both exit with status 2.
+    let checked = config(&cli)
+        .and_then(|c| c.validate().map(|()| c).map_err(|e| e.0))
+        .and_then(|c| {
+            mcp_resume_proxy::tls::check_files(&c)
+                .map(|()| c)
+                .map_err(|e| e.to_string())
+        });
+    let config = match checked {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mcp-resume-proxy: invalid configuration: {e}");
