@@ -50,6 +50,10 @@ enum Command {
     /// and experiments).
     #[command(hide = true)]
     DemoStdioServer,
+    /// The demo's upstream, in a process of its own so that it outlives a
+    /// kill -9 of the demo (started by `demo`; FILE names its owner).
+    #[command(hide = true, name = "demo-upstream")]
+    DemoUpstream { file: PathBuf },
 }
 
 #[derive(Subcommand, Debug)]
@@ -196,6 +200,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("demo stdio server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(Command::DemoUpstream { file }) = &cli.command {
+        return match runtime.block_on(mcp_resume_proxy::demo::process::serve(file)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo upstream: {e:#}");
                 ExitCode::FAILURE
             }
         };

@@ -620,15 +620,27 @@ impl Shell {
         }
     }
 
-    /// Stops the proxy a block left running (by the pid the block wrote).
+    /// Stops the proxy a block left running (by the pid the block wrote):
+    /// SIGTERM, so that the demo stops its upstream process too, and
+    /// SIGKILL if it is still there after a while.
     fn stop_server(&self) {
         let Ok(pid) = std::fs::read_to_string(self.path("server.pid")) else {
             return;
         };
-        if let Ok(pid) = pid.trim().parse::<i32>() {
-            // SAFETY: kill(2) on a process this test started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = std::fs::remove_file(self.path("server.pid"));
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        // SAFETY: kill(2) on a process this test started.
+        let signal = |s| unsafe { libc::kill(pid, s) } == 0;
+        if !signal(libc::SIGTERM) {
+            return;
         }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while signal(0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        signal(libc::SIGKILL);
     }
 }
 
