@@ -771,12 +771,13 @@ fn nginx() -> Option<PathBuf> {
 fn nginx_test(nginx: &Path, block: &str) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let p = dir.path().display();
-    let conf = format!(
+    let head = format!(
         "pid {p}/nginx.pid;\nerror_log stderr;\nevents {{}}\nhttp {{\n\
          access_log off;\nclient_body_temp_path {p}/body;\nproxy_temp_path {p}/proxy;\n\
-         fastcgi_temp_path {p}/fastcgi;\nuwsgi_temp_path {p}/uwsgi;\nscgi_temp_path {p}/scgi;\n\
-         {block}\n}}\n"
+         fastcgi_temp_path {p}/fastcgi;\nuwsgi_temp_path {p}/uwsgi;\nscgi_temp_path {p}/scgi;\n"
     );
+    let conf = format!("{head}{block}\n}}\n");
+    let first = head.lines().count() + 1;
     let file = dir.path().join("nginx.conf");
     std::fs::write(&file, conf).map_err(|e| e.to_string())?;
     let out = Command::new(nginx)
@@ -790,7 +791,10 @@ fn nginx_test(nginx: &Path, block: &str) -> Result<(), String> {
     if out.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        Err(format!(
+            "{}(the block is nginx.conf from line {first} on)",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
