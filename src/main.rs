@@ -50,6 +50,10 @@ enum Command {
     /// and experiments).
     #[command(hide = true)]
     DemoStdioServer,
+    /// The demo's upstream, in a process of its own so that it outlives a
+    /// kill -9 of the demo (started by `demo`; FILE names its owner).
+    #[command(hide = true, name = "demo-upstream")]
+    DemoUpstream { file: PathBuf },
 }
 
 #[derive(Subcommand, Debug)]
@@ -200,6 +204,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::DemoUpstream { file }) = &cli.command {
+        return match runtime.block_on(mcp_resume_proxy::demo::process::serve(file)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo upstream: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Streams { action }) = &cli.command {
         return streams(&cli, action, &runtime);
     }
@@ -223,7 +236,16 @@ fn main() -> ExitCode {
             }
         };
     }
-    let config = match config(&cli).and_then(|c| c.validate().map(|()| c).map_err(|e| e.0)) {
+    // A TLS file that cannot be read is as much a configuration error as a
+    // key that cannot be parsed: both exit with status 2.
+    let checked = config(&cli)
+        .and_then(|c| c.validate().map(|()| c).map_err(|e| e.0))
+        .and_then(|c| {
+            mcp_resume_proxy::tls::check_files(&c)
+                .map(|()| c)
+                .map_err(|e| e.to_string())
+        });
+    let config = match checked {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mcp-resume-proxy: invalid configuration: {e}");

@@ -20,7 +20,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::TlsConfig;
+use crate::config::{Config, TlsConfig};
 
 /// A TLS configuration problem, worded for the operator (it names the key
 /// and the file).
@@ -57,6 +57,25 @@ pub fn acceptor(config: &TlsConfig) -> Result<TlsAcceptor, TlsError> {
         .map_err(|e| TlsError(format!("tls.cert and tls.key do not make a pair: {e}")))?;
     server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(server)))
+}
+
+/// Reads every TLS file the configuration names — the listener's and each
+/// upstream's `ca_file` — as the start will, so that a missing or bad file is
+/// reported with the other configuration errors, before anything is bound
+/// or opened.
+pub fn check_files(config: &Config) -> Result<(), TlsError> {
+    if let Some(tls) = &config.tls {
+        acceptor(tls)?;
+    }
+    for up in config.upstream.iter().filter(|up| up.ca_file.is_some()) {
+        upstream_client(&upstream_ca_key(&up.path), up.ca_file.as_deref())?;
+    }
+    Ok(())
+}
+
+/// How errors name an upstream's `ca_file`.
+pub fn upstream_ca_key(path: &str) -> String {
+    format!("ca_file of the upstream at {path}")
 }
 
 /// The client side of https upstreams: the built-in webpki roots, plus the

@@ -18,7 +18,9 @@ fn help_and_version_work() {
         "--upstream",
         "--data-dir",
         "--log-format",
+        "--upstream-command",
         "demo",
+        "streams",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
@@ -49,7 +51,7 @@ fn running_without_an_upstream_is_a_config_error() {
 }
 
 #[test]
-fn an_unreadable_tls_certificate_stops_the_start_naming_the_key() {
+fn a_missing_tls_certificate_is_a_config_error_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("proxy.toml");
     let missing = dir.path().join("missing.pem");
@@ -63,7 +65,27 @@ fn an_unreadable_tls_certificate_stops_the_start_naming_the_key() {
     )
     .unwrap();
     let out = proxy().arg("--config").arg(&file).output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("tls.cert"), "{err}");
+}
+
+#[test]
+fn a_missing_upstream_ca_file_is_a_config_error_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    let missing = dir.path().join("missing-ca.pem");
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n\
+             [[upstream]]\nurl = \"https://127.0.0.1:1/mcp\"\nca_file = {missing:?}\n",
+            dir.path().join("data"),
+        ),
+    )
+    .unwrap();
+    let out = proxy().arg("--config").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ca_file"), "{err}");
 }

@@ -1,9 +1,10 @@
-//! The `demo` command: a small MCP server with a slow tool, in-process, behind
-//! the proxy, and the curl commands that show a call dropped and resumed. The
-//! same server ([`upstream::DemoUpstream`]) is the upstream of the integration
-//! tests, so what newcomers see is what the tests check.
+//! The `demo` command: a small MCP server with a slow tool, in a process of
+//! its own, behind the proxy, and the curl commands that show a call dropped
+//! and resumed. The same server ([`upstream::DemoUpstream`]) is the upstream
+//! of the integration tests, so what newcomers see is what the tests check.
 
 mod mrtr;
+pub mod process;
 mod responses;
 mod session;
 mod session_wide_replay;
@@ -14,29 +15,34 @@ pub mod upstream;
 
 use crate::config::{Config, UpstreamConfig};
 use crate::server::Server;
-use upstream::{DemoOptions, DemoUpstream};
+use process::UpstreamProcess;
 
-/// Starts the demo upstream on a free loopback port and the proxy in front of
-/// it, prints a walkthrough, and serves until Ctrl-C.
+/// Starts the demo upstream (or adopts the one a demo killed on the same
+/// data directory left running) and the proxy in front of it, prints a
+/// walkthrough, and serves until Ctrl-C, which stops both.
 pub async fn run(mut config: Config) -> anyhow::Result<()> {
-    // Modern requests too, so that step 5 (tasks) has a modern upstream.
-    let options = DemoOptions {
-        modern: true,
-        ..DemoOptions::default()
-    };
-    let demo = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options).await?;
+    let demo = UpstreamProcess::adopt_or_start(&config.data_dir).await?;
     let mut upstream = UpstreamConfig::new(demo.url());
     // Step 6: the 2025-11-25 tasks are opt-in; the demo shows them.
     upstream.tasks.legacy = true;
     config.upstream = vec![upstream];
-    config.validate()?;
-    let server = Server::start(config).await?;
+    let started = match config.validate() {
+        Ok(()) => Server::start(config).await,
+        Err(e) => Err(e.into()),
+    };
+    let server = match started {
+        Ok(server) => server,
+        Err(e) => {
+            demo.stop().await;
+            return Err(e);
+        }
+    };
     println!(
         "{}",
         walkthrough(&format!("http://{}/mcp", server.addr), &demo.url())
     );
     server.run_until(crate::shutdown_signal()).await;
-    demo.shutdown();
+    demo.stop().await;
     Ok(())
 }
 
@@ -71,8 +77,10 @@ mcp-resume-proxy demo
    curl -sN {proxy} -H "Mcp-Session-Id: $SID" -H 'Accept: text/event-stream' \
      -H 'MCP-Protocol-Version: 2025-11-25' -H 'Last-Event-ID: <the id>'
 
-   Kill the proxy with kill -9 in the middle and start it again with the same
-   data dir: the resume still works.
+   Kill the demo with kill -9 in the middle and start it again in the same
+   directory: the resume still works, and the call goes on to its result.
+   The demo's upstream is a process of its own that outlives the kill, as a
+   real upstream outlives its proxy, and the restarted demo takes it over.
 
 4. The resumability dialects: open a session that declares them (its result
    advertises them under capabilities.experimental), then run step 2 again

@@ -50,7 +50,7 @@ impl HttpUpstream {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(config.connect_timeout_secs)));
-        let key = format!("ca_file of the upstream at {}", config.path);
+        let key = crate::tls::upstream_ca_key(&config.path);
         let tls = crate::tls::upstream_client(&key, config.ca_file.as_deref())
             .map_err(|e| e.to_string())?;
         let https = hyper_rustls::HttpsConnectorBuilder::new()
