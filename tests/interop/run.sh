@@ -4,9 +4,13 @@
 # FastMCP with fastmcp-tasks (j-tasks) and the conformance tool (two versions:
 # 0.1 for the core suites, 0.2 alpha for the tasks extension). Everything
 # listens on 127.0.0.1 only.
-# i-scale-out (two proxies sharing a Redis store) runs on REDIS_URL when it is
-# set, else on a private redis-server this script starts (free loopback port,
-# no persistence, stopped at the end); with neither it fails, in one line.
+# i-scale-out and o-nginx (two proxies sharing a Redis store) run on REDIS_URL
+# when it is set, else on a private redis-server this script starts (free
+# loopback port, no persistence, stopped at the end); with neither they fail,
+# in one line. o-nginx runs the README's nginx example with Debian's nginx,
+# which this script installs when it is missing and it runs as root (the
+# package's own service is kept from starting: tests listen only on free
+# loopback ports).
 #
 #   tests/interop/run.sh                 # every scenario
 #   tests/interop/run.sh d-reattach ...  # only the named scenarios
@@ -63,7 +67,8 @@ kill_group() {
 }
 redis_pid=
 stop_redis() { if [ -n "$redis_pid" ]; then kill -KILL "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; redis_pid=; fi; }
-on_exit() { kill_group; stop_redis; if [ "${INTEROP_KEEP:-}" != 1 ] && [ "${keep_work:-0}" = 0 ]; then rm -rf "$work"; fi; }
+nginx_policy=
+on_exit() { kill_group; stop_redis; if [ -n "$nginx_policy" ]; then rm -f "$nginx_policy"; fi; if [ "${INTEROP_KEEP:-}" != 1 ] && [ "${keep_work:-0}" = 0 ]; then rm -rf "$work"; fi; }
 trap on_exit EXIT
 trap 'say "interop: interrupted"; exit 130' INT TERM HUP
 if [ -z "${MCP_PROXY_BIN:-}" ]; then
@@ -80,11 +85,41 @@ fi
 [ -x "$MCP_PROXY_BIN" ] || die "MCP_PROXY_BIN=$MCP_PROXY_BIN is not executable"
 export INTEROP_WORK="$work"
 
+# Whether a scenario is among those to run (all of them without arguments).
+selected_scenario() { [ ${#selected[@]} -eq 0 ] || [[ " ${selected[*]} " == *" $1 "* ]]; }
+selected=("$@")
+
+# ---------------------------------------------------------------- nginx
+# o-nginx runs Debian's nginx as a foreground process of its own (config,
+# logs, temp files and pid in its work dir, a free loopback port). Installing
+# the package would start its service on port 80 (postinst runs
+# `invoke-rc.d nginx start`): a policy-rc.d that refuses every start, in place
+# only during the install, keeps it from starting. A machine with a
+# policy-rc.d of its own keeps it, and a service that policy let start is
+# stopped right after. Under systemd the unit is also disabled, so that no
+# boot starts it. Without root, or when the install fails, o-nginx says in one
+# line what is missing.
+if selected_scenario o-nginx && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] \
+   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  say "== installing nginx (apt-get install nginx, its service not started) for o-nginx"
+  # (the EXIT trap removes our policy-rc.d should the install be interrupted)
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    nginx_policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# tests/interop/run.sh: no service starts while nginx is installed\nexit 101\n' > "$nginx_policy"
+    chmod 755 "$nginx_policy"
+  fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; } \
+    || say "== apt-get install nginx failed; o-nginx will fail"
+  if [ -n "$nginx_policy" ]; then rm -f "$nginx_policy"; nginx_policy=
+  else invoke-rc.d nginx stop >/dev/null 2>&1 || true; fi
+  [ -d /run/systemd/system ] && { systemctl disable --quiet nginx 2>/dev/null || true; }
+fi
+
 # ---------------------------------------------------------------- redis
 # The tests' rule (tests/common/redis_server.rs): REDIS_URL, else a private
 # redis-server; never whatever answers on 127.0.0.1:6379, which may be someone
-# else's. Only when i-scale-out is among the scenarios to run.
-if [ -z "${REDIS_URL:-}" ] && { [ $# -eq 0 ] || [[ " $* " == *" i-scale-out "* ]]; } \
+# else's. Only when i-scale-out or o-nginx is among the scenarios to run.
+if [ -z "${REDIS_URL:-}" ] && { selected_scenario i-scale-out || selected_scenario o-nginx; } \
    && command -v redis-server >/dev/null; then
   redis_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   mkdir -p "$work/redis"
@@ -102,7 +137,7 @@ if [ -z "${REDIS_URL:-}" ] && { [ $# -eq 0 ] || [[ " $* " == *" i-scale-out "* ]
   done
   (exec 3<>"/dev/tcp/127.0.0.1/$redis_port") 2>/dev/null || die "redis-server did not listen on port $redis_port"
   export REDIS_URL="redis://127.0.0.1:$redis_port/0"
-  say "== private redis-server at $REDIS_URL (for i-scale-out)"
+  say "== private redis-server at $REDIS_URL (for i-scale-out, o-nginx)"
 fi
 
 # ---------------------------------------------------------------- scenarios
@@ -122,9 +157,9 @@ scenarios=(
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
   "j-tasks|240|node scenarios/j-tasks.mjs"
   "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
+  "o-nginx|90|node scenarios/o-nginx.mjs"
 )
 
-selected=("$@")
 passed=0; failed=0; failed_names=(); not_run=()
 for entry in "${scenarios[@]}"; do
   IFS='|' read -r name limit cmd <<<"$entry"
