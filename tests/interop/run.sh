@@ -122,6 +122,7 @@ scenarios=(
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
   "j-tasks|240|node scenarios/j-tasks.mjs"
   "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
+  "l-oauth|90|node scenarios/l-oauth.mjs"
 )
 
 selected=("$@")
