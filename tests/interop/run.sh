@@ -123,6 +123,7 @@ scenarios=(
   "j-tasks|240|node scenarios/j-tasks.mjs"
   "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
   "l-oauth|90|node scenarios/l-oauth.mjs"
+  "m-py-oauth|90|node scenarios/m-py-oauth.mjs"
 )
 
 selected=("$@")
