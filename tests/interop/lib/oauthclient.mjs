@@ -191,7 +191,8 @@ function bodyMethod(body) {
  * dance the way the SDK's simpleOAuthClient example does: connect, catch
  * UnauthorizedError (the provider has been "redirected" and holds a code),
  * transport.finishAuth(code), connect again with a new transport.
- * Returns {client, transport, authorized} (authorized: a flow ran).
+ * Returns {client, transport, authorized, resourceMetadataUrl} (authorized: a
+ * flow ran; resourceMetadataUrl: from the 401's WWW-Authenticate).
  */
 export async function connectWithOAuth(url, provider, fetchFn, { capabilities = {}, onNotification } = {}) {
   const make = () => {
@@ -215,9 +216,11 @@ export async function connectWithOAuth(url, provider, fetchFn, { capabilities = 
     await transport.finishAuth(provider.takeCode());
     await transport.close().catch(() => {});
   }
+  // The protected resource metadata URL of the 401 (a private field of the transport).
+  const resourceMetadataUrl = transport._resourceMetadataUrl;
   ({ client, transport } = make());
   await client.connect(transport);
-  return { client, transport, authorized: true };
+  return { client, transport, authorized: true, resourceMetadataUrl };
 }
 
 /**
@@ -225,13 +228,15 @@ export async function connectWithOAuth(url, provider, fetchFn, { capabilities = 
  * auth() (discovery, authorization with PKCE, token): the provider's copy
  * starts without tokens, so auth() redirects; the code is exchanged by a
  * second auth() call. The provider's active tokens are left unchanged.
+ * resourceMetadataUrl: what the transport passes to auth() when it
+ * re-authorizes after a 401 (the resource_metadata of that 401).
  */
-export async function anotherToken(url, provider, fetchFn) {
+export async function anotherToken(url, provider, fetchFn, { resourceMetadataUrl } = {}) {
   const twin = new HeadlessOAuthProvider(`${provider.name}'`, provider.recorder);
   twin._clientInformation = provider.clientInformation();
-  const first = await auth(twin, { serverUrl: new URL(url), fetchFn });
+  const first = await auth(twin, { serverUrl: new URL(url), resourceMetadataUrl, fetchFn });
   if (first !== 'REDIRECT') throw new Error(`auth() without tokens returned ${first}, expected REDIRECT`);
-  const second = await auth(twin, { serverUrl: new URL(url), authorizationCode: twin.takeCode(), fetchFn });
+  const second = await auth(twin, { serverUrl: new URL(url), resourceMetadataUrl, authorizationCode: twin.takeCode(), fetchFn });
   if (second !== 'AUTHORIZED') throw new Error(`auth() with the code returned ${second}`);
   if (twin.clientInformation()?.client_id !== provider.clientInformation()?.client_id) {
     throw new Error('the second token was issued to another client');

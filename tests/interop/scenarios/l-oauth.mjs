@@ -162,7 +162,7 @@ async function phase(checks, label, url, asUrl, proxy) {
 
   // 2. A second access token for the same client; a call started under the
   // first is cut after its first notification and resumed under the second.
-  const t2 = await anotherToken(url, alice, f).catch((e) => ok(false, `a second access token for ${alice.clientInformation()?.client_id}: ${e.message}`));
+  const t2 = await anotherToken(url, alice, f, { resourceMetadataUrl: conn.resourceMetadataUrl }).catch((e) => ok(false, `a second access token for ${alice.clientInformation()?.client_id}: ${e.message}`));
   if (!t2) return;
   ok(t2.access_token !== t1.access_token, `a second access token for the same client (${short(t1.access_token)} -> ${short(t2.access_token)})`);
   await longCall(checks, label, 'a call started under the first token, cut, resumed under the second', {
@@ -173,7 +173,7 @@ async function phase(checks, label, url, asUrl, proxy) {
 
   // 3. The same across kill -9 of the proxy (a third token for the resume).
   if (proxy) {
-    const t3 = await anotherToken(url, alice, f).catch((e) => ok(false, `a third access token: ${e.message}`));
+    const t3 = await anotherToken(url, alice, f, { resourceMetadataUrl: conn.resourceMetadataUrl }).catch((e) => ok(false, `a third access token: ${e.message}`));
     if (!t3) return;
     await longCall(checks, label, 'a call under the second token, proxy killed -9 and restarted, resumed under a third', {
       client, transport, requests, f, notes,
@@ -262,7 +262,8 @@ async function longCall(checks, label, what, { client, transport, requests, f, n
     result = await client.request(
       { method: 'tools/call', params: { name: 'start-notification-stream', arguments: { interval: INTERVAL, count: COUNT } } },
       CallToolResultSchema,
-      { timeout: 30000, onresumptiontoken: (t) => postTokens.push(t) },
+      // Bounded: a resume the SDK gives up on (e.g. after 404s) would otherwise hold the call 60 s.
+      { timeout: COUNT * INTERVAL + 9000, onresumptiontoken: (t) => postTokens.push(t) },
     );
   } catch (e) {
     ok(false, `the call failed: ${e.message}`);
