@@ -135,6 +135,10 @@ async function phase(checks, label, url, asUrl) {
   const bobGet = ev.find((e) => e.event === 'bob-on-alice' && e.method === 'GET');
   ok(bobPost?.status === 404, `his token on the first user's session: POST -> ${bobPost?.status} (expected 404)`, bobPost?.body);
   ok(bobGet?.status === 404, `his token on the first user's session: GET -> ${bobGet?.status} (expected 404)`);
+  const after = ev.find((e) => e.event === 'alice-after-bob');
+  const afterReq = http.filter((e) => e.body === 'tools/call').at(-1);
+  ok(/still alice/.test(JSON.stringify(after?.result ?? '')) && afterReq?.session === sid,
+    `the session still answers the first user after that (session ${short(afterReq?.session)})`, after?.error);
   ok(code === 0 && ev.some((e) => e.event === 'closed'), `the Python client ran to its end (exit ${code})`);
   await sleep(10);
 }

@@ -154,6 +154,12 @@ async def main() -> None:
                 emit("bob-on-alice", method="POST", status=r.status_code, session=session_id, body=r.text[:200])
                 async with raw.stream("GET", url, headers={**headers, "accept": "text/event-stream"}) as g:
                     emit("bob-on-alice", method="GET", status=g.status_code, session=session_id)
+            # Whatever bob got, the session is still alice's.
+            try:
+                res = await client.call_tool("echo", {"message": "still alice's"}, read_timeout_seconds=30)
+                emit("alice-after-bob", result=json.loads(res.model_dump_json(exclude_none=True)))
+            except Exception as e:  # noqa: BLE001
+                emit("alice-after-bob", error=f"{type(e).__name__}: {e}")
     emit("closed")
 
 
