@@ -29,7 +29,7 @@ const CHROMIUM = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
 const DURATION = 3;
 const STEPS = 6;
 const RUNS = {
-  late: { cutAfter: 5, reconnectDelay: 1500 }, // progress 6 and the result come while the page is away
+  late: { cutAfter: 5, reconnectDelay: 2000 }, // progress 6 and the result come while the page is away
   early: { cutAfter: 2, reconnectDelay: 500 }, // the resume arrives while the call still runs
 };
 const only = process.argv[2]; // 'direct' | 'proxy' | undefined (both)
