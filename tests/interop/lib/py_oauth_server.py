@@ -13,9 +13,16 @@ Two HTTP servers in one process, both on 127.0.0.1, both naming themselves http:
   (no login page), issues short-lived access tokens (--access-ttl) with refresh tokens,
   and /introspect.
 
+With --own-as the MCP server is its own authorization server (the SDK's
+auth_server_provider: the AS routes on the MCP server's origin, the 2025-03-26
+layout) and --public-url names the URL clients use (a proxy in front): the
+server writes that URL as its resource and its origin as the issuer, the usual
+production setup where a server is told its public URL.
+
 Tools: `echo` and `slow-count` (progress notifications, `steps` x `interval_ms`).
 
 usage: python py_oauth_server.py --port P --auth-port A [--access-ttl S] [--validate-resource]
+       python py_oauth_server.py --port P --own-as --public-url http://HOST:PORT/mcp [--access-ttl S]
 """
 
 import argparse
@@ -149,18 +156,55 @@ def log(msg: str) -> None:
     print(f"[py-oauth-server] {msg}", file=sys.stderr, flush=True)
 
 
+def add_tools(mcp: MCPServer) -> None:
+    @mcp.tool(name="echo")
+    def echo(message: str) -> str:
+        return f"echo: {message}"
+
+    @mcp.tool(name="slow-count")
+    async def slow_count(steps: int, interval_ms: int, ctx: Context) -> str:
+        for i in range(1, steps + 1):
+            await anyio.sleep(interval_ms / 1000)
+            await ctx.report_progress(i, steps, f"step {i}/{steps}")
+        return f"counted to {steps}"
+
+
+def serve_own_as(args: argparse.Namespace, provider: DemoProvider) -> None:
+    public = AnyHttpUrl(args.public_url)
+    issuer = f"{public.scheme}://{public.host}:{public.port}"
+    mcp = MCPServer(
+        "py-oauth-server",
+        auth_server_provider=provider,
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl(issuer),
+            resource_server_url=public,
+            required_scopes=[SCOPE],
+            client_registration_options=ClientRegistrationOptions(enabled=True, valid_scopes=[SCOPE], default_scopes=[SCOPE]),
+            revocation_options=RevocationOptions(enabled=True),
+            validate_token_resource=False,
+        ),
+    )
+    add_tools(mcp)
+    log(f"MCP server on 127.0.0.1:{args.port}, its own authorization server; it names itself {public} (issuer {issuer})")
+    uvicorn.run(mcp.streamable_http_app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--auth-port", type=int, required=True)
+    ap.add_argument("--auth-port", type=int)
+    ap.add_argument("--own-as", action="store_true", help="the MCP server is its own authorization server")
+    ap.add_argument("--public-url", help="with --own-as: the URL clients use for /mcp")
     ap.add_argument("--access-ttl", type=int, default=3600)
     ap.add_argument("--validate-resource", action="store_true",
                     help="AuthSettings.validate_token_resource: accept only tokens issued for this server's own URL")
     args = ap.parse_args()
+    provider = DemoProvider(args.access_ttl)
+    if args.own_as:
+        serve_own_as(args, provider)
+        return
     rs_url = f"http://localhost:{args.port}/mcp"
     as_url = f"http://localhost:{args.auth_port}"
-
-    provider = DemoProvider(args.access_ttl)
 
     async def introspect(request: Request) -> JSONResponse:
         form = await request.form()
@@ -189,17 +233,7 @@ def main() -> None:
         ),
     )
 
-    @mcp.tool(name="echo")
-    def echo(message: str) -> str:
-        return f"echo: {message}"
-
-    @mcp.tool(name="slow-count")
-    async def slow_count(steps: int, interval_ms: int, ctx: Context) -> str:
-        for i in range(1, steps + 1):
-            await anyio.sleep(interval_ms / 1000)
-            await ctx.report_progress(i, steps, f"step {i}/{steps}")
-        return f"counted to {steps}"
-
+    add_tools(mcp)
     rs_app = mcp.streamable_http_app()
 
     async def serve() -> None:

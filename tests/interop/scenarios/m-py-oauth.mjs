@@ -15,6 +15,9 @@
 // served on the same Mcp-Session-Id; a second user's token on the first
 // user's session gets 404 (the Python server itself binds a session to the
 // principal client_id/iss/sub; through the proxy the answer must be the same).
+// Third phase: the server is its own authorization server and is told the
+// proxy's public URL; the proxy forwards its discovery documents untouched
+// and the authorization paths listed in `passthrough`.
 import path from 'node:path';
 import fs from 'node:fs';
 import readline from 'node:readline';
@@ -23,25 +26,30 @@ import {
 } from '../lib/harness.mjs';
 
 const ACCESS_TTL = 3;
-const only = process.argv[2]; // 'direct' | 'proxy' | undefined (both)
+const only = process.argv[2]; // 'direct' | 'proxy' | 'own-as' | undefined (all three)
 const short = (t) => (t && t.length > 14 ? `${t.slice(0, 8)}…${t.slice(-4)}` : t);
 
 await runScenario(`m-py-oauth${only ? ` (${only})` : ''}: Python SDK OAuthClientProvider vs a Python SDK server with auth settings, direct and through the proxy`, async (checks) => {
-  const port = await freePort();
-  let authPort = await freePort();
-  while (authPort === port) authPort = await freePort();
-  const server = start('py-oauth-server', PYTHON, [path.join(INTEROP_DIR, 'lib', 'py_oauth_server.py'),
-    '--port', String(port), '--auth-port', String(authPort), '--access-ttl', String(ACCESS_TTL)]);
-  await waitForPort(port, server, 30000);
-  await waitForPort(authPort, server, 30000);
-  const serverUrl = `http://localhost:${port}/mcp`;
-  const asUrl = `http://localhost:${authPort}/`;
-  log(`Python SDK server at ${serverUrl}; its authorization server at ${asUrl}`);
-  if (only !== 'proxy') {
+  let server;
+  let serverUrl;
+  let asUrl;
+  if (only === undefined || only === 'direct' || only === 'proxy') {
+    const port = await freePort();
+    let authPort = await freePort();
+    while (authPort === port) authPort = await freePort();
+    server = start('py-oauth-server', PYTHON, [path.join(INTEROP_DIR, 'lib', 'py_oauth_server.py'),
+      '--port', String(port), '--auth-port', String(authPort), '--access-ttl', String(ACCESS_TTL)]);
+    await waitForPort(port, server, 30000);
+    await waitForPort(authPort, server, 30000);
+    serverUrl = `http://localhost:${port}/mcp`;
+    asUrl = `http://localhost:${authPort}/`;
+    log(`Python SDK server at ${serverUrl}; its authorization server at ${asUrl}`);
+  }
+  if (only === undefined || only === 'direct') {
     console.log('-- DIRECT: Python client -> the server');
     await phase(checks, 'direct', serverUrl, asUrl);
   }
-  if (only !== 'direct') {
+  if (only === undefined || only === 'proxy') {
     console.log('-- THROUGH THE PROXY: Python client -> proxy (http://127.0.0.1:<port>/mcp) -> the server (http://localhost:<port>/mcp)');
     const proxyPort = await freePort();
     const configFile = path.join(workdir(), 'proxy.toml');
@@ -56,6 +64,33 @@ await runScenario(`m-py-oauth${only ? ` (${only})` : ''}: Python SDK OAuthClient
     const proxy = start('proxy', PROXY_BIN, ['--config', configFile], { env: { RUST_LOG: process.env.RUST_LOG ?? 'mcp_resume_proxy=debug,info' } });
     await waitForPort(proxyPort, proxy);
     await phase(checks, 'proxy', `http://127.0.0.1:${proxyPort}/mcp`, asUrl);
+    await stop(proxy);
+  }
+  if (only === undefined || only === 'own-as') {
+    // The server is its own authorization server and is told its public URL
+    // (the proxy's): the proxy passes its metadata untouched and forwards
+    // the listed authorization paths.
+    console.log('-- THROUGH THE PROXY, the server its own authorization server: Python client -> proxy (passthrough /authorize /token /register) -> the server');
+    if (server) await stop(server);
+    const proxyPort = await freePort();
+    const publicUrl = `http://127.0.0.1:${proxyPort}/mcp`;
+    const ownPort = await freePort();
+    const own = start('py-oauth-server-own-as', PYTHON, [path.join(INTEROP_DIR, 'lib', 'py_oauth_server.py'),
+      '--port', String(ownPort), '--own-as', '--public-url', publicUrl, '--access-ttl', String(ACCESS_TTL)]);
+    await waitForPort(ownPort, own, 30000);
+    const configFile = path.join(workdir(), 'proxy-own-as.toml');
+    fs.writeFileSync(configFile, [
+      `listen = "127.0.0.1:${proxyPort}"`,
+      `data_dir = "${path.join(workdir(), 'proxy-own-as-data')}"`,
+      '[[upstream]]',
+      'path = "/mcp"',
+      `url = "http://localhost:${ownPort}/mcp"`,
+      'passthrough = ["/authorize", "/token", "/register"]',
+      '',
+    ].join('\n'));
+    const proxy = start('proxy-own-as', PROXY_BIN, ['--config', configFile], { env: { RUST_LOG: process.env.RUST_LOG ?? 'mcp_resume_proxy=debug,info' } });
+    await waitForPort(proxyPort, proxy);
+    await phase(checks, 'proxy, own AS', publicUrl, `http://127.0.0.1:${proxyPort}/`);
     await stop(proxy);
   }
 }, { timeoutMs: 85000 });
