@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Interop tests of mcp-resume-proxy against real MCP peers: the official TS and
 # Python SDK clients, @modelcontextprotocol/server-everything (HTTP and stdio),
-# FastMCP with fastmcp-tasks (j-tasks) and the conformance tool (two versions:
-# 0.1 for the core suites, 0.2 alpha for the tasks extension). Everything
-# listens on 127.0.0.1 only.
+# FastMCP with fastmcp-tasks (j-tasks), the conformance tool (two versions:
+# 0.1 for the core suites, 0.2 alpha for the tasks extension), OAuth-protected
+# servers with the SDKs' own OAuth clients (l-oauth: the TS SDK's example
+# server --oauth; m-py-oauth: a Python SDK server with auth settings) and
+# headless Chromium running the TS SDK client (n-browser). Everything listens
+# on 127.0.0.1 only.
 # i-scale-out and o-nginx (two proxies sharing a Redis store) run on REDIS_URL
 # when it is set, else on a private redis-server this script starts (free
 # loopback port, no persistence, stopped at the end); with neither they fail,
@@ -24,6 +27,7 @@
 # Env: MCP_PROXY_BIN=path  use this proxy binary (no cargo build)
 #      INTEROP_SKIP_BUILD=1 use target/release/mcp-resume-proxy as it is
 #      INTEROP_KEEP=1       keep every scenario's work dir (logs, proxy data)
+#      CHROMIUM_BIN=path    the browser of n-browser (default /usr/bin/chromium)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -52,6 +56,16 @@ if [ "$(cat .venv/.interop-stamp 2>/dev/null)" != "$req_sum" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv || die "python3 -m venv failed"
   .venv/bin/pip install --quiet --disable-pip-version-check -r requirements.txt || die "pip install failed"
   echo "$req_sum" > .venv/.interop-stamp
+fi
+
+# n-browser drives Debian's chromium (never a browser downloaded by puppeteer:
+# the scenario uses puppeteer-core): installed here when missing, only when
+# n-browser is among the scenarios to run.
+if { [ $# -eq 0 ] || [[ " $* " == *" n-browser "* ]]; } && [ -z "${CHROMIUM_BIN:-}" ] && ! [ -x /usr/bin/chromium ]; then
+  say "== apt-get install chromium (Debian's, for n-browser)"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium; } >/dev/null \
+    || say "interop: installing chromium failed; n-browser will fail"
 fi
 
 # ---------------------------------------------------------------- proxy binary
@@ -157,6 +171,9 @@ scenarios=(
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
   "j-tasks|240|node scenarios/j-tasks.mjs"
   "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
+  "l-oauth|90|node scenarios/l-oauth.mjs"
+  "m-py-oauth|90|node scenarios/m-py-oauth.mjs"
+  "n-browser|90|node scenarios/n-browser.mjs"
   "o-nginx|90|node scenarios/o-nginx.mjs"
 )
 
