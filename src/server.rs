@@ -73,11 +73,13 @@ impl App {
         };
         let log = Log::new(store);
         let sessions = Sessions::new(log.store().clone());
+        let auth = crate::auth::Authenticator::new(&config)?;
         let shared = Arc::new(Shared {
             config,
             log,
             sessions,
             keyring,
+            auth,
             draining: CancellationToken::new(),
         });
         let routes = shared

@@ -29,6 +29,7 @@ use self::discovery::{MountView, Passage};
 use self::origin::{Arrival, Origins, PublicOrigin, TrustedProxies};
 use self::public_url::PublicUrls;
 use crate::config::Config;
+use crate::proxy::OwnChallenge;
 use crate::reply::Body;
 use crate::upstream::http::HttpUpstream;
 
@@ -164,6 +165,9 @@ impl Edge {
         if let Some(urls) = route.and_then(|(m, _)| m.urls.as_ref()) {
             let status = res.status();
             rewrite_headers(res.headers_mut(), status, urls, &arrival.origin);
+            if res.extensions().get::<OwnChallenge>().is_some() {
+                point_to_metadata(res.headers_mut(), urls, &arrival.origin);
+            }
         }
         let Some(origin) = origin else { return };
         match (&self.cors, route) {
@@ -304,6 +308,25 @@ fn rewrite_headers(
         .and_then(|new| HeaderValue::from_str(&new).ok());
     if let Some(location) = location {
         h.insert(header::LOCATION, location);
+    }
+}
+
+/// A challenge the proxy made itself names where the client learns to
+/// authorize: the upstream's metadata, through the proxy (RFC 9728 §5.1).
+fn point_to_metadata(h: &mut HeaderMap, urls: &PublicUrls, origin: &PublicOrigin) {
+    let Some(challenge) = h
+        .get(header::WWW_AUTHENTICATE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let separator = if challenge.contains('=') { "," } else { "" };
+    let pointed = format!(
+        "{challenge}{separator} resource_metadata=\"{}\"",
+        urls.metadata(origin)
+    );
+    if let Ok(value) = HeaderValue::from_str(&pointed) {
+        h.insert(header::WWW_AUTHENTICATE, value);
     }
 }
 

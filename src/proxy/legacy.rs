@@ -38,7 +38,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     let bytes = read_body(body, &route.shared.config).await?;
     let message = jsonrpc::parse_body(&bytes)?;
     if message.single_method() == Some("initialize") && !parts.headers.contains_key(SESSION_ID) {
-        let principal = session::principal(&parts, &route.shared.config.principal_header);
+        let principal = route.shared.caller(&parts).await?;
         return initialize(route, principal, parts.headers, bytes, message).await;
     }
     let session = find_session(route, &parts).await?;
@@ -118,17 +118,20 @@ async fn find_session(
     route: &Route,
     request: &http::request::Parts,
 ) -> Result<Arc<Session>, Rejection> {
+    // Who asks comes first: a credential that does not verify is refused
+    // the same way whatever session it names, so it learns nothing of one.
+    let principal = route.shared.caller(request).await?;
     let text = headers::get_str(&request.headers, &SESSION_ID)
         .ok_or_else(|| Rejection::bad_request("Bad Request: Mcp-Session-Id header is required"))?;
     let id = text
         .parse::<SessionId>()
         .map_err(|()| Rejection::session_not_found())?;
-    let principal = session::principal(request, &route.shared.config.principal_header);
     let lookup = route.shared.sessions.lookup(id, &route.path, &principal);
     let session = match lookup.await? {
         Lookup::Found(session) => session,
-        // A client certificate is an identity, not a credential to refresh.
-        Lookup::OtherCredential(session) if !session::by_certificate(request) => {
+        // A client certificate or a verified principal is an identity, not
+        // a credential to refresh.
+        Lookup::OtherCredential(session) if rebindable(route, request) => {
             rebind::ask_upstream(route, session, &request.headers, &principal).await?
         }
         Lookup::OtherCredential(_) | Lookup::Absent => return Err(Rejection::session_not_found()),
@@ -136,6 +139,13 @@ async fn find_session(
     // A relay waiting for a credential to resume upstream gets this one.
     session.remember_credential(&request.headers, &route.shared.config.principal_header);
     Ok(session)
+}
+
+/// Whether a session may answer to another credential once the upstream
+/// accepts it: only where the principal is the credential itself.
+fn rebindable(route: &Route, request: &http::request::Parts) -> bool {
+    route.shared.auth.mode() == crate::auth::PrincipalMode::Token
+        && !session::by_certificate(request)
 }
 
 /// A message a dialect claimed, answered from the log.

@@ -21,7 +21,7 @@ use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
-pub use self::rejection::Rejection;
+pub use self::rejection::{OwnChallenge, Rejection};
 use crate::config::{Config, DialectsConfig};
 use crate::reply::Body;
 use crate::session::{Era, Sessions};
@@ -37,10 +37,33 @@ pub struct Shared {
     pub log: Arc<Log>,
     pub sessions: Arc<Sessions>,
     pub keyring: Keyring,
+    /// Who a request speaks for (`[auth]`).
+    pub auth: crate::auth::Authenticator,
     /// Cancelled when the proxy starts shutting down: open SSE answers end
     /// with a `retry:` so their clients reconnect (here after a restart, or
     /// to another instance).
     pub draining: CancellationToken,
+}
+
+impl Shared {
+    /// The principal a request speaks for: its client certificate (mutual
+    /// TLS), else what `[auth]` makes of its headers. A credential that
+    /// does not verify is a 401 (before any session is looked at, so it
+    /// tells nothing of them); a verifier that cannot be reached is a 503
+    /// that ends nothing.
+    pub async fn caller(&self, request: &http::request::Parts) -> Result<String, Rejection> {
+        if let Some(certificate) = request.extensions.get::<crate::tls::CertificatePrincipal>() {
+            return Ok(certificate.as_str().to_owned());
+        }
+        let identified = self
+            .auth
+            .identify(&request.headers, self.log.metrics())
+            .await;
+        match identified {
+            Ok(caller) => Ok(caller.principal),
+            Err(refusal) => Err(Rejection::from(refusal)),
+        }
+    }
 }
 
 /// One upstream, mounted at `path`.

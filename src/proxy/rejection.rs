@@ -18,12 +18,21 @@ pub struct Rejection {
     id: Option<RequestId>,
     code: i64,
     message: String,
-    /// `Allow` header value, for 405.
-    allow: Option<&'static str>,
+    /// The one header a refusal may add.
+    told: Option<Told>,
     /// The error's `data` (raw JSON), when it has one.
     data: Option<String>,
-    /// `Retry-After` seconds, for a refusal that passes.
-    retry_after: Option<u32>,
+}
+
+/// What a refusal tells besides its body.
+#[derive(Debug)]
+enum Told {
+    /// `Allow`, for 405.
+    Allow(&'static str),
+    /// `Retry-After: 1`, for a refusal that passes.
+    RetryAfter,
+    /// `WWW-Authenticate`, for a 401.
+    Challenge(&'static str),
 }
 
 impl Rejection {
@@ -33,9 +42,8 @@ impl Rejection {
             id: None,
             code,
             message: message.into(),
-            allow: None,
+            told: None,
             data: None,
-            retry_after: None,
         }
     }
 
@@ -70,7 +78,7 @@ impl Rejection {
 
     pub fn method_not_allowed() -> Self {
         Self {
-            allow: Some("GET, POST, DELETE"),
+            told: Some(Told::Allow("GET, POST, DELETE")),
             ..Self::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 code::SERVER_ERROR,
@@ -153,7 +161,7 @@ impl Rejection {
     /// `Retry-After`): nothing the client holds is lost.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {
-            retry_after: Some(1),
+            told: Some(Told::RetryAfter),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 code::INTERNAL_ERROR,
@@ -252,16 +260,45 @@ impl Rejection {
             self.data.as_deref(),
         );
         let mut res = reply::json(self.status, body);
-        if let Some(allow) = self.allow {
-            res.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(allow));
-        }
-        if let Some(secs) = self.retry_after {
-            res.headers_mut().insert(header::RETRY_AFTER, secs.into());
+        let h = res.headers_mut();
+        match self.told {
+            Some(Told::Allow(allow)) => {
+                h.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            Some(Told::RetryAfter) => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Some(Told::Challenge(challenge)) => {
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+                res.extensions_mut().insert(OwnChallenge);
+            }
+            None => {}
         }
         res
     }
 }
+
+/// A credential that does not verify (401 with its challenge), or a
+/// verifier that cannot be reached (503).
+impl From<crate::auth::Refusal> for Rejection {
+    fn from(refusal: crate::auth::Refusal) -> Self {
+        match refusal.challenge() {
+            Some(challenge) => Self {
+                told: Some(Told::Challenge(challenge)),
+                ..Self::new(StatusCode::UNAUTHORIZED, code::SERVER_ERROR, "Unauthorized")
+            },
+            None => Self::unavailable("the credential cannot be verified now; try again"),
+        }
+    }
+}
+
+/// Marks a `401` the proxy made itself: the edge adds the
+/// `resource_metadata` that tells the client where to authorize.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnChallenge;
 
 impl From<ParseError> for Rejection {
     fn from(e: ParseError) -> Self {

@@ -60,7 +60,7 @@ pub(super) async fn answer(
         }
         return Ok(None);
     }
-    let principal = crate::session::principal(request.parts, &route.shared.config.principal_header);
+    let principal = route.shared.caller(request.parts).await?;
     admit(route, &principal, &request.id)?;
     // Counted from now, not from when it becomes a task: a burst of calls
     // must not pass the cap while none of them is a task yet.

@@ -76,7 +76,7 @@ pub(super) async fn serve(
     if !wire::declared(&request.body) {
         return Err(Rejection::tasks_not_declared(Some(request.id.clone())));
     }
-    let principal = crate::session::principal(request.parts, &route.shared.config.principal_header);
+    let principal = route.shared.caller(request.parts).await?;
     let log = route.shared.log.clone();
     let mut watched: Vec<(String, TaskId)> = Vec::new();
     // Each id watched costs reads every poll: a listen names each once, and

@@ -54,7 +54,7 @@ pub(super) async fn answer(
         ));
     };
     check_header(request, &crate::headers::MCP_NAME, &params.task_id)?;
-    let principal = crate::session::principal(request.parts, &route.shared.config.principal_header);
+    let principal = route.shared.caller(request.parts).await?;
     let keyring = &route.shared.keyring;
     let not_found = || Rejection::task_not_found(id.clone());
     let task = keyring
