@@ -402,6 +402,7 @@ fn introspection_mode(server: &AuthServer, cache_max_secs: u64) -> Authenticator
             client_secret_env: None,
             cache_entries: 100,
             cache_max_secs,
+            claim: None,
         }),
         ..AuthConfig::default()
     })

@@ -122,6 +122,10 @@ pub struct IntrospectionConfig {
     /// An answer is kept until its `exp`, at most this long.
     #[serde(default = "default_cache_max")]
     pub cache_max_secs: u64,
+    /// The member of the answer naming the person; unset: `sub`, else
+    /// `username`. (`client_id` for servers whose clients are the people.)
+    #[serde(default)]
+    pub claim: Option<String>,
 }
 
 fn default_claim() -> String {

@@ -31,6 +31,8 @@ pub struct Introspector {
     credentials: HeaderValue,
     cache: TokenCache,
     cache_max_secs: u64,
+    /// The member naming the person (`claim`); unset: `sub`, else `username`.
+    claim: Option<String>,
     /// Tokens being asked about: later requests with one wait their turn
     /// and then find the answer cached. An entry lives while a request
     /// holds it ([`Flight`] removes it).
@@ -85,6 +87,7 @@ impl Introspector {
             credentials,
             cache: TokenCache::new(config.cache_entries),
             cache_max_secs: config.cache_max_secs,
+            claim: config.claim.clone(),
             in_flight: Mutex::default(),
         })
     }
@@ -108,7 +111,7 @@ impl Introspector {
             .await
             .map_err(|e| Failure::Unavailable(format!("introspection: {e}")))?;
         let endpoint = self.endpoint.to_string();
-        let vouched = interpret(&answer, &endpoint, now, self.cache_max_secs)?;
+        let vouched = interpret(&answer, &endpoint, self.claim.as_deref(), now, self.cache_max_secs)?;
         self.cache.insert(digest, vouched.clone());
         Ok(vouched)
     }
@@ -142,6 +145,7 @@ fn read_secret(config: &IntrospectionConfig) -> anyhow::Result<String> {
 pub fn interpret(
     answer: &Value,
     endpoint: &str,
+    claim: Option<&str>,
     now: u64,
     max_secs: u64,
 ) -> Result<Vouched, Failure> {
@@ -154,10 +158,14 @@ pub fn interpret(
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
     };
-    let Some(person) = text("sub").or_else(|| text("username")) else {
+    let person = match claim {
+        Some(claim) => text(claim),
+        None => text("sub").or_else(|| text("username")),
+    };
+    let Some(person) = person else {
         return Err(Failure::Refused(
             Why::Malformed,
-            "active, but no sub or username",
+            "active, but the claim naming the person is missing",
         ));
     };
     let until = now.saturating_add(max_secs);
@@ -189,18 +197,14 @@ mod tests {
     #[test]
     fn an_active_answer_names_its_subject_until_its_exp_at_most_the_cap() {
         let e = "https://as/introspect";
-        let a = interpret(
-            &json!({"active": true, "sub": "ann", "exp": 1100}),
-            e,
+        let a = interpret(&json!({"active": true, "sub": "ann", "exp": 1100}), e, None,
             1000,
             300,
         );
         let a = a.unwrap();
         assert_eq!(a.until, 1100);
         assert!(a.principal.starts_with("introspection:"));
-        let capped = interpret(
-            &json!({"active": true, "sub": "ann", "exp": 9999}),
-            e,
+        let capped = interpret(&json!({"active": true, "sub": "ann", "exp": 9999}), e, None,
             1000,
             300,
         );
@@ -211,15 +215,25 @@ mod tests {
                 ..a.clone()
             }
         );
-        let by_name = interpret(&json!({"active": true, "username": "ann"}), e, 1000, 300);
+        let by_name = interpret(&json!({"active": true, "username": "ann"}), e, None, 1000, 300);
+        let by_client = interpret(
+            &json!({"active": true, "sub": "x", "client_id": "ann"}),
+            e,
+            Some("client_id"),
+            1000,
+            300,
+        );
+        assert_eq!(
+            by_client.map(|v| v.principal),
+            by_name.as_ref().map(|v| v.principal.clone()),
+            "a configured claim names the person"
+        );
         assert_eq!(
             by_name.unwrap().principal,
             a.principal,
             "username stands in for sub"
         );
-        let other_as = interpret(
-            &json!({"active": true, "sub": "ann", "iss": "x"}),
-            e,
+        let other_as = interpret(&json!({"active": true, "sub": "ann", "iss": "x"}), e, None,
             1000,
             300,
         );
@@ -242,22 +256,22 @@ mod tests {
     fn inactive_or_unnamed_or_expired_answers_refuse() {
         let e = "https://as/introspect";
         assert_eq!(
-            reason(interpret(&json!({"active": false}), e, 0, 300)),
+            reason(interpret(&json!({"active": false}), e, None, 0, 300)),
             Why::Inactive
         );
         assert_eq!(
-            reason(interpret(&json!({"sub": "a"}), e, 0, 300)),
+            reason(interpret(&json!({"sub": "a"}), e, None, 0, 300)),
             Why::Inactive
         );
         assert_eq!(
-            reason(interpret(&json!({"active": "true"}), e, 0, 300)),
+            reason(interpret(&json!({"active": "true"}), e, None, 0, 300)),
             Why::Inactive
         );
         assert_eq!(
-            reason(interpret(&json!({"active": true}), e, 0, 300)),
+            reason(interpret(&json!({"active": true}), e, None, 0, 300)),
             Why::Malformed
         );
         let late = json!({"active": true, "sub": "a", "exp": 10});
-        assert_eq!(reason(interpret(&late, e, 10, 300)), Why::Expired);
+        assert_eq!(reason(interpret(&late, e, None, 10, 300)), Why::Expired);
     }
 }

@@ -171,7 +171,7 @@ scenarios=(
   "i-scale-out|90|node scenarios/i-scale-out.mjs"
   "j-tasks|240|node scenarios/j-tasks.mjs"
   "k-legacy-tasks|120|node scenarios/k-legacy-tasks.mjs"
-  "l-oauth|90|node scenarios/l-oauth.mjs"
+  "l-oauth|160|node scenarios/l-oauth.mjs"
   "m-py-oauth|90|node scenarios/m-py-oauth.mjs"
   "n-browser|90|node scenarios/n-browser.mjs"
   "o-nginx|90|node scenarios/o-nginx.mjs"

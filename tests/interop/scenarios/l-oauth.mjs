@@ -23,7 +23,15 @@
 // second token: every notification and the result exactly once; the same
 // session answers under the second token. Through the proxy also: the same
 // with kill -9 of the proxy and a restart on the same data_dir; and a second
-// user's token (another registered client) on that session gets 404.
+// user's token (another registered client) on that session.
+//
+// Two proxy phases. `proxy`: the default `principal = "token"`; this server
+// accepts any valid token on any session (it does not tie a session to a
+// client), so the proxy, never laxer than the upstream, lets bob's token in
+// too — reported, as direct. `proxy-introspection`: `[auth] principal =
+// "introspection"` against the demo authorization server's /introspect, the
+// person named by `client_id` (its tokens carry no `sub`): alice's new tokens
+// keep her session, bob's gets 404.
 import fs from 'node:fs';
 import path from 'node:path';
 import { CallToolResultSchema, LoggingMessageNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
@@ -57,29 +65,42 @@ await runScenario(`l-oauth${only ? ` (${only})` : ''}: TS SDK OAuth client vs th
   }
   if (only !== 'direct') {
     console.log('-- THROUGH THE PROXY: client -> proxy (public URL http://127.0.0.1:<port>/mcp) -> the server (http://localhost:<port>/mcp)');
-    const proxy = await startOAuthProxy(serverUrl);
+    const proxy = await startOAuthProxy(serverUrl, []);
     await phase(checks, 'proxy', proxy.url, asUrl, proxy);
+    await proxy.kill9();
+    console.log('-- THROUGH THE PROXY, principal = "introspection" (the person is the client_id)');
+    const verified = await startOAuthProxy(serverUrl, [
+      '[auth]',
+      'principal = "introspection"',
+      '[auth.introspection]',
+      `endpoint = "${asUrl}introspect"`,
+      'client_id = "mcp-resume-proxy"',
+      'client_secret_env = "INTROSPECTION_SECRET"',
+      'claim = "client_id"',
+    ]);
+    await phase(checks, 'proxy-introspection', verified.url, asUrl, verified, { bobRefused: true });
   }
-}, { timeoutMs: 85000 });
+}, { timeoutMs: 150000 });
 
 // ---------------------------------------------------------------- the proxy
-async function startOAuthProxy(upstreamUrl) {
+async function startOAuthProxy(upstreamUrl, authToml) {
   const port = await freePort();
-  const dataDir = path.join(workdir(), 'proxy-data');
-  const configFile = path.join(workdir(), 'proxy.toml');
+  const dataDir = path.join(workdir(), `proxy-data-${port}`);
+  const configFile = path.join(workdir(), `proxy-${port}.toml`);
   fs.writeFileSync(configFile, [
     `listen = "127.0.0.1:${port}"`,
     `data_dir = "${dataDir}"`,
     '[[upstream]]',
     'path = "/mcp"',
     `url = "${upstreamUrl}"`,
+    ...authToml,
     '',
   ].join('\n'));
   const proxy = { port, dataDir, configFile, url: `http://127.0.0.1:${port}/mcp`, generation: 0 };
   proxy.start = async () => {
     proxy.generation += 1;
     proxy.child = start(`proxy-${proxy.generation}`, PROXY_BIN, ['--config', configFile],
-      { env: { RUST_LOG: process.env.RUST_LOG ?? 'mcp_resume_proxy=debug,info' } });
+      { env: { RUST_LOG: process.env.RUST_LOG ?? 'mcp_resume_proxy=debug,info', INTROSPECTION_SECRET: 'unused-by-the-demo' } });
     await waitForPort(port, proxy.child);
     const deadline = Date.now() + 10000;
     for (;;) {
@@ -104,7 +125,7 @@ async function startOAuthProxy(upstreamUrl) {
 }
 
 // ---------------------------------------------------------------- one phase
-async function phase(checks, label, url, asUrl, proxy) {
+async function phase(checks, label, url, asUrl, proxy, { bobRefused = false } = {}) {
   const ok = (cond, what, detail) => checks.ok(cond, `[${label}] ${what}`, detail);
   const origin = new URL(url).origin;
   const requests = [];
@@ -214,12 +235,11 @@ async function phase(checks, label, url, asUrl, proxy) {
     }).catch((e) => ({ status: `error ${e.name}` }));
     ac.abort();
     clearTimeout(timer);
-    if (proxy) {
-      if (post.status !== 404) {
-        log(`[${label}] note: the upstream itself accepts any valid token on any session (it does not tie a session to a client), so only the proxy can refuse bob here`);
-      }
+    if (bobRefused) {
       ok(post.status === 404, `bob's token on alice's session: POST tools/list -> ${post.status} (expected 404)`);
       ok(get.status === 404, `bob's token on alice's session: GET Last-Event-ID=${short(lastId)} -> ${get.status} (expected 404)`);
+    } else if (proxy) {
+      log(`[${label}] note: with principal = "token" the proxy is as strict as this upstream, which takes any valid token on any session: bob's token on alice's session -> POST ${post.status}, GET ${get.status}`);
     } else {
       log(`[${label}] note: the server itself does not tie a session to a client: bob's token on alice's session -> POST ${post.status}, GET ${get.status}`);
     }
