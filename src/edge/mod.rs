@@ -167,6 +167,15 @@ impl Edge {
             rewrite_headers(res.headers_mut(), status, urls, &arrival.origin);
             if res.extensions().get::<OwnChallenge>().is_some() {
                 point_to_metadata(res.headers_mut(), urls, &arrival.origin);
+            } else if status == StatusCode::UNAUTHORIZED && arrival.credentialed {
+                // The operator's first question when a client that works
+                // direct fails through the proxy.
+                tracing::info!(
+                    endpoint = %urls.endpoint(&arrival.origin),
+                    "the upstream refused a token with 401; if it checks a token's audience \
+                     against its own URL, tell it the public one (tokens are issued for the URL \
+                     clients use)"
+                );
             }
         }
         let Some(origin) = origin else { return };
@@ -428,6 +437,7 @@ mod tests {
             origin: PublicOrigin::parse("https://mcp.example.com").unwrap(),
             host: Some("mcp.example.com".into()),
             host_forwarded: false,
+            credentialed: false,
         };
         assert!(edge.host_allowed(&arrival, true));
         let other = Arrival {

@@ -163,6 +163,9 @@ pub struct Arrival {
     /// Whether `host` is what a trusted ingress said: that ingress routes
     /// by name and answers for it, so the name needs no listing here.
     pub host_forwarded: bool,
+    /// Whether the request carried `Authorization` (a `401` to it means a
+    /// token was refused, not that one is wanted).
+    pub credentialed: bool,
 }
 
 impl Origins {
@@ -199,6 +202,7 @@ impl Origins {
             origin,
             host,
             host_forwarded,
+            credentialed: parts.headers.contains_key(http::header::AUTHORIZATION),
         }
     }
 }
