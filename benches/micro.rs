@@ -307,6 +307,7 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
             protocol_version: Some("2025-11-25".into()),
             principal: "p".into(),
             credential: None,
+            subject_hint: None,
             initialize: None,
             created_ms: now,
             last_seen_ms: now,

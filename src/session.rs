@@ -219,6 +219,16 @@ impl Session {
         };
     }
 
+    /// Notes the subject the creating token names (before the record is
+    /// first persisted).
+    pub fn note_subject_hint(&self, hint: Option<String>) {
+        self.lock().subject_hint = hint;
+    }
+
+    pub fn subject_hint(&self) -> Option<String> {
+        self.lock().subject_hint.clone()
+    }
+
     pub fn upstream_session(&self) -> Option<String> {
         self.lock().upstream_session.clone()
     }
@@ -490,6 +500,7 @@ impl Sessions {
                 protocol_version: crate::jsonrpc::protocol_version(initialize),
                 principal,
                 credential: None,
+                subject_hint: None,
                 initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
                 created_ms: now,
                 last_seen_ms: now,
@@ -709,6 +720,7 @@ mod tests {
                 protocol_version: None,
                 principal: "p".into(),
                 credential: None,
+                subject_hint: None,
                 initialize: None,
                 created_ms: 0,
                 last_seen_ms: 0,

@@ -534,3 +534,55 @@ async fn after_kill9_a_call_resumes_upstream_with_the_credential_its_client_come
     assert_eq!(results.len(), 1, "{all:?}");
     assert!(results[0]["result"].is_object(), "{all:?}");
 }
+
+/// A JWT-shaped token (unsigned: only its shape and claims matter here).
+fn jwt_of(sub: &str, jti: &str) -> String {
+    use base64::Engine;
+    let b64 = |s: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let payload = json!({"iss": "https://as.example", "sub": sub, "jti": jti});
+    format!(
+        "{}.{}.c2ln",
+        b64(r#"{"alg":"ES256"}"#.into()),
+        b64(payload.to_string())
+    )
+}
+
+#[tokio::test]
+async fn a_jwt_naming_another_subject_is_refused_even_where_the_upstream_takes_it() {
+    let p = Protected::start(|_| {}).await;
+    let (alice_1, alice_2, bob) = (
+        jwt_of("alice", "1"),
+        jwt_of("alice", "2"),
+        jwt_of("bob", "1"),
+    );
+    p.guard.grant(&alice_1, "alice");
+    p.guard.grant(&alice_2, "alice");
+    p.guard.grant(&bob, "bob");
+    p.guard.with(|s| s.sessions_unbound = true);
+    let session = p.session_of(&alice_1).await;
+    let call = Call::post(&ping(1))
+        .session(&session)
+        .header("authorization", &bearer(&bob));
+    assert_eq!(
+        p.client("/mcp").send(call).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(p.guard.with(|s| s.pings), 0, "the upstream was not asked");
+    // Alice's refreshed token, naming her, is still taken.
+    let call = Call::post(&ping(2))
+        .session(&session)
+        .header("authorization", &bearer(&alice_2));
+    assert_eq!(p.client("/mcp").send(call).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_opaque_token_is_judged_by_the_upstream_alone() {
+    let p = Protected::start(|_| {}).await;
+    p.guard.with(|s| s.sessions_unbound = true);
+    let session = p.session_of("alice-1").await;
+    // This upstream takes any valid token on any session; so does the proxy.
+    let call = Call::post(&ping(1))
+        .session(&session)
+        .header("authorization", &bearer("bob-1"));
+    assert_eq!(p.client("/mcp").send(call).await.status(), StatusCode::OK);
+}

@@ -20,10 +20,13 @@
 //! - [`introspection`]: RFC 7662 answers, cached until `exp`.
 //! - [`cache`]: the bounded token-digest cache both use.
 //! - [`fetch`]: the bounded HTTP client both use.
+//! - [`hint`]: the subject a JWT-shaped token names, unverified, which
+//!   `token` mode holds a refreshed token to.
 
 pub mod cache;
 pub mod config;
 pub mod fetch;
+pub mod hint;
 pub mod introspection;
 pub mod jwks;
 pub mod jwt;

@@ -90,6 +90,9 @@ async fn initialize(
     let session = shared
         .sessions
         .mint(&route.path, principal, &bytes, negotiated.names());
+    if shared.auth.mode() == crate::auth::PrincipalMode::Token {
+        session.note_subject_hint(crate::auth::hint::subject_hint(&headers));
+    }
     if let Upstream::Stdio(stdio) = &route.upstream {
         let spawned = stdio
             .spawn(session.clone(), shared.log.clone(), shared.sessions.clone())

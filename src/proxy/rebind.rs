@@ -11,8 +11,12 @@
 //! yes proves nothing: such a session stays its creator's, as before.
 //!
 //! An upstream that checks tokens but does not bind its sessions to their
-//! users accepts another user's valid token too; to tell people apart in
-//! front of such a server, configure a verified principal (`[auth]`).
+//! users accepts another user's valid token too. Where tokens are JWTs the
+//! proxy tells people apart anyway: a session remembers the subject its
+//! creating token named (unverified: it can only refuse), and a token that
+//! names another is refused without asking. Opaque tokens name nobody; to
+//! tell people apart in front of such a server, configure a verified
+//! principal (`[auth]`).
 //!
 //! A stdio child checks no credential, so a stdio session is never
 //! re-bound: there the proxy is the only gate. This module asks and
@@ -42,6 +46,14 @@ pub async fn ask_upstream(
     let Some(upstream) = route.http() else {
         return Err(Rejection::session_not_found());
     };
+    // A session whose token named its subject takes only tokens that name
+    // the same one; the upstream is not even asked about another's.
+    if let Some(hint) = session.subject_hint() {
+        if crate::auth::hint::subject_hint(headers).as_deref() != Some(hint.as_str()) {
+            tracing::info!(session = %session.id, "a token naming another subject on a session; not re-bound");
+            return Err(Rejection::session_not_found());
+        }
+    }
     let upstream_session = session.upstream_session();
     let version = session.protocol_version();
     let ask = |headers: HeaderMap| {

@@ -47,6 +47,7 @@ pub fn session(id: SessionId) -> SessionRecord {
         protocol_version: Some("2025-11-25".into()),
         principal: "p".into(),
         credential: None,
+        subject_hint: None,
         initialize: None,
         created_ms: now_ms(),
         last_seen_ms: now_ms(),

@@ -83,6 +83,11 @@ pub struct SessionRecord {
     /// on it; unset, it answers to `principal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
+    /// With `principal = "token"`, the unverified subject the creating
+    /// token named (a JWT's `iss` and `sub`, digested): a refreshed token
+    /// must name the same to take the session over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_hint: Option<String>,
     /// The original `initialize` request, to re-initialize an upstream that
     /// lost the session.
     pub initialize: Option<String>,

@@ -44,6 +44,9 @@ pub struct GuardState {
     pub metadata: Option<Vec<u8>>,
     /// `ping`s seen (the proxy asks one when a credential changes).
     pub pings: usize,
+    /// Takes any user's token on any session, as the TS SDK's example
+    /// server does.
+    pub sessions_unbound: bool,
     /// Paths of the requests that reached it.
     pub paths: Vec<String>,
 }
@@ -148,7 +151,8 @@ async fn serve(
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if let Some(session) = &session {
+    let unbound = state.lock().unwrap().sessions_unbound;
+    if let Some(session) = session.as_ref().filter(|_| !unbound) {
         let owner = state.lock().unwrap().sessions.get(session).cloned();
         if owner.is_some_and(|o| o != user) {
             return full(
