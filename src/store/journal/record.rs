@@ -56,7 +56,8 @@ const TASK_GONE: u8 = 11;
 /// index, it does not load the log into memory.
 #[derive(Debug, PartialEq)]
 pub enum Record {
-    Session(SessionRecord),
+    /// Boxed: the largest record by far, and the rarest.
+    Session(Box<SessionRecord>),
     SessionGone(SessionId),
     /// A stream's full metadata: written when it is created, and again when
     /// compaction empties the segment that held it.
@@ -300,7 +301,7 @@ fn u32_at(p: &[u8], at: usize) -> Option<u32> {
 
 fn parse(kind: u8, p: &[u8]) -> Option<Record> {
     Some(match kind {
-        SESSION => Record::Session(serde_json::from_slice(p).ok()?),
+        SESSION => Record::Session(Box::new(serde_json::from_slice(p).ok()?)),
         SESSION_GONE if p.len() == 16 => Record::SessionGone(SessionId(id16(p)?)),
         STREAM => Record::Stream(serde_json::from_slice(p).ok()?),
         // 25 bytes: written before outcomes were recorded.

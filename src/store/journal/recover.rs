@@ -53,7 +53,7 @@ impl Metadata {
         match record {
             Record::Session(s) => {
                 self.records.insert(Object::Session(s.id), no);
-                self.sessions.insert(s.id, s);
+                self.sessions.insert(s.id, *s);
             }
             Record::SessionGone(id) => {
                 self.records.remove(&Object::Session(id));
