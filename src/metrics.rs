@@ -26,7 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::auth::{PrincipalMode, RefusalReason};
+use crate::auth::{Caller, PrincipalMode, Refusal, RefusalReason};
 use crate::id::StreamId;
 
 use crate::store::commit::FlushObserver;
@@ -454,6 +454,16 @@ impl Metrics {
     }
 
     /// A credential refused by the principal mode `mode`.
+    /// Counts what the authenticator made of a request: nothing for a
+    /// caller, a refusal by its reason, or an unreachable verifier.
+    pub fn auth_outcome(&self, mode: PrincipalMode, outcome: &Result<Caller, Refusal>) {
+        match outcome {
+            Ok(_) => {}
+            Err(Refusal::Unauthenticated(reason)) => self.auth_refused(mode, *reason),
+            Err(Refusal::Unavailable(_)) => self.auth_unavailable(mode),
+        }
+    }
+
     pub fn auth_refused(&self, mode: PrincipalMode, reason: RefusalReason) {
         self.auth_refusals
             .get_or_create(&RefusalLabels { mode, reason })

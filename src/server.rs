@@ -202,7 +202,7 @@ impl App {
             parts.headers.get(http::header::ORIGIN),
         ) {
             let origin = origin.to_str().unwrap_or_default();
-            return (None, cors.preflight(origin, &parts.headers));
+            return (None, edge::cors::preflight(cors, origin, &parts.headers));
         }
         let path = parts.uri.path().trim_end_matches('/');
         let route = self.routes.iter().position(|r| r.path == path);

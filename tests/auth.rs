@@ -80,7 +80,9 @@ fn claims(issuer: &str, sub: &str) -> Value {
 }
 
 async fn identify(auth: &Authenticator, metrics: &Metrics, token: &str) -> Result<Caller, Refusal> {
-    auth.identify(&bearer(token), metrics).await
+    let outcome = auth.identify(&bearer(token)).await;
+    metrics.auth_outcome(auth.mode(), &outcome);
+    outcome
 }
 
 fn metric(metrics: &Metrics, series: &str) -> u64 {
@@ -494,7 +496,7 @@ async fn introspection_down_is_unavailable() {
 async fn a_request_without_a_bearer_token_is_refused_as_missing() {
     let server = AuthServer::start().await;
     let auth = introspection_mode(&server, 300);
-    let result = auth.identify(&HeaderMap::new(), &Metrics::new()).await;
+    let result = auth.identify(&HeaderMap::new()).await;
     assert_eq!(
         result,
         Err(Refusal::Unauthenticated(RefusalReason::Missing))
@@ -509,8 +511,7 @@ async fn header_mode_without_the_header_is_refused() {
         principal: PrincipalMode::Header,
         ..AuthConfig::default()
     });
-    let metrics = Metrics::new();
-    let result = auth.identify(&bearer("whatever"), &metrics).await;
+    let result = auth.identify(&bearer("whatever")).await;
     assert_eq!(
         result,
         Err(Refusal::Unauthenticated(RefusalReason::Missing))
@@ -520,22 +521,21 @@ async fn header_mode_without_the_header_is_refused() {
         "x-authenticated-user",
         HeaderValue::from_static("ann@example.com"),
     );
-    let ann = auth.identify(&headers, &metrics).await.unwrap();
+    let ann = auth.identify(&headers).await.unwrap();
     assert!(ann.principal.starts_with("header:"), "{}", ann.principal);
     headers.insert("authorization", HeaderValue::from_static("Bearer other"));
-    assert_eq!(auth.identify(&headers, &metrics).await.unwrap(), ann);
+    assert_eq!(auth.identify(&headers).await.unwrap(), ann);
 }
 
 #[tokio::test]
 async fn token_mode_principal_is_todays_digest() {
     let auth = authenticator(AuthConfig::default());
-    let metrics = Metrics::new();
     for headers in [bearer("abc"), HeaderMap::new()] {
         let mut request = http::Request::new(());
         *request.headers_mut() = headers.clone();
         let (parts, ()) = request.into_parts();
         let today = mcp_resume_proxy::session::principal(&parts, "authorization");
-        let caller = auth.identify(&headers, &metrics).await.unwrap();
+        let caller = auth.identify(&headers).await.unwrap();
         assert_eq!(caller.principal, today);
         assert_eq!(caller.mode, PrincipalMode::Token);
     }

@@ -20,9 +20,9 @@ use http::{HeaderValue, Uri};
 use serde_json::Value;
 
 use super::cache::{token_key, TokenCache, TokenKey, Vouched};
-use super::config::IntrospectionConfig;
 use super::fetch::{form_encode, Fetcher};
 use super::{prefixed_digest, Failure, RefusalReason as Why};
+use crate::config::auth::IntrospectionConfig;
 
 pub struct Introspector {
     fetcher: Arc<Fetcher>,

@@ -20,10 +20,10 @@ use jsonwebtoken::Algorithm;
 use serde_json::{Map, Value};
 
 use super::cache::{token_key, TokenCache, Vouched};
-use super::config::JwtConfig;
 use super::fetch::Fetcher;
 use super::jwks::{KeySource, Miss};
 use super::{prefixed_digest, Failure, RefusalReason as Why};
+use crate::config::auth::JwtConfig;
 
 /// Most verified tokens remembered.
 const VERIFIED_TOKENS: usize = 10_000;

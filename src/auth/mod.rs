@@ -24,7 +24,6 @@
 //!   `token` mode holds a refreshed token to.
 
 pub mod cache;
-pub mod config;
 pub mod fetch;
 pub mod hint;
 pub mod introspection;
@@ -38,10 +37,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, HeaderName};
 use ring::digest;
 
-pub use config::{AuthConfig, PrincipalMode};
+/// `[auth]` as data lives with the rest of the configuration.
+pub use crate::config::auth as config;
+pub use crate::config::auth::{AuthConfig, PrincipalMode};
 
 use crate::config::Config;
-use crate::metrics::Metrics;
 use introspection::Introspector;
 use jwt::JwtVerifier;
 
@@ -203,11 +203,7 @@ impl Authenticator {
     /// `jwt`, one verification per new token (keys cached; a fetch only on
     /// an unknown kid, rate-limited); for `introspection`, one call per new
     /// token, cached.
-    pub async fn identify(
-        &self,
-        headers: &HeaderMap,
-        metrics: &Metrics,
-    ) -> Result<Caller, Refusal> {
+    pub async fn identify(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let found = match self.mode {
             PrincipalMode::Token => Ok(token_principal(headers, &self.token_header)),
             PrincipalMode::Header => self.header_principal(headers),
@@ -217,7 +213,6 @@ impl Authenticator {
         match found {
             Ok(principal) => Ok(Caller { principal, mode }),
             Err(Failure::Refused(reason, detail)) => {
-                metrics.auth_refused(mode, reason);
                 tracing::debug!(
                     mode = mode.as_str(),
                     reason = reason.as_str(),
@@ -227,7 +222,6 @@ impl Authenticator {
                 Err(Refusal::Unauthenticated(reason))
             }
             Err(Failure::Unavailable(why)) => {
-                metrics.auth_unavailable(mode);
                 self.warn_unavailable(&why);
                 Err(Refusal::Unavailable(why))
             }
@@ -416,7 +410,7 @@ mod tests {
         fn send<T: Send>(_: T) {}
         let auth = Authenticator::new(&Config::default()).unwrap();
         send_sync(&auth);
-        send(auth.identify(&HeaderMap::new(), &Metrics::new()));
+        send(auth.identify(&HeaderMap::new()));
     }
 
     #[test]

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
-use serde::Deserialize;
 
+pub use crate::config::edge::CorsConfig;
 use crate::reply::{self, Body};
 
 /// What a browser may send to an MCP endpoint (2025-03-26 … 2026-07-28).
@@ -30,102 +30,55 @@ const REQUEST_HEADERS: &str = "Content-Type, Authorization, Mcp-Session-Id, \
 const EXPOSED: &str = "Mcp-Session-Id, Mcp-Protocol-Version, WWW-Authenticate";
 const METHODS: &str = "GET, POST, DELETE, OPTIONS";
 
-/// `[cors]`: which origins browsers may call the proxy from.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct CorsConfig {
-    /// Origins (`scheme://host[:port]`) answered with CORS headers; `"*"`
-    /// allows any. These pass the `Origin` check too.
-    pub allowed_origins: Vec<String>,
-    /// Whether browsers may send cookies and HTTP authentication
-    /// (`Access-Control-Allow-Credentials`); bearer tokens need no such
-    /// thing.
-    pub allow_credentials: bool,
-    /// How long a browser may cache a preflight's answer.
-    pub max_age_secs: u64,
+/// The answer to a preflight from `origin`: with the CORS headers when
+/// the origin is allowed, without them (so the browser refuses) when
+/// it is not.
+pub fn preflight(cors: &CorsConfig, origin: &str, request: &HeaderMap) -> Response<Body> {
+    let mut res = Response::new(reply::empty());
+    *res.status_mut() = StatusCode::NO_CONTENT;
+    let h = res.headers_mut();
+    h.insert(header::VARY, vary_preflight());
+    if !cors.allows(origin) {
+        return res;
+    }
+    grant(cors, origin, h);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static(METHODS),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        allowed_request_headers(request),
+    );
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, cors.max_age_secs.into());
+    res
 }
 
-impl Default for CorsConfig {
-    fn default() -> Self {
-        Self {
-            allowed_origins: Vec::new(),
-            allow_credentials: false,
-            max_age_secs: 600,
-        }
+/// Adds the CORS headers of an actual answer to an allowed origin,
+/// replacing whatever the upstream said: the operator's list rules.
+pub fn decorate(cors: &CorsConfig, origin: &str, headers: &mut HeaderMap) {
+    if !cors.allows(origin) {
+        return;
     }
+    grant(cors, origin, headers);
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(EXPOSED),
+    );
+    headers.append(header::VARY, HeaderValue::from_static("Origin"));
 }
 
-impl CorsConfig {
-    pub fn allows(&self, origin: &str) -> bool {
-        self.allowed_origins
-            .iter()
-            .any(|a| a == "*" || a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+fn grant(cors: &CorsConfig, origin: &str, headers: &mut HeaderMap) {
+    // The origin is echoed, never `*`: `*` is refused by browsers as
+    // soon as credentials are allowed, and echoing works either way.
+    if let Ok(value) = HeaderValue::from_str(origin) {
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
     }
-
-    pub fn validate(&self) -> Result<(), String> {
-        for origin in &self.allowed_origins {
-            let uri_ok = origin
-                .parse::<http::Uri>()
-                .is_ok_and(|u| u.scheme().is_some() && u.authority().is_some());
-            if origin != "*" && !uri_ok {
-                return Err(format!(
-                    "cors.allowed_origins: {origin:?} is not an origin (scheme://host[:port]) or \"*\""
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The answer to a preflight from `origin`: with the CORS headers when
-    /// the origin is allowed, without them (so the browser refuses) when
-    /// it is not.
-    pub fn preflight(&self, origin: &str, request: &HeaderMap) -> Response<Body> {
-        let mut res = Response::new(reply::empty());
-        *res.status_mut() = StatusCode::NO_CONTENT;
-        let h = res.headers_mut();
-        h.insert(header::VARY, vary_preflight());
-        if !self.allows(origin) {
-            return res;
-        }
-        self.grant(origin, h);
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static(METHODS),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            allowed_request_headers(request),
-        );
-        h.insert(header::ACCESS_CONTROL_MAX_AGE, self.max_age_secs.into());
-        res
-    }
-
-    /// Adds the CORS headers of an actual answer to an allowed origin,
-    /// replacing whatever the upstream said: the operator's list rules.
-    pub fn decorate(&self, origin: &str, headers: &mut HeaderMap) {
-        if !self.allows(origin) {
-            return;
-        }
-        self.grant(origin, headers);
+    if cors.allow_credentials {
         headers.insert(
-            header::ACCESS_CONTROL_EXPOSE_HEADERS,
-            HeaderValue::from_static(EXPOSED),
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
         );
-        headers.append(header::VARY, HeaderValue::from_static("Origin"));
-    }
-
-    fn grant(&self, origin: &str, headers: &mut HeaderMap) {
-        // The origin is echoed, never `*`: `*` is refused by browsers as
-        // soon as credentials are allowed, and echoing works either way.
-        if let Ok(value) = HeaderValue::from_str(origin) {
-            headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
-        }
-        if self.allow_credentials {
-            headers.insert(
-                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-                HeaderValue::from_static("true"),
-            );
-        }
     }
 }
 
@@ -287,7 +240,8 @@ mod tests {
 
     #[test]
     fn a_preflight_from_an_allowed_origin_allows_the_mcp_headers() {
-        let res = config(&["https://app.example"]).preflight(
+        let res = preflight(
+            &config(&["https://app.example"]),
             "https://app.example",
             &preflight_request("content-type,mcp-session-id"),
         );
@@ -316,7 +270,8 @@ mod tests {
 
     #[test]
     fn a_preflight_asking_for_routing_params_is_allowed_them() {
-        let res = config(&["*"]).preflight(
+        let res = preflight(
+            &config(&["*"]),
             "https://app.example",
             &preflight_request("content-type, Mcp-Param-Region"),
         );
@@ -328,8 +283,11 @@ mod tests {
 
     #[test]
     fn a_preflight_from_another_origin_gets_no_cors_headers() {
-        let res = config(&["https://app.example"])
-            .preflight("https://evil.example", &preflight_request("content-type"));
+        let res = preflight(
+            &config(&["https://app.example"]),
+            "https://evil.example",
+            &preflight_request("content-type"),
+        );
         assert!(res.headers().get("access-control-allow-origin").is_none());
         assert!(res.headers().get("access-control-allow-headers").is_none());
     }
@@ -337,14 +295,18 @@ mod tests {
     #[test]
     fn answers_to_an_allowed_origin_expose_the_session_id() {
         let mut h = HeaderMap::new();
-        config(&["*"]).decorate("https://app.example", &mut h);
+        decorate(&config(&["*"]), "https://app.example", &mut h);
         assert_eq!(h["access-control-allow-origin"], "https://app.example");
         assert!(h["access-control-expose-headers"]
             .to_str()
             .unwrap()
             .contains("Mcp-Session-Id"));
         let mut none = HeaderMap::new();
-        config(&["https://other.example"]).decorate("https://app.example", &mut none);
+        decorate(
+            &config(&["https://other.example"]),
+            "https://app.example",
+            &mut none,
+        );
         assert!(none.is_empty());
     }
 

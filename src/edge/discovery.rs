@@ -150,18 +150,7 @@ fn nonroot(path: &str) -> &str {
     }
 }
 
-/// A path that means what it says: no dot segments, no encoded dot,
-/// slash or backslash, no backslash, no empty segment.
-pub fn plain(path: &str) -> bool {
-    let lower = path.to_ascii_lowercase();
-    path.starts_with('/')
-        && !path.contains('\\')
-        && !path.contains("//")
-        && !["%2e", "%2f", "%5c", "%00"]
-            .iter()
-            .any(|e| lower.contains(e))
-        && !path.split('/').any(|s| s == "." || s == "..")
-}
+pub use crate::config::edge::plain_path as plain;
 
 #[cfg(test)]
 mod tests {

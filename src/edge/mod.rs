@@ -182,7 +182,7 @@ impl Edge {
         match (&self.cors, route) {
             (Some(cors), _) => {
                 if let Ok(origin) = origin.to_str() {
-                    cors.decorate(origin, res.headers_mut());
+                    cors::decorate(cors, origin, res.headers_mut());
                 }
             }
             (None, Some((mount, Some(upstream)))) => {
@@ -227,60 +227,6 @@ impl Mount {
             self.grants.learn(text, Grant::of_preflight(answer));
         }
     }
-}
-
-/// Checks the edge's keys, naming the one at fault.
-pub fn validate(config: &Config) -> Result<(), String> {
-    TrustedProxies::parse(&config.trusted_proxies)?;
-    if let Some(url) = &config.public_url {
-        PublicOrigin::parse(url).ok_or_else(|| {
-            format!("public_url = {url:?} must be an origin: http(s)://host[:port], no path")
-        })?;
-    }
-    if let Some(cors) = &config.cors {
-        cors.validate()?;
-    }
-    let mut opened = std::collections::HashSet::new();
-    for (i, up) in config.upstream.iter().enumerate() {
-        if let Some(url) = &up.public_url {
-            let ok = url.parse::<http::Uri>().is_ok_and(|u| {
-                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
-            });
-            if !ok {
-                return Err(format!(
-                    "upstream[{i}].public_url = {url:?} is not an http(s) URL"
-                ));
-            }
-        }
-        if !up.passthrough.is_empty() && up.url.is_none() {
-            return Err(format!(
-                "upstream[{i}].passthrough needs an upstream `url`: a stdio command has no origin"
-            ));
-        }
-        for path in &up.passthrough {
-            let mounted = config
-                .upstream
-                .iter()
-                .any(|u| u.path.trim_end_matches('/') == path.trim_end_matches('/'));
-            if !discovery::plain(path)
-                || path == "/"
-                || mounted
-                || path == "/healthz"
-                || path == "/metrics"
-            {
-                return Err(format!(
-                    "upstream[{i}].passthrough: {path:?} must be a plain path (no dot segments or \
-                     encoded separators) other than /, a mount, /healthz and /metrics"
-                ));
-            }
-            if !opened.insert(path.as_str()) {
-                return Err(format!(
-                    "upstream[{i}].passthrough: {path:?} is listed twice"
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `resource_metadata` in a `401`/`403`'s challenges and a `Location`

@@ -47,18 +47,8 @@ impl PublicOrigin {
 
     /// Reads an origin (`https://host[:port]`, a path is not allowed).
     pub fn parse(text: &str) -> Option<Self> {
-        let uri = text.parse::<http::Uri>().ok()?;
-        let scheme = uri
-            .scheme_str()
-            .filter(|s| matches!(*s, "http" | "https"))?;
-        let authority = uri.authority()?;
-        if authority.as_str().contains('@') || !matches!(uri.path(), "" | "/") {
-            return None;
-        }
-        Some(Self {
-            scheme: scheme.to_owned(),
-            authority: authority.as_str().to_ascii_lowercase(),
-        })
+        let (scheme, authority) = crate::config::edge::origin_parts(text)?;
+        Some(Self { scheme, authority })
     }
 }
 
@@ -70,15 +60,7 @@ impl TrustedProxies {
     /// Reads `["127.0.0.1", "10.0.0.0/8", "::1"]`; names the entry that is
     /// neither an address nor a network.
     pub fn parse(entries: &[String]) -> Result<Self, String> {
-        entries
-            .iter()
-            .map(|e| {
-                e.parse::<IpNet>()
-                    .or_else(|_| e.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| format!("trusted_proxies: {e:?} is not an IP address or network"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Self)
+        crate::config::edge::trusted_networks(entries).map(Self)
     }
 
     pub fn trusts(&self, peer: IpAddr) -> bool {

@@ -55,14 +55,13 @@ impl Shared {
         if let Some(certificate) = request.extensions.get::<crate::tls::CertificatePrincipal>() {
             return Ok(certificate.as_str().to_owned());
         }
-        let identified = self
-            .auth
-            .identify(&request.headers, self.log.metrics())
-            .await;
-        match identified {
-            Ok(caller) => Ok(caller.principal),
-            Err(refusal) => Err(Rejection::from(refusal)),
-        }
+        let identified = self.auth.identify(&request.headers).await;
+        self.log
+            .metrics()
+            .auth_outcome(self.auth.mode(), &identified);
+        identified
+            .map(|caller| caller.principal)
+            .map_err(Rejection::from)
     }
 }
 

@@ -12,6 +12,9 @@ use serde::Deserialize;
 
 use crate::store::commit::SyncMode;
 
+pub mod auth;
+pub mod edge;
+
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -46,7 +49,7 @@ pub struct Config {
     /// `X-Forwarded-Proto` / `X-Forwarded-Host` are believed.
     pub trusted_proxies: Vec<String>,
     /// CORS for browsers (`[cors]`); unset: as the upstream answers it.
-    pub cors: Option<crate::edge::cors::CorsConfig>,
+    pub cors: Option<edge::CorsConfig>,
     /// Seconds to wait for connections to finish on shutdown.
     pub shutdown_grace_secs: u64,
     /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
@@ -63,7 +66,7 @@ pub struct Config {
     /// Serve https instead of plain HTTP (`[tls]`); unset: plain HTTP.
     pub tls: Option<TlsConfig>,
     /// How the principal of a request is found (`[auth]`).
-    pub auth: crate::auth::AuthConfig,
+    pub auth: auth::AuthConfig,
     pub upstream: Vec<UpstreamConfig>,
 }
 
@@ -505,7 +508,7 @@ impl Default for Config {
             dialects: DialectsConfig::default(),
             tokens: TokensConfig::default(),
             tls: None,
-            auth: crate::auth::AuthConfig::default(),
+            auth: auth::AuthConfig::default(),
             upstream: Vec::new(),
         }
     }
@@ -737,7 +740,7 @@ impl Config {
                 self.principal_header
             ));
         }
-        crate::edge::validate(self).map_err(ConfigError)?;
+        edge::validate(self).map_err(ConfigError)?;
         self.auth.validate()?;
         let mut paths = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter().enumerate() {
@@ -819,7 +822,7 @@ mod tests {
 
     #[test]
     fn the_example_file_is_valid() {
-        let text = include_str!("../proxy.toml.example");
+        let text = include_str!("../../proxy.toml.example");
         Config::from_toml(text).unwrap();
     }
 
