@@ -218,6 +218,7 @@ impl App {
             Some(_) => None,
             None => self.edge.passage(parts.uri.path()),
         };
+        let passage = passage.map(|p| self.edge.mounts[p.route].metadata_passage(p));
         let reached = passage.as_ref().map(|p| p.route).or(route);
         let answer = match (passage, route) {
             (Some(passage), _) => self.pass(&passage, parts, body, arrival).await,

@@ -586,3 +586,41 @@ async fn an_opaque_token_is_judged_by_the_upstream_alone() {
         .header("authorization", &bearer("bob-1"));
     assert_eq!(p.client("/mcp").send(call).await.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn metadata_naming_the_upstreams_origin_names_the_proxys() {
+    let p = Protected::start(|_| {}).await;
+    let own = p.guard.url().trim_end_matches("/mcp").to_owned();
+    p.guard.with(|s| s.resource = Some(own));
+    let res = p
+        .client("/.well-known/oauth-protected-resource")
+        .send(plain_get())
+        .await;
+    assert_eq!(body_json(res).await["resource"], p.base());
+}
+
+#[tokio::test]
+async fn metadata_at_a_path_of_the_upstreams_own_is_read_through_the_proxys_standard_url() {
+    let p = Protected::start(|_| {}).await;
+    p.guard
+        .with(|s| s.metadata_at = Some("/custom/metadata/location.json".into()));
+    let res = p
+        .client("/mcp")
+        .send(Call::post(&initialize(V_LATEST)))
+        .await;
+    let challenge = res.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let standard = format!("{}/.well-known/oauth-protected-resource/mcp", p.base());
+    assert!(
+        challenge.contains(&format!("resource_metadata=\"{standard}\"")),
+        "{challenge}"
+    );
+    let res = McpClient::new(standard).send(plain_get()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        body_json(res).await["resource"],
+        format!("{}/mcp", p.base())
+    );
+}

@@ -42,6 +42,9 @@ pub struct Mount {
     passthrough: Vec<String>,
     /// What the upstream grants browsers, by origin (no `[cors]`).
     grants: Grants,
+    /// Where the upstream keeps its protected-resource metadata when its
+    /// `401`s name a path of its own (learned from them).
+    metadata_path: std::sync::Mutex<Option<String>>,
 }
 
 /// The edge of one proxy, built once at start-up.
@@ -80,6 +83,7 @@ impl Edge {
                     urls,
                     passthrough: up.passthrough.clone(),
                     grants: Grants::default(),
+                    metadata_path: Default::default(),
                 }
             })
             .collect();
@@ -162,9 +166,12 @@ impl Edge {
         arrival: &Arrival,
         origin: Option<&HeaderValue>,
     ) {
-        if let Some(urls) = route.and_then(|(m, _)| m.urls.as_ref()) {
+        if let Some((mount, urls)) = route.and_then(|(m, _)| Some((m, m.urls.as_ref()?))) {
             let status = res.status();
-            rewrite_headers(res.headers_mut(), status, urls, &arrival.origin);
+            let learned = rewrite_headers(res.headers_mut(), status, urls, &arrival.origin);
+            if let Some(path) = learned {
+                mount.learn_metadata_path(path);
+            }
             if res.extensions().get::<OwnChallenge>().is_some() {
                 point_to_metadata(res.headers_mut(), urls, &arrival.origin);
             } else if status == StatusCode::UNAUTHORIZED && arrival.credentialed {
@@ -221,6 +228,32 @@ impl Mount {
         grant
     }
 
+    /// Remembers where the upstream keeps its metadata (its `401` said).
+    fn learn_metadata_path(&self, path: String) {
+        let mut known = self.metadata_path.lock().unwrap_or_else(|p| p.into_inner());
+        if known.as_deref() != Some(path.as_str()) {
+            *known = Some(path);
+        }
+    }
+
+    /// Where to fetch the upstream's metadata for `passage`: a path its
+    /// `401`s named first, then the well-known one.
+    pub fn metadata_passage(&self, passage: Passage) -> Passage {
+        let known = self
+            .metadata_path
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match known {
+            Some(path) if passage.metadata => Passage {
+                fallback: Some(passage.path),
+                path,
+                ..passage
+            },
+            _ => passage,
+        }
+    }
+
     /// Learns from a preflight the upstream answered for a browser.
     pub fn learn(&self, origin: &HeaderValue, answer: &HeaderMap) {
         if let Ok(text) = origin.to_str() {
@@ -236,17 +269,23 @@ fn rewrite_headers(
     status: StatusCode,
     urls: &PublicUrls,
     origin: &PublicOrigin,
-) {
+) -> Option<String> {
+    let mut learned = None;
     if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
         let challenges: Vec<HeaderValue> = h
             .get_all(header::WWW_AUTHENTICATE)
             .iter()
             .map(|v| {
-                v.to_str()
+                let rewritten = v
+                    .to_str()
                     .ok()
-                    .and_then(|text| urls.www_authenticate(text, origin))
-                    .and_then(|new| HeaderValue::from_str(&new).ok())
-                    .unwrap_or_else(|| v.clone())
+                    .and_then(|t| urls.www_authenticate(t, origin));
+                let rewritten = rewritten.and_then(|c| {
+                    let value = HeaderValue::from_str(&c.value).ok()?;
+                    learned = learned.take().or(c.metadata_path);
+                    Some(value)
+                });
+                rewritten.unwrap_or_else(|| v.clone())
             })
             .collect();
         if !challenges.is_empty() {
@@ -264,6 +303,7 @@ fn rewrite_headers(
     if let Some(location) = location {
         h.insert(header::LOCATION, location);
     }
+    learned
 }
 
 /// A challenge the proxy made itself names where the client learns to

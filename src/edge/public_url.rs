@@ -115,6 +115,15 @@ impl PublicUrls {
         let origin = self.origin(request).url();
         let public = if path == self.upstream_path {
             self.endpoint(request)
+        } else if path == "/" {
+            // The upstream naming itself by its origin (a `resource` of
+            // root metadata) is named by the proxy's.
+            let slash = if uri.path() == "/" && url.ends_with('/') {
+                "/"
+            } else {
+                ""
+            };
+            format!("{origin}{slash}")
         } else if path == PROTECTED_RESOURCE
             || path.strip_prefix(PROTECTED_RESOURCE) == Some(self.upstream_path.as_str())
         {
@@ -132,15 +141,46 @@ impl PublicUrls {
 
     /// A `WWW-Authenticate` value with its `resource_metadata` parameter
     /// naming the proxy; `None` when there is nothing to change (no such
-    /// parameter, or one that does not name this upstream).
-    pub fn www_authenticate(&self, value: &str, request: &PublicOrigin) -> Option<String> {
+    /// parameter, or one that does not name this upstream). An upstream
+    /// that keeps its metadata at a path of its own choosing gets the
+    /// proxy's standard one in its place, and that path is handed back for
+    /// the proxy to fetch the metadata from.
+    pub fn www_authenticate(&self, value: &str, request: &PublicOrigin) -> Option<Challenge> {
         if value.len() > MAX_REWRITTEN {
             return None;
         }
         let (start, end, url) = resource_metadata(value)?;
-        let public = self.to_public(&url, request)?;
-        Some(format!("{}\"{public}\"{}", &value[..start], &value[end..]))
+        let (public, metadata_path) = match self.to_public(&url, request) {
+            Some(public) => (public, None),
+            None => {
+                let path = self.own_path(&url)?;
+                (self.metadata(request), Some(path))
+            }
+        };
+        let value = format!("{}\"{public}\"{}", &value[..start], &value[end..]);
+        Some(Challenge {
+            value,
+            metadata_path,
+        })
     }
+
+    /// The path (and query) of `url` if it is on the upstream's own origin
+    /// and a plain path.
+    fn own_path(&self, url: &str) -> Option<String> {
+        let uri = url.parse::<Uri>().ok()?;
+        let (scheme, host, port, path) = split_uri(&uri)?;
+        let own = scheme == self.scheme && port == self.port && same_host(&host, &self.host);
+        let path_and_query = uri.path_and_query()?.as_str();
+        (own && crate::config::edge::plain_path(&path)).then(|| path_and_query.to_owned())
+    }
+}
+
+/// A rewritten challenge.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Challenge {
+    pub value: String,
+    /// Where the upstream keeps its metadata, when not at a well-known path.
+    pub metadata_path: Option<String>,
 }
 
 fn trimmed(path: &str) -> &str {
@@ -282,6 +322,7 @@ mod tests {
             "http://as.example/.well-known/oauth-protected-resource/mcp",
             "http://localhost:3920/admin",
             "http://127.0.0.1:3922/mcp",
+            "http://localhost:3921/",
             "not a url",
         ] {
             assert_eq!(u.to_public(url, &proxy()), None, "{url}");
@@ -308,17 +349,49 @@ mod tests {
     }
 
     #[test]
+    fn the_upstreams_origin_becomes_the_proxys() {
+        let u = urls();
+        assert_eq!(
+            u.to_public("http://localhost:3920", &proxy()).as_deref(),
+            Some("http://127.0.0.1:3922")
+        );
+        assert_eq!(
+            u.to_public("http://localhost:3920/", &proxy()).as_deref(),
+            Some("http://127.0.0.1:3922/")
+        );
+    }
+
+    #[test]
+    fn metadata_kept_at_a_path_of_the_upstreams_own_is_named_by_the_proxys_standard_url() {
+        let header =
+            r#"Bearer resource_metadata="http://localhost:3920/custom/metadata/location.json""#;
+        assert_eq!(
+            urls().www_authenticate(header, &proxy()),
+            Some(Challenge {
+                value: r#"Bearer resource_metadata="http://127.0.0.1:3922/.well-known/oauth-protected-resource/mcp""#.into(),
+                metadata_path: Some("/custom/metadata/location.json".into()),
+            })
+        );
+    }
+
+    #[test]
     fn www_authenticate_gets_the_proxys_metadata_url_and_keeps_the_rest() {
         let header = r#"Bearer error="invalid_token", error_description="Missing", resource_metadata="http://localhost:3920/.well-known/oauth-protected-resource/mcp", scope="mcp""#;
         assert_eq!(
-            urls().www_authenticate(header, &proxy()).as_deref(),
+            urls()
+                .www_authenticate(header, &proxy())
+                .map(|c| c.value)
+                .as_deref(),
             Some(
                 r#"Bearer error="invalid_token", error_description="Missing", resource_metadata="http://127.0.0.1:3922/.well-known/oauth-protected-resource/mcp", scope="mcp""#
             )
         );
         let unquoted = "Bearer resource_metadata=http://localhost:3920/.well-known/oauth-protected-resource/mcp";
         assert_eq!(
-            urls().www_authenticate(unquoted, &proxy()).as_deref(),
+            urls()
+                .www_authenticate(unquoted, &proxy())
+                .map(|c| c.value)
+                .as_deref(),
             Some(
                 r#"Bearer resource_metadata="http://127.0.0.1:3922/.well-known/oauth-protected-resource/mcp""#
             )
@@ -334,6 +407,7 @@ mod tests {
             r#"Bearer resource_metadata="http://localhost:3920/.well-known/oauth-protected-resource/mcp"#,
             r#"Bearer x_resource_metadata="http://localhost:3920/mcp""#,
             r#"Bearer resource_metadata="https://as.example/meta""#,
+            r#"Bearer resource_metadata="http://localhost:3920/a/../b""#,
             "\u{0}\u{1}resource_metadata=\"",
         ] {
             assert_eq!(u.www_authenticate(header, &proxy()), None, "{header:?}");

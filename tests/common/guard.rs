@@ -42,6 +42,9 @@ pub struct GuardState {
     pub challenge: Option<String>,
     /// Set: the metadata body served as it is.
     pub metadata: Option<Vec<u8>>,
+    /// Set: the metadata is served at this path only (and named there by
+    /// the 401s), not at the well-known ones.
+    pub metadata_at: Option<String>,
     /// `ping`s seen (the proxy asks one when a credential changes).
     pub pings: usize,
     /// Takes any user's token on any session, as the TS SDK's example
@@ -127,8 +130,13 @@ async fn serve(
     if req.method() == http::Method::OPTIONS {
         return preflight(&req);
     }
-    if path.starts_with("/.well-known/oauth-protected-resource") {
-        return metadata(state, &own);
+    let custom = state.lock().unwrap().metadata_at.clone();
+    match &custom {
+        Some(at) if path == *at => return metadata(state, &own),
+        None if path.starts_with("/.well-known/oauth-protected-resource") => {
+            return metadata(state, &own)
+        }
+        _ => {}
     }
     if path == "/token" {
         let mut res = full(
@@ -216,9 +224,14 @@ fn bearer(req: &Request<Incoming>) -> Option<String> {
 }
 
 fn unauthorized(state: &Mutex<GuardState>, own: &str) -> Response<Body> {
-    let challenge = state.lock().unwrap().challenge.clone().unwrap_or_else(|| {
+    let (challenge, at) = {
+        let s = state.lock().unwrap();
+        (s.challenge.clone(), s.metadata_at.clone())
+    };
+    let at = at.unwrap_or_else(|| "/.well-known/oauth-protected-resource/mcp".into());
+    let challenge = challenge.unwrap_or_else(|| {
         format!(
-            r#"Bearer error="invalid_token", error_description="No valid token", resource_metadata="{own}/.well-known/oauth-protected-resource/mcp""#
+            r#"Bearer error="invalid_token", error_description="No valid token", resource_metadata="{own}{at}""#
         )
     });
     let mut res = full(StatusCode::UNAUTHORIZED, r#"{"error":"invalid_token"}"#);
