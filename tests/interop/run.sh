@@ -5,8 +5,9 @@
 # 0.1 for the core suites, 0.2 alpha for the tasks extension), OAuth-protected
 # servers with the SDKs' own OAuth clients (l-oauth: the TS SDK's example
 # server --oauth; m-py-oauth: a Python SDK server with auth settings) and
-# headless Chromium running the TS SDK client (n-browser). Everything listens
-# on 127.0.0.1 only.
+# headless Chromium running the TS SDK client (n-browser), the conformance
+# tool's client auth/* scenarios with a stock TS SDK OAuth client, direct vs
+# through the proxy (p-conformance-auth). Everything listens on 127.0.0.1 only.
 # i-scale-out and o-nginx (two proxies sharing a Redis store) run on REDIS_URL
 # when it is set, else on a private redis-server this script starts (free
 # loopback port, no persistence, stopped at the end); with neither they fail,
@@ -175,6 +176,7 @@ scenarios=(
   "m-py-oauth|90|node scenarios/m-py-oauth.mjs"
   "n-browser|90|node scenarios/n-browser.mjs"
   "o-nginx|90|node scenarios/o-nginx.mjs"
+  "p-conformance-auth|300|node scenarios/p-conformance-auth.mjs"
 )
 
 passed=0; failed=0; failed_names=(); not_run=()

@@ -7,12 +7,19 @@ import path from 'node:path';
 import { BIND_LOCALHOST, CONFORMANCE_JS, INTEROP_DIR, NODE22, log } from './harness.mjs';
 
 /**
- * Runs `conformance ARGS` with Node 22; resolves {code, output}. Bounded by
- * timeoutMs. `js`: another installed version's entry point.
+ * The preload for the tool's client auth scenarios: their servers call
+ * `app.listen(0)` and read `address().port` at once (see the file).
  */
-export function runConformance(args, { timeoutMs = 120000, env = {}, logFile, js = CONFORMANCE_JS } = {}) {
+export const BIND_LOCALHOST_SYNC = path.join(INTEROP_DIR, 'bind-localhost-sync.cjs');
+
+/**
+ * Runs `conformance ARGS` with Node 22; resolves {code, output}. Bounded by
+ * timeoutMs. `js`: another installed version's entry point; `preload`: the
+ * module that keeps its listeners on loopback.
+ */
+export function runConformance(args, { timeoutMs = 120000, env = {}, logFile, js = CONFORMANCE_JS, preload = BIND_LOCALHOST } = {}) {
   return new Promise((resolve) => {
-    const child = spawn(NODE22, ['-r', BIND_LOCALHOST, js, ...args], {
+    const child = spawn(NODE22, ['-r', preload, js, ...args], {
       cwd: INTEROP_DIR,
       env: { ...process.env, ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
