@@ -18,6 +18,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::upstream::http::error_chain;
+
 /// Largest document accepted from an authorization server.
 pub const MAX_BODY: usize = 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -124,19 +126,6 @@ impl Fetcher {
             .await
             .map_err(|_| FetchError(format!("{what}: no answer within {DEADLINE:?}")))?
     }
-}
-
-/// An error and its sources on one line: hyper's own message is often just
-/// "client error (Connect)".
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// `application/x-www-form-urlencoded` of one value: every byte but the

@@ -150,13 +150,13 @@ impl PublicUrls {
             return None;
         }
         let (start, end, url) = resource_metadata(value)?;
-        let (public, metadata_path) = match self.to_public(&url, request) {
-            Some(public) => (public, None),
-            None => {
-                let path = self.own_path(&url)?;
-                (self.metadata(request), Some(path))
-            }
-        };
+        // Whatever path of its own origin the upstream names, clients are
+        // sent to the proxy's standard one; a path that is not a
+        // well-known one is remembered, to read the metadata from.
+        let path = self.own_path(&url)?;
+        let public = self.metadata(request);
+        let standard = self.to_public(&url, request).as_deref() == Some(public.as_str());
+        let metadata_path = (!standard).then_some(path);
         let value = format!("{}\"{public}\"{}", &value[..start], &value[end..]);
         Some(Challenge {
             value,

@@ -80,12 +80,24 @@ impl HttpUpstream {
         body: Bytes,
         upstream_session: Option<&str>,
     ) -> Result<Response<Incoming>, UpstreamError> {
+        let headers = headers::to_upstream(client_headers, upstream_session);
+        self.exchange(method, self.url.clone(), headers, body).await
+    }
+
+    /// One request on this upstream's pooled client.
+    async fn exchange(
+        &self,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let mut req = Request::builder()
             .method(method)
-            .uri(self.url.clone())
+            .uri(uri)
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        *req.headers_mut() = headers::to_upstream(client_headers, upstream_session);
+        *req.headers_mut() = headers;
         self.client
             .get()
             .request(req)
@@ -112,17 +124,8 @@ impl HttpUpstream {
                 .map_err(|e| UpstreamError::Connect(format!("{path_and_query:?}: {e}")))?,
         );
         let uri = Uri::from_parts(parts).map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .body(Full::new(body))
-            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        *req.headers_mut() = headers::to_upstream(client_headers, None);
-        self.client
-            .get()
-            .request(req)
-            .await
-            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+        let headers = headers::to_upstream(client_headers, None);
+        self.exchange(method, uri, headers, body).await
     }
 
     /// Asks the upstream whether it accepts these client headers (a new
@@ -186,20 +189,12 @@ impl HttpUpstream {
             http::header::ACCEPT,
             http::HeaderValue::from_static("text/event-stream"),
         );
-        let mut req = Request::builder()
-            .method(Method::GET)
-            .uri(self.url.clone())
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-        *req.headers_mut() = headers::to_upstream(&headers, upstream_session);
         let value = http::HeaderValue::from_str(last_event_id)
             .map_err(|e| UpstreamError::Broken(e.to_string()))?;
-        req.headers_mut().insert(headers::LAST_EVENT_ID, value);
-        self.client
-            .get()
-            .request(req)
-            .await
-            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+        let mut headers = headers::to_upstream(&headers, upstream_session);
+        headers.insert(headers::LAST_EVENT_ID, value);
+        let url = self.url.clone();
+        self.exchange(Method::GET, url, headers, Bytes::new()).await
     }
 }
 
@@ -336,7 +331,9 @@ fn proxy_post_headers(client_headers: &HeaderMap) -> HeaderMap {
     headers
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error and its sources on one line: hyper's own message is often
+/// just "client error (Connect)".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
