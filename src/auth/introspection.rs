@@ -111,7 +111,13 @@ impl Introspector {
             .await
             .map_err(|e| Failure::Unavailable(format!("introspection: {e}")))?;
         let endpoint = self.endpoint.to_string();
-        let vouched = interpret(&answer, &endpoint, self.claim.as_deref(), now, self.cache_max_secs)?;
+        let vouched = interpret(
+            &answer,
+            &endpoint,
+            self.claim.as_deref(),
+            now,
+            self.cache_max_secs,
+        )?;
         self.cache.insert(digest, vouched.clone());
         Ok(vouched)
     }
@@ -197,14 +203,20 @@ mod tests {
     #[test]
     fn an_active_answer_names_its_subject_until_its_exp_at_most_the_cap() {
         let e = "https://as/introspect";
-        let a = interpret(&json!({"active": true, "sub": "ann", "exp": 1100}), e, None,
+        let a = interpret(
+            &json!({"active": true, "sub": "ann", "exp": 1100}),
+            e,
+            None,
             1000,
             300,
         );
         let a = a.unwrap();
         assert_eq!(a.until, 1100);
         assert!(a.principal.starts_with("introspection:"));
-        let capped = interpret(&json!({"active": true, "sub": "ann", "exp": 9999}), e, None,
+        let capped = interpret(
+            &json!({"active": true, "sub": "ann", "exp": 9999}),
+            e,
+            None,
             1000,
             300,
         );
@@ -215,7 +227,13 @@ mod tests {
                 ..a.clone()
             }
         );
-        let by_name = interpret(&json!({"active": true, "username": "ann"}), e, None, 1000, 300);
+        let by_name = interpret(
+            &json!({"active": true, "username": "ann"}),
+            e,
+            None,
+            1000,
+            300,
+        );
         let by_client = interpret(
             &json!({"active": true, "sub": "x", "client_id": "ann"}),
             e,
@@ -233,7 +251,10 @@ mod tests {
             a.principal,
             "username stands in for sub"
         );
-        let other_as = interpret(&json!({"active": true, "sub": "ann", "iss": "x"}), e, None,
+        let other_as = interpret(
+            &json!({"active": true, "sub": "ann", "iss": "x"}),
+            e,
+            None,
             1000,
             300,
         );
