@@ -242,8 +242,8 @@ mod tests {
             300,
         );
         assert_eq!(
-            by_client.map(|v| v.principal),
-            by_name.as_ref().map(|v| v.principal.clone()),
+            by_client.unwrap().principal,
+            by_name.as_ref().unwrap().principal,
             "a configured claim names the person"
         );
         assert_eq!(
