@@ -73,6 +73,12 @@ pub struct Target {
     /// The process whose CPU and memory the figures are about (the proxy).
     pub pid: Option<u32>,
     pub speaks: Speaks,
+    /// `Authorization` values the target's clients send, the `n`-th client
+    /// the `n`-th (round robin); empty: no header. Every target of a table
+    /// gets the same ones, so every row's client does the same work.
+    credentials: Arc<[HeaderValue]>,
+    /// Which client of the target this is (see [`Target::client`]).
+    client: usize,
 }
 
 impl Target {
@@ -85,6 +91,30 @@ impl Target {
             tool: tool.to_owned(),
             pid,
             speaks: Speaks::Plain,
+            credentials: Arc::new([]),
+            client: 0,
+        }
+    }
+
+    /// The same endpoint, its clients sending `credentials` in turn.
+    pub fn with_credentials(mut self, credentials: Arc<[HeaderValue]>) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// The target as its `n`-th client sees it: with the `n`-th credential
+    /// (round robin), so each connection of a run keeps one token.
+    pub fn client(&self, n: usize) -> Self {
+        Self {
+            client: n,
+            ..self.clone()
+        }
+    }
+
+    fn authorization(&self) -> Option<&HeaderValue> {
+        match self.credentials.len() {
+            0 => None,
+            len => Some(&self.credentials[self.client % len]),
         }
     }
 
@@ -157,6 +187,9 @@ pub fn request(
     }
     if let Some(id) = last_event_id {
         req = req.header("last-event-id", id);
+    }
+    if let Some(credential) = t.authorization() {
+        req = req.header(header::AUTHORIZATION, credential.clone());
     }
     Ok(req.body(Full::new(body))?)
 }

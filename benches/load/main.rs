@@ -16,11 +16,11 @@
 //! `PR_SET_PDEATHSIG` when the harness itself dies; every scenario runs under
 //! a timeout.
 //!
-//! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `scale`
-//! (default: all six) and `peers` (only with `--peers`: the `small` load through the Rust
+//! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
+//! `scale` (default: all seven) and `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
-//! `--smoke` runs the six at tiny sizes in a few seconds and exits non-zero
+//! `--smoke` runs the seven at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
@@ -30,7 +30,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `dialects`, `scale`, `peers`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `auth`, `scale`, `peers`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -46,6 +46,17 @@ mod redis_keys;
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
+#[path = "../../tests/auth/server.rs"]
+#[allow(dead_code)]
+mod auth_server;
+/// The tests' signing keys and authorization server (`tests/auth/`): the
+/// `auth` scenario's tokens and JWKS. (The server names the keys' module
+/// `super::keys`, hence its name here.)
+#[path = "../../tests/auth/keys.rs"]
+#[allow(dead_code)]
+mod keys;
+
+mod auth;
 mod check;
 mod client;
 mod dialects;
@@ -97,7 +108,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|scale|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N]";
@@ -327,16 +338,24 @@ impl Opts {
             o.check_alone(&explicit)?;
         }
         if o.scenarios.is_empty() {
-            o.scenarios = ["small", "streaming", "replay", "idle", "dialects", "scale"]
-                .map(str::to_owned)
-                .to_vec();
+            o.scenarios = [
+                "small",
+                "streaming",
+                "replay",
+                "idle",
+                "dialects",
+                "auth",
+                "scale",
+            ]
+            .map(str::to_owned)
+            .to_vec();
         }
         if o.peers && !o.scenarios.iter().any(|s| s == "peers") {
             o.scenarios.push("peers".into());
         }
         for s in &o.scenarios {
             match s.as_str() {
-                "small" | "streaming" | "replay" | "idle" | "dialects" | "scale" => {}
+                "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "scale" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -455,6 +474,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "replay" => bounded(limit, replay::run(o, bin)).await,
             "idle" => bounded(limit, idle::run(o, bin)).await,
             "dialects" => bounded(limit, dialects::run(o, bin)).await,
+            "auth" => bounded(limit, auth::run(o, bin)).await,
             "scale" => bounded(limit, scale::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
             _ => unreachable!("checked in Opts::parse"),
@@ -476,7 +496,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" | "dialects" => {
+        "small" | "dialects" | "auth" => {
             per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30)
         }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).

@@ -384,13 +384,14 @@ pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result
     start_proxy_with(bin, upstream, sync, "").await
 }
 
-/// [`start_proxy`], with `upstream_tables` (e.g. `[upstream.tasks]`) added
-/// to its `[[upstream]]`.
+/// [`start_proxy`], with `tables` added at the end of its configuration,
+/// after its `[[upstream]]`: tables of that upstream (`[upstream.tasks]`)
+/// or top-level ones (`[auth]`).
 pub async fn start_proxy_with(
     bin: &Path,
     upstream: SocketAddr,
     sync: &str,
-    upstream_tables: &str,
+    tables: &str,
 ) -> Result<(Proc, Target)> {
     let dir = tempfile::Builder::new()
         .prefix("mcp-resume-proxy-load-")
@@ -402,7 +403,7 @@ pub async fn start_proxy_with(
         format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
              [limits]\nstreams_per_principal = 1000000\n\n\
-             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{upstream_tables}",
+             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
             dir.path().join("data").display(),
             store_section(sync, dir.path())?,
         ),

@@ -34,16 +34,17 @@ impl SmallRun {
 async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> {
     let mut conns = connect_many(t.addr, concurrency).await?;
     let mut sessions = Vec::with_capacity(concurrency);
-    for conn in &mut conns {
-        sessions.push(open_session(conn, t).await?);
+    for (n, conn) in conns.iter_mut().enumerate() {
+        let t = t.client(n);
+        let session = open_session(conn, &t).await?;
+        sessions.push((t, session));
     }
     let start = Instant::now();
     let measure_from = start + o.warmup;
     let until = measure_from + o.duration;
     let mut tasks = Vec::new();
     let pace = o.pace;
-    for (mut conn, session) in conns.into_iter().zip(sessions) {
-        let t = t.clone();
+    for (mut conn, (t, session)) in conns.into_iter().zip(sessions) {
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::new();
             let (mut requests, mut errors) = (0u64, 0u64);
