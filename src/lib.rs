@@ -74,6 +74,8 @@
 //!   record and current leg, changed by compare-and-set, cancelled.
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
+//! - [`outbound`]: the HTTPS client (connector, one-line errors) that
+//!   upstreams and authorization servers are reached with.
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
 //!   OpenMetrics text for `GET /metrics`.
 //! - [`lifetime`]: crash recovery (resume upstream, or fail with an error
@@ -116,6 +118,7 @@ pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
 pub mod metrics;
+pub mod outbound;
 pub mod proxy;
 pub mod queue;
 pub mod relay;

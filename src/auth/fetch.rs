@@ -14,19 +14,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::upstream::http::error_chain;
+use crate::outbound::{self, error_chain, Connector};
 
 /// Largest document accepted from an authorization server.
 pub const MAX_BODY: usize = 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest one exchange (connect, send, read the whole body) may take.
 pub const DEADLINE: Duration = Duration::from_secs(10);
-
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// A failed exchange, worded for the log; it never holds what was sent.
 #[derive(Debug, thiserror::Error)]
@@ -39,17 +36,8 @@ pub struct Fetcher {
 
 impl Fetcher {
     pub fn new() -> anyhow::Result<Self> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
         let tls = crate::tls::upstream_client("auth", None)?;
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let https = outbound::connector(tls, CONNECT_TIMEOUT);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(https);

@@ -13,13 +13,13 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
 use crate::headers;
+use crate::outbound::{self, error_chain, Connector};
 use crate::sse;
 use crate::workers::PerWorker;
 
@@ -28,8 +28,6 @@ pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// Most messages appended to the log in one batch.
 const MAX_BATCH: usize = 512;
-
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 pub struct HttpUpstream {
     pub config: UpstreamConfig,
@@ -46,19 +44,11 @@ impl HttpUpstream {
         let url: Uri = text
             .parse()
             .map_err(|e| format!("upstream url {text:?}: {e}"))?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(config.connect_timeout_secs)));
         let key = crate::tls::upstream_ca_key(&config.path);
         let tls = crate::tls::upstream_client(&key, config.ca_file.as_deref())
             .map_err(|e| e.to_string())?;
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let timeout = Duration::from_secs(config.connect_timeout_secs);
+        let https = outbound::connector(tls, timeout);
         let client = PerWorker::new(workers, |_| {
             Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
@@ -329,19 +319,6 @@ fn proxy_post_headers(client_headers: &HeaderMap) -> HeaderMap {
         http::HeaderValue::from_static("application/json, text/event-stream"),
     );
     headers
-}
-
-/// An error and its sources on one line: hyper's own message is often
-/// just "client error (Connect)".
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Whether a response carries messages the proxy can log (as opposed to a
