@@ -244,10 +244,11 @@ impl App {
             return Err(Rejection::not_found());
         };
         let body = crate::proxy::read_body(body, &self.shared.config).await?;
+        let origin = arrival.origin();
         let forward = edge::passage::Forward {
             upstream,
             urls,
-            origin: &arrival.origin,
+            origin: &origin,
         };
         let query = parts.uri.query();
         let res = forward

@@ -67,7 +67,7 @@ impl Edge {
             PublicOrigin::parse(url).ok_or_else(|| format!("public_url = {url:?} is not an origin"))
         });
         let origins = Origins {
-            configured: configured.transpose()?,
+            configured: configured.transpose()?.map(std::sync::Arc::new),
             trusted,
         };
         let mounts: Vec<Mount> = config
@@ -127,7 +127,7 @@ impl Edge {
         if (self.allowed_hosts.is_empty() && !loopback_listener) || arrival.host_forwarded {
             return true;
         }
-        match &arrival.host {
+        match arrival.host() {
             Some(host) => host_allowed(host, &self.allowed_hosts),
             // HTTP/2 carries the authority in the URI, not a Host header.
             None => true,
@@ -168,17 +168,28 @@ impl Edge {
     ) {
         if let Some((mount, urls)) = route.and_then(|(m, _)| Some((m, m.urls.as_ref()?))) {
             let status = res.status();
-            let learned = rewrite_headers(res.headers_mut(), status, urls, &arrival.origin);
-            if let Some(path) = learned {
-                mount.learn_metadata_path(path);
+            let own = res.extensions().get::<OwnChallenge>().is_some();
+            let rewrites = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+                || res.headers().contains_key(header::LOCATION);
+            // Most answers name no URL: the public origin is worked out
+            // only for those that do.
+            let public = (rewrites || own).then(|| arrival.origin());
+            if let Some(public) = &public {
+                let learned = rewrite_headers(res.headers_mut(), status, urls, public);
+                if let Some(path) = learned {
+                    mount.learn_metadata_path(path);
+                }
+                if own {
+                    point_to_metadata(res.headers_mut(), urls, public);
+                }
             }
-            if res.extensions().get::<OwnChallenge>().is_some() {
-                point_to_metadata(res.headers_mut(), urls, &arrival.origin);
-            } else if status == StatusCode::UNAUTHORIZED && arrival.credentialed {
+            if let (Some(public), false, StatusCode::UNAUTHORIZED, true) =
+                (&public, own, status, arrival.credentialed)
+            {
                 // The operator's first question when a client that works
                 // direct fails through the proxy.
                 tracing::info!(
-                    endpoint = %urls.endpoint(&arrival.origin),
+                    endpoint = %urls.endpoint(public),
                     "the upstream refused a token with 401; if it checks a token's audience \
                      against its own URL, tell it the public one (tokens are issued for the URL \
                      clients use)"
@@ -367,6 +378,7 @@ pub fn is_preflight(method: &Method, headers: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::origin::Peer;
     use super::*;
 
     #[test]
@@ -419,17 +431,15 @@ mod tests {
             ..Config::default()
         };
         let edge = Edge::new(&config).unwrap();
-        let arrival = Arrival {
-            origin: PublicOrigin::parse("https://mcp.example.com").unwrap(),
-            host: Some("mcp.example.com".into()),
-            host_forwarded: false,
-            credentialed: false,
+        let arriving = |host: &str| {
+            let req = http::Request::builder()
+                .header("host", host)
+                .body(())
+                .unwrap();
+            edge.origins.arrival(&req.into_parts().0, Peer::local())
         };
-        assert!(edge.host_allowed(&arrival, true));
-        let other = Arrival {
-            host: Some("mcp_resume_proxy".into()),
-            ..arrival
-        };
+        assert!(edge.host_allowed(&arriving("mcp.example.com"), true));
+        let other = arriving("mcp_resume_proxy");
         assert!(!edge.host_allowed(&other, true));
     }
 }

@@ -9,8 +9,9 @@
 //! module only reads; it never changes a request.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
-use http::header::{HeaderMap, HOST};
+use http::header::{HeaderMap, HeaderValue, HOST};
 use http::uri::Authority;
 use ipnet::IpNet;
 
@@ -130,18 +131,20 @@ fn authority(value: &str) -> Option<String> {
 #[derive(Clone, Debug, Default)]
 pub struct Origins {
     /// `public_url`: what clients use, whatever a request says.
-    pub configured: Option<PublicOrigin>,
+    pub configured: Option<Arc<PublicOrigin>>,
     pub trusted: TrustedProxies,
 }
 
-/// A request's origin and the name it asked for.
+/// Where a request came from, as read off it: its public origin and the
+/// name it asked for are worked out only when asked (most answers need
+/// neither), so serving a request allocates nothing here.
 #[derive(Debug)]
 pub struct Arrival {
-    pub origin: PublicOrigin,
-    /// The host the client asked for (a trusted ingress's `X-Forwarded-Host`
-    /// or `Forwarded: host`, else `Host`), for the DNS-rebinding check.
-    /// `None` for HTTP/2 without a `Host` (the authority is in the URI).
-    pub host: Option<String>,
+    configured: Option<Arc<PublicOrigin>>,
+    forwarded: Forwarded,
+    own_host: Option<HeaderValue>,
+    uri_authority: Option<Authority>,
+    peer: Peer,
     /// Whether `host` is what a trusted ingress said: that ingress routes
     /// by name and answers for it, so the name needs no listing here.
     pub host_forwarded: bool,
@@ -160,32 +163,44 @@ impl Origins {
         } else {
             Forwarded::default()
         };
-        let own_host = parts
-            .headers
-            .get(HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_owned);
-        let host_forwarded = forwarded.host.is_some();
-        let host = forwarded.host.clone().or(own_host);
-        let origin = match &self.configured {
-            Some(configured) => configured.clone(),
-            None => PublicOrigin {
-                scheme: forwarded
-                    .proto
-                    .unwrap_or_else(|| if peer.tls { "https" } else { "http" }.to_owned()),
-                authority: host
-                    .clone()
-                    .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
-                    .unwrap_or_else(|| peer_authority(peer))
-                    .to_ascii_lowercase(),
-            },
-        };
         Arrival {
-            origin,
-            host,
-            host_forwarded,
+            configured: self.configured.clone(),
+            host_forwarded: forwarded.host.is_some(),
+            forwarded,
+            own_host: parts.headers.get(HOST).cloned(),
+            uri_authority: parts.uri.authority().cloned(),
+            peer,
             credentialed: parts.headers.contains_key(http::header::AUTHORIZATION),
         }
+    }
+}
+
+impl Arrival {
+    /// The host the client asked for (a trusted ingress's
+    /// `X-Forwarded-Host` or `Forwarded: host`, else `Host`), for the
+    /// DNS-rebinding check. `None` for HTTP/2 without a `Host` (the
+    /// authority is in the URI).
+    pub fn host(&self) -> Option<&str> {
+        let own = || self.own_host.as_ref().and_then(|h| h.to_str().ok());
+        self.forwarded.host.as_deref().or_else(own)
+    }
+
+    /// The origin the client used.
+    pub fn origin(&self) -> PublicOrigin {
+        if let Some(configured) = &self.configured {
+            return PublicOrigin::clone(configured);
+        }
+        let scheme = match &self.forwarded.proto {
+            Some(proto) => proto.clone(),
+            None if self.peer.tls => "https".to_owned(),
+            None => "http".to_owned(),
+        };
+        let authority = match (self.host(), &self.uri_authority) {
+            (Some(host), _) => host.to_ascii_lowercase(),
+            (None, Some(authority)) => authority.as_str().to_ascii_lowercase(),
+            (None, None) => peer_authority(self.peer),
+        };
+        PublicOrigin { scheme, authority }
     }
 }
 
@@ -230,13 +245,13 @@ mod tests {
     fn the_origin_is_the_requests_own_scheme_and_host_by_default() {
         let arrival =
             Origins::default().arrival(&parts(&[("host", "LocalHost:3922")]), peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "http://localhost:3922");
+        assert_eq!(arrival.origin().url(), "http://localhost:3922");
         let tls = Peer {
             tls: true,
             ..peer("127.0.0.1")
         };
         let arrival = Origins::default().arrival(&parts(&[("host", "mcp.example.com")]), tls);
-        assert_eq!(arrival.origin.url(), "https://mcp.example.com");
+        assert_eq!(arrival.origin().url(), "https://mcp.example.com");
     }
 
     #[test]
@@ -247,8 +262,8 @@ mod tests {
             ("x-forwarded-host", "evil.example"),
         ]);
         let arrival = trusting(&["10.0.0.0/8"]).arrival(&req, peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "http://localhost:8080");
-        assert_eq!(arrival.host.as_deref(), Some("localhost:8080"));
+        assert_eq!(arrival.origin().url(), "http://localhost:8080");
+        assert_eq!(arrival.host(), Some("localhost:8080"));
     }
 
     #[test]
@@ -259,8 +274,8 @@ mod tests {
             ("x-forwarded-host", "evil.example, mcp.example.com"),
         ]);
         let arrival = trusting(&["127.0.0.1"]).arrival(&req, peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "https://mcp.example.com");
-        assert_eq!(arrival.host.as_deref(), Some("mcp.example.com"));
+        assert_eq!(arrival.origin().url(), "https://mcp.example.com");
+        assert_eq!(arrival.host(), Some("mcp.example.com"));
     }
 
     #[test]
@@ -273,7 +288,7 @@ mod tests {
             ("x-forwarded-host", "b.example"),
         ]);
         let arrival = trusting(&["::1", "127.0.0.0/8"]).arrival(&req, peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "https://a.example:8443");
+        assert_eq!(arrival.origin().url(), "https://a.example:8443");
     }
 
     #[test]
@@ -284,17 +299,17 @@ mod tests {
             ("x-forwarded-host", "a.example/path?x"),
         ]);
         let arrival = trusting(&["127.0.0.1"]).arrival(&req, peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "http://localhost");
+        assert_eq!(arrival.origin().url(), "http://localhost");
     }
 
     #[test]
     fn a_configured_public_url_wins_over_everything() {
         let origins = Origins {
-            configured: PublicOrigin::parse("https://MCP.example.com"),
+            configured: PublicOrigin::parse("https://MCP.example.com").map(Arc::new),
             trusted: TrustedProxies::default(),
         };
         let arrival = origins.arrival(&parts(&[("host", "localhost")]), peer("127.0.0.1"));
-        assert_eq!(arrival.origin.url(), "https://mcp.example.com");
+        assert_eq!(arrival.origin().url(), "https://mcp.example.com");
     }
 
     #[test]
