@@ -195,7 +195,7 @@ impl App {
         body: Incoming,
         arrival: &Arrival,
     ) -> (Option<usize>, Response<Body>) {
-        let preflight = edge::is_preflight(&parts.method, &parts.headers);
+        let preflight = edge::cors::is_preflight(&parts.method, &parts.headers);
         if let (true, Some(cors), Some(origin)) = (
             preflight,
             &self.edge.cors,
@@ -255,7 +255,7 @@ impl App {
             .send(passage, parts.method.clone(), query, &parts.headers, body)
             .await?;
         if let Some(origin) = parts.headers.get(http::header::ORIGIN) {
-            if edge::is_preflight(&parts.method, &parts.headers) {
+            if edge::cors::is_preflight(&parts.method, &parts.headers) {
                 mount.learn(origin, res.headers());
             }
         }

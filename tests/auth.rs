@@ -534,7 +534,13 @@ async fn token_mode_principal_is_todays_digest() {
         let mut request = http::Request::new(());
         *request.headers_mut() = headers.clone();
         let (parts, ()) = request.into_parts();
-        let today = mcp_resume_proxy::session::principal(&parts, "authorization");
+        // Today's rule, written out: the hex SHA-256 of the whole value.
+        let value = parts
+            .headers
+            .get("authorization")
+            .map_or(&b""[..], |v| v.as_bytes());
+        let today =
+            mcp_resume_proxy::id::hex(ring::digest::digest(&ring::digest::SHA256, value).as_ref());
         let caller = auth.identify(&headers).await.unwrap();
         assert_eq!(caller.principal, today);
         assert_eq!(caller.mode, PrincipalMode::Token);

@@ -331,6 +331,18 @@ fn unix_now() -> u64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn token_principals_differ_by_credential_and_hide_it() {
+        let header = HeaderName::from_static("authorization");
+        let of = |value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", http::HeaderValue::from_static(value));
+            token_principal(&h, &header)
+        };
+        assert_ne!(of("Bearer a"), of("Bearer b"));
+        assert!(!of("Bearer a").contains("Bearer"));
+    }
+
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {

@@ -371,11 +371,6 @@ pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
         )
 }
 
-/// Whether an answer is a CORS preflight's to forward (no `[cors]`).
-pub fn is_preflight(method: &Method, headers: &HeaderMap) -> bool {
-    cors::is_preflight(method, headers)
-}
-
 #[cfg(test)]
 mod tests {
     use super::origin::Peer;

@@ -148,7 +148,7 @@ async fn find_session(
 /// accepts it: only where the principal is the credential itself.
 fn rebindable(route: &Route, request: &http::request::Parts) -> bool {
     route.shared.auth.mode() == crate::auth::PrincipalMode::Token
-        && !session::by_certificate(request)
+        && session::certificate_principal(request).is_none()
 }
 
 /// A message a dialect claimed, answered from the log.

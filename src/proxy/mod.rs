@@ -52,8 +52,8 @@ impl Shared {
     /// tells nothing of them); a verifier that cannot be reached is a 503
     /// that ends nothing.
     pub async fn caller(&self, request: &http::request::Parts) -> Result<String, Rejection> {
-        if let Some(certificate) = request.extensions.get::<crate::tls::CertificatePrincipal>() {
-            return Ok(certificate.as_str().to_owned());
+        if let Some(certificate) = crate::session::certificate_principal(request) {
+            return Ok(certificate.to_owned());
         }
         let identified = self.auth.identify(&request.headers).await;
         self.log
