@@ -14,7 +14,7 @@
 //! or upstream input, so a client cannot grow the series count.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -259,6 +259,10 @@ pub struct Metrics {
     registry: Registry,
     sessions_open: Gauge,
     streams_live: Gauge,
+    streams_retained: Gauge,
+    streams_released_early: Counter,
+    /// The store's running total last added to `streams_released_early`.
+    released_seen: AtomicU64,
     entries_appended: Counter,
     bytes_appended: Counter,
     replays: Family<DialectLabel, Counter>,
@@ -293,6 +297,18 @@ impl Metrics {
             "streams_live",
             "Streams this process opened that are still live (their upstream answer is not complete)",
             streams_live.clone(),
+        );
+        let streams_retained = Gauge::default();
+        registry.register(
+            "streams_retained",
+            "Finished streams kept in this process's memory for retention (journal), each a compact record of its summary on disk",
+            streams_retained.clone(),
+        );
+        let streams_released_early = Counter::default();
+        registry.register(
+            "streams_released_early",
+            "Finished streams released before their retention ran out because [limits] max_retained_streams was reached",
+            streams_released_early.clone(),
         );
         let entries_appended = Counter::default();
         registry.register(
@@ -367,6 +383,9 @@ impl Metrics {
             registry,
             sessions_open,
             streams_live,
+            streams_retained,
+            streams_released_early,
+            released_seen: AtomicU64::new(0),
             entries_appended,
             bytes_appended,
             replays,
@@ -485,6 +504,15 @@ impl Metrics {
 
     /// The OpenMetrics text exposition, ending with `# EOF`, with the
     /// gauges set to what the caller counted just now.
+    /// Takes the store's retention figures in before a render: how many
+    /// finished streams it keeps, and its running total of early releases.
+    pub fn observe_retention(&self, retained: Option<usize>, released_total: u64) {
+        self.streams_retained.set(retained.unwrap_or(0) as i64);
+        let seen = self.released_seen.swap(released_total, Ordering::Relaxed);
+        self.streams_released_early
+            .inc_by(released_total.saturating_sub(seen));
+    }
+
     pub fn render(&self, sessions_open: usize, streams_live: usize) -> String {
         self.sessions_open.set(sessions_open as i64);
         self.streams_live.set(streams_live as i64);

@@ -71,6 +71,7 @@ impl App {
                 Arc::new(opened.with_lifetimes(lifetimes).with_workers(workers))
             }
         };
+        store.set_retained_bound(config.limits.max_retained_streams);
         let log = Log::new(store);
         let sessions = Sessions::new(log.store().clone());
         let auth = crate::auth::Authenticator::new(&config)?;
@@ -280,6 +281,9 @@ impl App {
     /// `GET /metrics`: the exposition, with the gauges counted now.
     fn metrics_page(&self) -> Response<Body> {
         let log = &self.shared.log;
+        let store = log.store();
+        log.metrics()
+            .observe_retention(store.retained_count(), store.released_early());
         let text = log
             .metrics()
             .render(self.shared.sessions.open(), log.live_streams());

@@ -600,6 +600,23 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Sets the most finished streams the log keeps (`[limits]
+    /// max_retained_streams`): past it the oldest are released before
+    /// retention would have, a live stream never. A backend whose retained
+    /// streams cost this process no memory (a shared log) ignores it.
+    fn set_retained_bound(&self, _max: usize) {}
+
+    /// Finished streams released by that bound so far.
+    fn released_early(&self) -> u64 {
+        0
+    }
+
+    /// Finished streams this process keeps in memory for retention (`None`:
+    /// the backend keeps none of them in this process's memory).
+    fn retained_count(&self) -> Option<usize> {
+        None
+    }
+
     /// Bytes the log occupies on disk (the disk quota is checked against it).
     fn size_on_disk(&self) -> u64;
 

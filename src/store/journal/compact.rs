@@ -77,10 +77,13 @@ impl Journal {
         numbers
             .into_iter()
             .take_while(|&no| {
-                let live = inner.index.holding(no).map_or(0, |held| {
-                    held.bytes + held.records.len() as u64 * RECORD_WEIGHT
-                });
-                live.saturating_mul(SPARSE) < self.segment_bytes
+                let Some(held) = inner.index.holding(no) else {
+                    return true;
+                };
+                // Retired streams are not copied: retention (or the bound)
+                // frees what they hold soon enough.
+                let live = held.bytes + held.records.len() as u64 * RECORD_WEIGHT;
+                held.retired == 0 && live.saturating_mul(SPARSE) < self.segment_bytes
             })
             .collect()
     }

@@ -34,11 +34,15 @@ pub struct Holding {
     pub bytes: u64,
     /// Objects whose full record is in it.
     pub records: IdSet<Object>,
+    /// Retired streams holding it: counted, not listed (`retired.rs`), so
+    /// a segment they hold is not copied forward but waits for them to go
+    /// (retention, or the bound on retained streams, sees to it).
+    pub retired: u32,
 }
 
 impl Holding {
     fn is_empty(&self) -> bool {
-        self.streams.is_empty() && self.records.is_empty()
+        self.streams.is_empty() && self.records.is_empty() && self.retired == 0
     }
 }
 
@@ -98,6 +102,26 @@ impl Holdings {
                 }
             });
         }
+    }
+
+    /// Counts a retired stream in each of `segments`.
+    pub fn hold(&mut self, segments: std::ops::RangeInclusive<SegmentNo>) {
+        for no in segments {
+            self.by_segment.entry(no).or_default().retired += 1;
+        }
+    }
+
+    /// Stops counting a retired stream in `segments`; returns those left
+    /// holding nothing.
+    pub fn release(&mut self, segments: std::ops::RangeInclusive<SegmentNo>) -> Vec<SegmentNo> {
+        let mut unused = Vec::new();
+        for no in segments {
+            self.edit(no, |h| h.retired = h.retired.saturating_sub(1));
+            if !self.in_use(no) {
+                unused.push(no);
+            }
+        }
+        unused
     }
 
     /// Whether anything still needed is in `segment`.

@@ -7,13 +7,15 @@
 //! accounting that decides when a segment file may be deleted or compacted
 //! ([`Holdings`]). It performs no I/O.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use super::holdings::{Holding, Holdings, Object};
+use super::retired::{Place, Retired, RetiredStreams};
 use super::segment::{Loc, SegmentNo};
+use super::summary::{self, Summary, SummaryHead};
 
 use crate::id::{IdMap, IdSet, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -69,6 +71,12 @@ pub struct Index {
     /// When finished streams finished, oldest first (retention). Task legs
     /// are not in it: they are deleted with their task.
     finished_at: BTreeSet<(u64, StreamId)>,
+    /// Finished streams kept compact, their rest on disk (`retired.rs`).
+    pub retired: RetiredStreams,
+    /// Streams that left `Live`, not retired yet, oldest first: retired
+    /// once their finish is durable. May name streams since retired or
+    /// gone.
+    finishing: VecDeque<StreamId>,
     /// When tasks expire (`expires_ms`), soonest first.
     task_expiry: BTreeSet<(u64, TaskId)>,
     /// Sessions by the `last_seen_ms` of their record, and the closed ones
@@ -111,10 +119,16 @@ impl Index {
                 None => true,
             };
             if newer {
+                if self.retired.len() > 0 {
+                    self.retired.unindex(meta.session, request);
+                }
                 self.by_request.insert(key, id);
             }
         }
         self.index_deadlines(id, Deadlines::default(), Deadlines::of(meta));
+        if Deadlines::of(meta).finished.is_some() {
+            self.finishing.push_back(id);
+        }
         self.streams.insert(id, state);
     }
 
@@ -155,7 +169,13 @@ impl Index {
     }
 
     pub fn stream_of_request(&self, session: SessionId, id: &RequestId) -> Option<StreamId> {
-        self.by_request.get(&(session, id.clone())).copied()
+        let whole = self.by_request.get(&(session, id.clone())).copied();
+        whole.or_else(|| self.retired.answering(session, id))
+    }
+
+    /// Whether the stream exists, whole or retired.
+    pub fn has_stream(&self, id: &StreamId) -> bool {
+        self.streams.contains_key(id) || self.retired.contains(id)
     }
 
     pub fn abandoned_by(&self, now_ms: u64) -> Vec<StreamId> {
@@ -165,11 +185,14 @@ impl Index {
             .collect()
     }
 
-    pub fn finished_by(&self, at_ms: u64) -> Vec<StreamId> {
-        self.finished_at
+    pub fn finished_by(&mut self, at_ms: u64) -> Vec<StreamId> {
+        let mut due: Vec<StreamId> = self
+            .finished_at
             .range(..=(at_ms, StreamId([0xff; 16])))
             .map(|(_, id)| *id)
-            .collect()
+            .collect();
+        due.extend(self.retired.finished_by(at_ms));
+        due
     }
 
     /// Records that `locs` were appended to `stream` (already written).
@@ -225,11 +248,22 @@ impl Index {
 
     pub fn set_status(&mut self, stream: StreamId, end: &Finish) {
         self.edit(stream, |meta| meta.finish(end));
+        let leg = self.streams.get(&stream).map(|s| s.meta.task.is_some());
+        if !end.status.is_live() && leg == Some(false) {
+            self.finishing.push_back(stream);
+        }
     }
 
     /// Forgets a stream; its readers learn it is over. Returns the segments
     /// it left holding nothing (candidates for deletion).
     pub fn remove_stream(&mut self, id: StreamId) -> Vec<SegmentNo> {
+        if let Some(retired) = self.retired.remove(&id) {
+            if let Some(at) = retired.abandon_at() {
+                self.abandon_at.remove(&(at, id));
+            }
+            self.unlist_stream(retired.session, id);
+            return self.holdings.release(retired.segments());
+        }
         let Some(state) = self.streams.remove(&id) else {
             return Vec::new();
         };
@@ -242,17 +276,21 @@ impl Index {
             }
         }
         self.index_deadlines(id, Deadlines::of(meta), Deadlines::default());
-        if let Some(list) = self.by_session.get_mut(&state.meta.session) {
-            list.remove(&id);
-            if list.is_empty() {
-                self.by_session.remove(&state.meta.session);
-            }
-        }
+        self.unlist_stream(meta.session, id);
         self.holdings.drop_entries(id, &state.locs, &[]);
         let mut unused = state.segments;
         unused.extend(self.holdings.forget(Object::Stream(id)));
         unused.retain(|&s| !self.holdings.in_use(s));
         unused
+    }
+
+    fn unlist_stream(&mut self, session: SessionId, id: StreamId) {
+        if let Some(list) = self.by_session.get_mut(&session) {
+            list.remove(&id);
+            if list.is_empty() {
+                self.by_session.remove(&session);
+            }
+        }
     }
 
     /// Creates or replaces a session record, written whole to `segment`.
@@ -344,6 +382,152 @@ impl Index {
     /// What `segment` still holds (`None`: nothing).
     pub fn holding(&self, segment: SegmentNo) -> Option<&Holding> {
         self.holdings.of(segment)
+    }
+}
+
+/// Retirement: finished streams leave the index whole for the compact
+/// tier once their finish is durable, and come back whole if they change
+/// in a way only a whole stream can (appended to, made live again).
+impl Index {
+    /// Up to `limit` streams waiting to retire whose finish is durable (the
+    /// watermark says so: a reader shown a retired stream must never be
+    /// shown more than a crash would leave) and that nobody is subscribed
+    /// to. The others wait for a later call; task legs and live streams
+    /// drop out.
+    pub fn ready_to_retire(&mut self, limit: usize) -> Vec<StreamId> {
+        let mut ready = Vec::new();
+        for _ in 0..limit.min(self.finishing.len()) {
+            let Some(id) = self.finishing.pop_front() else {
+                break;
+            };
+            let Some(state) = self.streams.get(&id) else {
+                continue;
+            };
+            let meta = &state.meta;
+            if meta.status.is_live() || meta.task.is_some() || state.locs.len() > u32::MAX as usize
+            {
+                continue;
+            }
+            let shown = *state.watermark.borrow();
+            // A stream someone is waiting on stays whole until they are done:
+            // its channel is what wakes them.
+            let awaited = state.watermark.receiver_count() > 0;
+            if shown.finished && shown.seq as usize >= state.locs.len() && !awaited {
+                ready.push(id);
+            } else {
+                self.finishing.push_back(id);
+            }
+        }
+        ready
+    }
+
+    /// Streams finished and not retired yet, to be tried again (a summary
+    /// that could not be written).
+    pub fn retry_retiring(&mut self, ids: &[StreamId]) {
+        self.finishing.extend(ids.iter().copied());
+    }
+
+    /// Moves a whole stream to the retired tier, its summary written at
+    /// `place`. Segments it no longer holds are found by `in_use` when the
+    /// journal next drops unused files (after a sync: the summary must be
+    /// durable before the records it replaces may go).
+    pub fn retire(&mut self, id: StreamId, place: Place) {
+        let Some(state) = self.streams.remove(&id) else {
+            return;
+        };
+        let meta = &state.meta;
+        let mut answers = Vec::new();
+        for request in &meta.origin_ids {
+            let key = (meta.session, request.clone());
+            if self.by_request.get(&key) == Some(&id) {
+                self.by_request.remove(&key);
+                answers.push(request);
+            }
+        }
+        if let Some(at) = Deadlines::of(meta).finished {
+            self.finished_at.remove(&(at, id));
+        }
+        // Its abandonment deadline stays indexed: retired streams are
+        // abandoned as whole ones are.
+        self.holdings.drop_entries(id, &state.locs, &[]);
+        self.holdings.forget(Object::Stream(id));
+        let retired = Retired {
+            session: meta.session,
+            finished_ms: meta.finished_ms.unwrap_or(0),
+            abandon_at_ms: meta.abandon_at_ms.unwrap_or(0),
+            summary: place,
+            first_segment: summary::first_segment(&state.locs),
+            entries: state.locs.len() as u32,
+            requests: 0,
+            coalesced: meta.coalesced,
+        };
+        self.holdings.hold(retired.segments());
+        self.retired.insert(id, retired, &answers);
+    }
+
+    /// A retired stream recovery found the summary of, at `place`. Callers
+    /// add them oldest created first, so that the newest stream answering a
+    /// reused request id wins.
+    pub fn add_retired(&mut self, head: &SummaryHead, place: Place) {
+        let id = head.stream;
+        let retired = Retired {
+            session: head.session,
+            finished_ms: head.finished_ms,
+            abandon_at_ms: head.abandon_at_ms.unwrap_or(0),
+            summary: place,
+            first_segment: head.first_segment,
+            entries: head.entries,
+            requests: 0,
+            coalesced: head.coalesced,
+        };
+        self.by_session.entry(head.session).or_default().insert(id);
+        self.holdings.hold(retired.segments());
+        if let Some(at) = retired.abandon_at() {
+            self.abandon_at.insert((at, id));
+        }
+        let requests: Vec<&RequestId> = head.request_ids.iter().collect();
+        self.retired.insert(id, retired, &requests);
+    }
+
+    /// A retired stream's summary was written again, at `place`, for the
+    /// metadata `meta` (a change applied to it).
+    pub fn resummarized(&mut self, id: StreamId, place: Place, meta: &StreamMeta) {
+        let Some(retired) = self.retired.get_mut(&id) else {
+            return;
+        };
+        let old = *retired;
+        retired.summary = place;
+        retired.finished_ms = meta.finished_ms.unwrap_or(old.finished_ms);
+        retired.abandon_at_ms = meta.abandon_at_ms.unwrap_or(0);
+        retired.coalesced = meta.coalesced;
+        let new = *retired;
+        if old.abandon_at() != new.abandon_at() {
+            if let Some(at) = old.abandon_at() {
+                self.abandon_at.remove(&(at, id));
+            }
+            if let Some(at) = new.abandon_at() {
+                self.abandon_at.insert((at, id));
+            }
+        }
+        // Held anew before released: segments both hold never look empty.
+        self.holdings.hold(new.segments());
+        self.holdings.release(old.segments());
+    }
+
+    /// Takes a retired stream back whole, from its summary, written again
+    /// (thawed) to `record`.
+    pub fn thaw(&mut self, summary: Summary, record: SegmentNo) {
+        let id = summary.meta.id;
+        let Some(retired) = self.retired.remove(&id) else {
+            return;
+        };
+        if let Some(at) = retired.abandon_at() {
+            self.abandon_at.remove(&(at, id));
+        }
+        self.holdings.hold(record..=record);
+        self.holdings.release(retired.segments());
+        self.add_stream(StreamState::new(summary.meta, summary.locs), record);
+        self.holdings.release(record..=record);
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use super::index::StreamState;
 use super::recover::{self, Metadata, Slots};
+use super::retire;
 use super::segment;
 use super::segment::{Loc, SegmentNo};
 use crate::id::{IdMap, Seq, SessionId, StreamId};
@@ -119,6 +120,17 @@ impl JournalView {
             // Counted from the entries found, as the journal counts them.
             let state = StreamState::new(meta, locs);
             view.streams.insert(state.meta.id, (state.meta, state.locs));
+        }
+        for (id, (_, place)) in metadata.retired {
+            let Some(file) = view.files.get(&place.segment) else {
+                continue;
+            };
+            match retire::read_summary(file, place) {
+                Ok(summary) => {
+                    view.streams.insert(id, (summary.meta, summary.locs));
+                }
+                Err(e) => view.notes.push(format!("stream {id}: {e}")),
+            }
         }
         Ok(Some(view))
     }

@@ -31,7 +31,10 @@ mod index;
 pub mod inspect;
 mod record;
 mod recover;
+mod retire;
+mod retired;
 mod segment;
+mod summary;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -45,6 +48,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
 
 use self::index::{Index, StreamState};
+use self::retire::RetiredRead;
 use self::segment::{Loc, SegmentNo, Writer};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
@@ -92,6 +96,12 @@ pub struct Journal {
     orphans: OrphansOnce,
     /// How a segment file is made durable (`fdatasync`; tests fail it).
     sync_file: Arc<SyncFile>,
+    /// The bound on retained streams (`retire.rs`).
+    bound: retire::Bound,
+    /// Tests retire every stream the moment its finish is durable, so that
+    /// the store contract runs against retired streams too.
+    #[cfg(test)]
+    eager: std::sync::atomic::AtomicBool,
 }
 
 fn lock_dir(dir: &Path) -> Result<File> {
@@ -161,6 +171,9 @@ impl Journal {
             _lock: dir_lock,
             orphans: OrphansOnce::default(),
             sync_file,
+            bound: retire::Bound::default(),
+            #[cfg(test)]
+            eager: Default::default(),
         });
         {
             let mut inner = journal.lock();
@@ -192,7 +205,7 @@ impl Journal {
         &self,
         meta: &StreamMeta,
         opening: &[Bytes],
-        prior: impl FnOnce(&Index) -> Option<Prior>,
+        prior: impl FnOnce(&Inner) -> Result<Option<Prior>>,
     ) -> Result<Option<Prior>> {
         let mut encoded = Vec::with_capacity(512);
         record::stream(&mut encoded, meta);
@@ -202,7 +215,7 @@ impl Journal {
         {
             let mut guard = self.lock();
             let inner = &mut *guard;
-            if let Some(prior) = prior(&inner.index) {
+            if let Some(prior) = prior(inner)? {
                 return Ok(Some(prior));
             }
             inner.buf.extend_from_slice(&encoded);
@@ -269,11 +282,15 @@ impl Journal {
         Ok((inner.writer.no, at))
     }
 
-    /// Rolls over once the active segment is full. Called at the end of a
-    /// change, after the index knows what was written: a rollover deletes
-    /// the segments the index says nobody needs. A failed rollover leaves
-    /// the active segment in place and is tried again at the next change.
+    /// Retires the finished streams whose finish is durable now
+    /// (`retire.rs`), then rolls over once the active segment is full.
+    /// Called at the end of a change, after the index knows what was
+    /// written (the change's own stream is never retired under it): a
+    /// rollover deletes the segments the index says nobody needs. A failed
+    /// rollover leaves the active segment in place and is tried again at the
+    /// next change.
     fn wrote(&self, inner: &mut Inner) {
+        self.retire_finished(inner);
         if inner.writer.len >= self.segment_bytes {
             if let Err(e) = self.roll_over(inner) {
                 tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
@@ -364,6 +381,8 @@ impl Journal {
         let (last, watermark) = {
             let mut guard = self.lock();
             let inner = &mut *guard;
+            // A finished stream appended to (or made live) is whole again.
+            self.thaw(inner, stream)?;
             let state = inner
                 .index
                 .streams
@@ -404,6 +423,8 @@ impl Journal {
         };
         self.durable().await?;
         advance(&watermark, last, finish);
+        #[cfg(test)]
+        self.retire_if_eager();
         Ok(last)
     }
 }
@@ -455,35 +476,78 @@ fn advance(watermark: &watch::Sender<Watermark>, last: Seq, finish: Option<Finis
 }
 
 impl Journal {
-    /// The stream's watermark channel; `None` for a stream the log lacks.
-    fn watermark(&self, stream: StreamId) -> Option<Arc<watch::Sender<Watermark>>> {
+    /// The stream's watermark channel, or for a stream with none (retired,
+    /// or one the log lacks) the watermark it ended at.
+    fn watermark(
+        &self,
+        stream: StreamId,
+    ) -> std::result::Result<Arc<watch::Sender<Watermark>>, Watermark> {
         let index = &self.lock().index;
-        index.streams.get(&stream).map(|s| s.watermark.clone())
+        if let Some(state) = index.streams.get(&stream) {
+            return Ok(state.watermark.clone());
+        }
+        Err(index
+            .retired
+            .get(&stream)
+            .map_or(super::NO_SUCH_STREAM, |r| Watermark {
+                seq: Seq::from(r.entries),
+                finished: true,
+                coalesced: r.coalesced,
+            }))
+    }
+
+    /// The metadata of `ids` (whole, or read from their summaries after the
+    /// lock); ids gone meanwhile are left out.
+    fn metas_of(&self, ids: &[StreamId]) -> Result<Vec<StreamMeta>> {
+        let mut metas = Vec::with_capacity(ids.len());
+        let mut reads = Vec::new();
+        {
+            let inner = self.lock();
+            for id in ids {
+                match inner.index.streams.get(id) {
+                    Some(state) => metas.push(state.visible()),
+                    None => reads.extend(inner.retired_read(id)),
+                }
+            }
+        }
+        for read in reads {
+            metas.push(read.summary()?.meta);
+        }
+        Ok(metas)
     }
 
     /// Writes one metadata record of stream `id` (`encode`), applies it to
     /// the index (`apply`) and waits for durability; returns the stream's
     /// watermark, for the caller to move once readers may see the change.
+    /// A retired stream has its summary written again with `edit` applied
+    /// instead (and no watermark to move), unless `thaw` asks for it whole.
     async fn edit_stream(
         &self,
         id: StreamId,
         encode: impl FnOnce(&mut Vec<u8>),
         apply: impl FnOnce(&mut Index),
-    ) -> Result<Arc<watch::Sender<Watermark>>> {
+        edit: impl FnOnce(&mut StreamMeta),
+        thaw: bool,
+    ) -> Result<Option<Arc<watch::Sender<Watermark>>>> {
         let watermark = {
-            let mut inner = self.lock();
-            let watermark = inner
-                .index
-                .streams
-                .get(&id)
-                .ok_or(StoreError::NoSuchStream(id))?
-                .watermark
-                .clone();
-            encode(&mut inner.buf);
-            self.write(&mut inner)?;
-            apply(&mut inner.index);
-            self.wrote(&mut inner);
-            watermark
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            if thaw {
+                self.thaw(inner, id)?;
+            }
+            if inner.index.retired.contains(&id) {
+                self.resummarize(inner, id, edit)?;
+                self.wrote(inner);
+                None
+            } else {
+                let state = inner.index.streams.get(&id);
+                let watermark = state.ok_or(StoreError::NoSuchStream(id))?.watermark.clone();
+                encode(&mut inner.buf);
+                self.write(inner)?;
+                apply(&mut inner.index);
+                self.wrote(inner);
+                Some(watermark)
+            }
         };
         self.durable().await?;
         Ok(watermark)
@@ -594,6 +658,19 @@ fn spawn_background_sync(journal: Weak<Journal>) {
     });
 }
 
+/// Entries `after + 1 ..` (at most `limit`) of a retired stream, read from
+/// its summary's locations: all of them are durable.
+fn read_retired(read: RetiredRead, after: Seq, limit: usize) -> Result<Vec<Entry>> {
+    let entries = Seq::from(read.retired.entries);
+    if after >= entries {
+        return Ok(Vec::new());
+    }
+    let summary = read.summary()?;
+    let end = entries.min(after.saturating_add(limit as Seq)) as usize;
+    let locs = summary.locs.get(after as usize..end).unwrap_or_default();
+    read_locs(|no| read.file(no), after + 1, locs)
+}
+
 /// Reads the message bytes at `locs`, one positioned read per run of
 /// neighbouring entries (a batch's entries sit back to back, separated only
 /// by their 4-byte length prefixes).
@@ -680,39 +757,56 @@ impl Store for Journal {
     }
 
     async fn create_with(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<()> {
-        self.create_unless(meta, opening, |_| None).map(|_| ())
+        self.create_unless(meta, opening, |_| Ok(None)).map(|_| ())
     }
 
     async fn create_call(&self, meta: &StreamMeta, opening: &[Bytes]) -> Result<Option<Prior>> {
-        self.create_unless(meta, opening, |index| {
-            let stream = index.stream_of_request(meta.session, meta.call_id()?)?;
-            let digest = index.streams.get(&stream)?.meta.params_digest.as_deref();
-            Prior::judge(meta, stream, digest)
+        self.create_unless(meta, opening, |inner| {
+            let index = &inner.index;
+            let Some(call) = meta.call_id() else {
+                return Ok(None);
+            };
+            let Some(stream) = index.stream_of_request(meta.session, call) else {
+                return Ok(None);
+            };
+            let digest = match index.streams.get(&stream) {
+                Some(state) => state.meta.params_digest.clone(),
+                None => inner
+                    .retired_summary(&stream)?
+                    .and_then(|s| s.meta.params_digest),
+            };
+            Ok(Prior::judge(meta, stream, digest.as_deref()))
         })
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
-        Ok(self.lock().index.streams.get(&id).map(StreamState::visible))
+        let read = {
+            let inner = self.lock();
+            if let Some(state) = inner.index.streams.get(&id) {
+                return Ok(Some(state.visible()));
+            }
+            inner.retired_read(&id)
+        };
+        read.map(|r| r.summary().map(|s| s.meta)).transpose()
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
-        Ok(self
-            .lock()
-            .index
-            .streams
-            .values()
-            .map(StreamState::visible)
-            .collect())
+        let ids: Vec<StreamId> = {
+            let inner = self.lock();
+            let index = &inner.index;
+            index
+                .streams
+                .keys()
+                .chain(index.retired.ids())
+                .copied()
+                .collect()
+        };
+        self.metas_of(&ids)
     }
 
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
-        let inner = self.lock();
-        Ok(inner
-            .index
-            .streams_of(session)
-            .iter()
-            .filter_map(|id| inner.index.streams.get(id).map(StreamState::visible))
-            .collect())
+        let ids = self.lock().index.streams_of(session);
+        self.metas_of(&ids)
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
@@ -721,9 +815,15 @@ impl Store for Journal {
                 id,
                 |buf| record::status(buf, id, &end),
                 |index| index.set_status(id, &end),
+                |meta| meta.finish(&end),
+                end.status.is_live(),
             )
             .await?;
-        watermark.send_modify(|w| w.finished = !end.status.is_live());
+        if let Some(watermark) = watermark {
+            watermark.send_modify(|w| w.finished = !end.status.is_live());
+        }
+        #[cfg(test)]
+        self.retire_if_eager();
         Ok(())
     }
 
@@ -733,9 +833,11 @@ impl Store for Journal {
                 id,
                 |buf| record::change(buf, id, &change),
                 |index| index.apply(id, &change),
+                |meta| meta.apply(&change),
+                false,
             )
             .await?;
-        if change == Change::Coalesced {
+        if let (Some(watermark), Change::Coalesced) = (watermark, change) {
             watermark.send_modify(|w| w.coalesced = true);
         }
         Ok(())
@@ -759,7 +861,7 @@ impl Store for Journal {
 
     async fn delete_stream(&self, id: StreamId) -> Result<()> {
         let mut inner = self.lock();
-        if !inner.index.streams.contains_key(&id) {
+        if !inner.index.has_stream(&id) {
             return Ok(());
         }
         record::stream_gone(&mut inner.buf, id);
@@ -858,7 +960,11 @@ impl Store for Journal {
         let (locs, files) = {
             let inner = self.lock();
             let Some(state) = inner.index.streams.get(&stream) else {
-                return Ok(Vec::new());
+                let Some(read) = inner.retired_read(&stream) else {
+                    return Ok(Vec::new());
+                };
+                drop(inner);
+                return read_retired(read, after, limit);
             };
             let durable = state.watermark.borrow().seq;
             if after >= durable {
@@ -890,13 +996,30 @@ impl Store for Journal {
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
-        self.watermark(stream)
-            .map_or_else(super::no_such_stream, |w| w.subscribe())
+        match self.watermark(stream) {
+            Ok(whole) => whole.subscribe(),
+            // Nothing will move: a closed channel saying where it ended.
+            Err(ended) => watch::Sender::new(ended).subscribe(),
+        }
     }
 
     fn peek(&self, stream: StreamId) -> Option<Watermark> {
-        let watermark = self.watermark(stream);
-        Some(watermark.map_or(super::NO_SUCH_STREAM, |w| *w.borrow()))
+        Some(match self.watermark(stream) {
+            Ok(whole) => *whole.borrow(),
+            Err(ended) => ended,
+        })
+    }
+
+    fn set_retained_bound(&self, max: usize) {
+        self.bound.set(max);
+    }
+
+    fn released_early(&self) -> u64 {
+        self.bound.released()
+    }
+
+    fn retained_count(&self) -> Option<usize> {
+        Some(self.lock().index.retired.len())
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {

@@ -10,6 +10,7 @@
 
 use bytes::Bytes;
 
+use super::summary::{self, Summary, SummaryHead};
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::store::{
     Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
@@ -50,6 +51,8 @@ const CHANGE: u8 = 8;
 const UPSTREAM: u8 = 9;
 const TASK: u8 = 10;
 const TASK_GONE: u8 = 11;
+/// A retired stream's summary, or a thawed one (`summary.rs`).
+const SUMMARY: u8 = 12;
 
 /// One decoded change. Entries carry where their messages sit in the record
 /// (offsets from the record's start), not the messages: recovery rebuilds an
@@ -87,6 +90,12 @@ pub enum Record {
     /// again when compaction empties the segment that held it.
     Task(Box<TaskRecord>),
     TaskGone(TaskId),
+    /// A finished stream written whole when it retired (or again when it
+    /// changed since): recovery keeps only its head.
+    Retired(Box<SummaryHead>),
+    /// A retired stream taken back into the index whole (appended to, or
+    /// made live again): as a stream record with its entries' locations.
+    Thawed(Box<Summary>),
     /// Closed the snapshot every segment started with in journals written
     /// before replay-all recovery: the metadata before it was complete, so
     /// what it did not hold was gone. Read, never written any more.
@@ -178,6 +187,22 @@ fn outcome_of(b: u8) -> Option<Option<Outcome>> {
         2 => Some(Outcome::Error),
         _ => return None,
     })
+}
+
+/// A finished stream's summary (`thawed`: taken back into the index).
+pub fn summary(out: &mut Vec<u8>, meta: &StreamMeta, locs: &[super::segment::Loc], thawed: bool) {
+    frame(out, SUMMARY, |o| summary::encode(o, meta, locs, thawed));
+}
+
+/// The whole summary in `bytes`, one framed summary record as read back
+/// from its place; `None` when it is not one (checksum included).
+pub fn read_summary(bytes: &[u8]) -> Option<Summary> {
+    let (len, crc) = (u32_at(bytes, 0)? as usize, u32_at(bytes, 4)?);
+    let body = bytes.get(FRAME..FRAME + len)?;
+    if crc32fast::hash(body) != crc || body.first() != Some(&SUMMARY) {
+        return None;
+    }
+    summary::parse(&body[1..])
 }
 
 pub fn stream_gone(out: &mut Vec<u8>, id: StreamId) {
@@ -355,6 +380,8 @@ fn parse(kind: u8, p: &[u8]) -> Option<Record> {
         TASK => Record::Task(serde_json::from_slice(p).ok()?),
         TASK_GONE if p.len() == 16 => Record::TaskGone(TaskId(id16(p)?)),
         SNAPSHOT_END if p.is_empty() => Record::SnapshotEnd,
+        SUMMARY if summary::is_thawed(p) => Record::Thawed(Box::new(summary::parse(p)?)),
+        SUMMARY => Record::Retired(Box::new(summary::parse_head(p)?)),
         _ => return None,
     })
 }

@@ -25,8 +25,10 @@ use std::sync::Arc;
 use super::holdings::Object;
 use super::index::{Index, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
+use super::retired::Place;
 use super::segment;
 use super::segment::{Loc, SegmentNo};
+use super::summary::{Summary, SummaryHead};
 use crate::id::{IdMap, SessionId, StreamId, TaskId};
 use crate::store::{Result, SessionRecord, StoreError, StreamMeta, TaskRecord};
 
@@ -46,6 +48,9 @@ pub struct Metadata {
     pub tasks: IdMap<TaskId, TaskRecord>,
     /// The segment each object's full record was last written to.
     pub records: IdMap<Object, SegmentNo>,
+    /// Retired streams: the head of each one's newest summary and where
+    /// that is (the rest is read when the stream is).
+    pub retired: IdMap<StreamId, (SummaryHead, Place)>,
 }
 
 impl Metadata {
@@ -60,6 +65,7 @@ impl Metadata {
                 self.sessions.remove(&id);
             }
             Record::Stream(meta) => {
+                self.retired.remove(&meta.id);
                 self.records.insert(Object::Stream(meta.id), no);
                 self.streams.insert(meta.id, *meta);
             }
@@ -81,6 +87,7 @@ impl Metadata {
             Record::StreamGone(id) => {
                 self.records.remove(&Object::Stream(id));
                 self.streams.remove(&id);
+                self.retired.remove(&id);
             }
             Record::Task(task) => {
                 self.records.insert(Object::Task(task.id), no);
@@ -91,8 +98,45 @@ impl Metadata {
                 self.tasks.remove(&id);
             }
             Record::SnapshotEnd => self.keep_snapshot(no),
-            Record::Entries { .. } => {}
+            // Placed by `scan_segment`, which knows where they are.
+            Record::Entries { .. } | Record::Retired(_) | Record::Thawed(_) => {}
         }
+    }
+
+    /// A stream's summary at `at` (segment, offset, length; `bytes` are the
+    /// record): it replaces whatever was known of the stream.
+    fn retire(
+        &mut self,
+        head: SummaryHead,
+        at: (SegmentNo, usize, usize),
+        bytes: &[u8],
+        entries: &mut Slots,
+    ) {
+        let id = head.stream;
+        self.streams.remove(&id);
+        self.records.remove(&Object::Stream(id));
+        entries.remove(&id);
+        let (no, offset, len) = at;
+        match Place::new(no, offset as u64, len) {
+            Some(place) => {
+                self.retired.insert(id, (head, place));
+            }
+            // Beyond what a retired stream can point at: kept whole.
+            None => {
+                if let Some(summary) = record::read_summary(bytes) {
+                    self.thaw(summary, no, entries);
+                }
+            }
+        }
+    }
+
+    /// A stream written whole with its entries' locations.
+    fn thaw(&mut self, summary: Summary, no: SegmentNo, entries: &mut Slots) {
+        let id = summary.meta.id;
+        self.retired.remove(&id);
+        self.records.insert(Object::Stream(id), no);
+        entries.insert(id, summary.locs);
+        self.streams.insert(id, summary.meta);
     }
 
     /// A snapshot (written by journals before replay-all recovery) held
@@ -175,6 +219,14 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         let at = record_of(Object::Stream(meta.id));
         index.add_stream(StreamState::new(meta, locs), at);
     }
+    // Oldest created first: the newest stream answering a reused request
+    // id is indexed last, and wins.
+    let mut retired: Vec<(SummaryHead, Place)> = metadata.retired.into_values().collect();
+    retired.sort_unstable_by_key(|(head, _)| head.created_ms);
+    for (head, place) in &retired {
+        index.add_retired(head, *place);
+    }
+    index.retired.sort_by_finish();
     Ok(Recovered { index, files, last })
 }
 
@@ -225,6 +277,11 @@ pub fn scan_segment(
                         let locs = entries.entry(stream).or_default();
                         place(locs, first, &messages, no, scanned.end as u64);
                     }
+                    Record::Retired(head) => {
+                        let at = (no, scanned.end, used);
+                        metadata.retire(*head, at, &rest[..used], entries);
+                    }
+                    Record::Thawed(summary) => metadata.thaw(*summary, no, entries),
                     other => metadata.apply(other, no),
                 }
                 scanned.end += used;

@@ -11,6 +11,17 @@ crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
     Journal::open(dir, sync).unwrap()
 });
 
+/// The contract again, every finished stream retired the moment it can be.
+mod retired {
+    use super::*;
+
+    crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
+        let journal = Journal::open(dir, sync).unwrap();
+        journal.retire_eagerly();
+        journal
+    });
+}
+
 const SMALL: u64 = 64 * 1024;
 
 fn progress(i: u32) -> Bytes {

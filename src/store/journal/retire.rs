@@ -1,0 +1,256 @@
+//! Retiring finished streams, and answering for retired ones.
+//!
+//! Once a stream's finish is durable, its summary (`summary.rs`) is written
+//! and the index keeps a [`Retired`] of it instead of the whole stream
+//! (`retired.rs`). A retired stream is read from its summary; a change to it
+//! writes the summary again; an append, or a return to `Live`, takes it back
+//! whole (*thaws* it). Past the bound on retained streams the oldest retired
+//! ones are released before retention would have: a replay of one answers
+//! as an expired stream does.
+//!
+//! Summaries are written ahead, like a new stream's record: a crash that
+//! loses one leaves the records it summarised, which every deletion of a
+//! segment waits for a sync to make needless (see `drop_unused_segments`).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use super::retired::{Place, Retired};
+use super::segment::SegmentNo;
+use super::summary::Summary;
+use super::{io, lock, record, Inner, Journal};
+use crate::id::StreamId;
+use crate::store::{Result, StoreError, StreamMeta};
+
+/// Streams retired by one write at most: a burst of finishes is retired
+/// over the next few writes rather than holding one up.
+const RETIRE_BATCH: usize = 512;
+
+/// How often releases past the bound are logged while they go on.
+const SAY_EVERY: Duration = Duration::from_secs(60);
+
+/// The bound on retained streams and what it released.
+pub struct Bound {
+    max: AtomicUsize,
+    released: AtomicU64,
+    /// Released since the last log line, and when that was.
+    said: Mutex<(u64, Option<Instant>)>,
+}
+
+impl Default for Bound {
+    fn default() -> Self {
+        Self {
+            max: AtomicUsize::new(usize::MAX),
+            released: AtomicU64::new(0),
+            said: Mutex::new((0, None)),
+        }
+    }
+}
+
+impl Bound {
+    pub fn set(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    pub fn released(&self) -> u64 {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` streams released early; logs once a minute while it
+    /// happens (the first time at once).
+    fn count(&self, n: usize) {
+        self.released.fetch_add(n as u64, Ordering::Relaxed);
+        let mut said = lock(&self.said);
+        said.0 += n as u64;
+        if said.1.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
+            tracing::warn!(
+                released = said.0,
+                max_retained_streams = self.max.load(Ordering::Relaxed),
+                "finished streams released before their retention ran out: \
+                 the bound on retained streams was reached"
+            );
+            *said = (0, Some(Instant::now()));
+        }
+    }
+}
+
+/// Reads the summary record at `place` from `file`.
+pub(super) fn read_summary(file: &File, place: Place) -> Result<Summary> {
+    let mut buf = BytesMut::zeroed(place.len as usize);
+    file.read_exact_at(&mut buf, u64::from(place.offset))
+        .map_err(io)?;
+    record::read_summary(&buf).ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "segment {} at byte {}: not a stream summary",
+            place.segment, place.offset
+        ))
+    })
+}
+
+/// What a read of a retired stream needs once the lock is let go: the
+/// stream as the index keeps it, and the files it is in.
+pub(super) struct RetiredRead {
+    pub retired: Retired,
+    pub files: Vec<(SegmentNo, Arc<File>)>,
+}
+
+impl RetiredRead {
+    pub fn file(&self, no: SegmentNo) -> Option<Arc<File>> {
+        self.files
+            .iter()
+            .find(|(n, _)| *n == no)
+            .map(|(_, f)| f.clone())
+    }
+
+    /// The summary (outside the lock: a file whose segment was deleted
+    /// meanwhile still reads).
+    pub fn summary(&self) -> Result<Summary> {
+        let place = self.retired.summary;
+        let file = self
+            .file(place.segment)
+            .ok_or_else(|| StoreError::Corrupt(format!("segment {} is gone", place.segment)))?;
+        read_summary(&file, place)
+    }
+}
+
+impl Inner {
+    /// A retired stream and its files, for a read after the lock.
+    pub(super) fn retired_read(&self, id: &StreamId) -> Option<RetiredRead> {
+        let retired = *self.index.retired.get(id)?;
+        let files = retired
+            .segments()
+            .filter_map(|no| self.files.get(&no).map(|f| (no, f.clone())))
+            .collect();
+        Some(RetiredRead { retired, files })
+    }
+
+    /// A retired stream's summary, read under the lock (a change to it).
+    pub(super) fn retired_summary(&self, id: &StreamId) -> Result<Option<Summary>> {
+        let Some(retired) = self.index.retired.get(id) else {
+            return Ok(None);
+        };
+        let place = retired.summary;
+        let file = self
+            .files
+            .get(&place.segment)
+            .ok_or_else(|| StoreError::Corrupt(format!("segment {} is gone", place.segment)))?;
+        read_summary(file, place).map(Some)
+    }
+}
+
+impl Journal {
+    /// Retires the streams whose finish is durable, in one write after the
+    /// change that called it; then releases what the bound says must go.
+    /// A failed write leaves them whole, to be tried again.
+    pub(super) fn retire_finished(&self, inner: &mut Inner) {
+        let ready = inner.index.ready_to_retire(RETIRE_BATCH);
+        if ready.is_empty() {
+            return;
+        }
+        let mut placed = Vec::with_capacity(ready.len());
+        for id in &ready {
+            if let Some(state) = inner.index.streams.get(id) {
+                let start = inner.buf.len();
+                record::summary(&mut inner.buf, &state.meta, &state.locs, false);
+                placed.push((*id, start, inner.buf.len() - start));
+            }
+        }
+        let (no, at) = match self.write(inner) {
+            Ok(written) => written,
+            Err(e) => {
+                tracing::warn!(error = %e, "stream summaries not written; retried later");
+                inner.index.retry_retiring(&ready);
+                return;
+            }
+        };
+        for (id, start, len) in placed {
+            if let Some(place) = Place::new(no, at + start as u64, len) {
+                inner.index.retire(id, place);
+            }
+        }
+        if let Err(e) = self.release_over_bound(inner) {
+            tracing::warn!(error = %e, "retained streams past the bound not released");
+        }
+    }
+
+    /// Releases the oldest retired streams past the bound.
+    fn release_over_bound(&self, inner: &mut Inner) -> Result<()> {
+        let max = self.bound.max.load(Ordering::Relaxed);
+        let over = inner.index.retired.len().saturating_sub(max);
+        if over == 0 {
+            return Ok(());
+        }
+        let oldest = inner.index.retired.oldest(over);
+        for id in &oldest {
+            record::stream_gone(&mut inner.buf, *id);
+        }
+        self.write(inner)?;
+        self.forget_streams(inner, &oldest)?;
+        self.bound.count(oldest.len());
+        Ok(())
+    }
+
+    /// Applies `edit` to a retired stream by writing its summary again.
+    pub(super) fn resummarize(
+        &self,
+        inner: &mut Inner,
+        id: StreamId,
+        edit: impl FnOnce(&mut StreamMeta),
+    ) -> Result<()> {
+        let Summary { mut meta, locs } = inner
+            .retired_summary(&id)?
+            .ok_or(StoreError::NoSuchStream(id))?;
+        edit(&mut meta);
+        record::summary(&mut inner.buf, &meta, &locs, false);
+        let len = inner.buf.len();
+        let (no, at) = self.write(inner)?;
+        match Place::new(no, at, len) {
+            Some(place) => inner.index.resummarized(id, place, &meta),
+            None => inner.index.thaw(Summary { meta, locs }, no),
+        }
+        Ok(())
+    }
+
+    /// Takes a retired stream back whole; nothing for one that is not.
+    pub(super) fn thaw(&self, inner: &mut Inner, id: StreamId) -> Result<()> {
+        let Some(summary) = inner.retired_summary(&id)? else {
+            return Ok(());
+        };
+        record::summary(&mut inner.buf, &summary.meta, &summary.locs, true);
+        let (no, _) = self.write(inner)?;
+        inner.index.thaw(summary, no);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Journal {
+    /// Retires whatever is ready now.
+    pub(super) fn retire_now(&self) {
+        let mut inner = self.lock();
+        self.retire_finished(&mut inner);
+    }
+
+    /// From now on, retires each stream as soon as its finish is durable.
+    pub(super) fn retire_eagerly(&self) {
+        self.eager.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn retire_if_eager(&self) {
+        if self.eager.load(Ordering::Relaxed) {
+            self.retire_now();
+        }
+    }
+
+    pub(super) fn is_retired(&self, id: StreamId) -> bool {
+        self.lock().index.retired.contains(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests;

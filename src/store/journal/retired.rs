@@ -1,0 +1,267 @@
+//! Retired streams: the finished streams retention keeps, each held in
+//! memory as one small [`Retired`] while its metadata and its entries'
+//! locations wait on disk in its summary record (`summary.rs`).
+//!
+//! A busy proxy retains hundreds of thousands of finished calls; kept whole
+//! (metadata, a location per entry, a watch channel, a place in four
+//! indexes) each cost ~1.8 KB, and memory grew with the load without a
+//! bound. Retired, each costs its [`Retired`] in a map, a place in the
+//! retirement order and one in the request index: under 256 bytes all told
+//! (see BENCHMARKS.md).
+//!
+//! This module keeps those three collections in step; it performs no I/O
+//! and knows nothing of segments' accounting (`index.rs` does that).
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault};
+
+use super::segment::SegmentNo;
+use crate::id::{IdHasher, IdMap, SessionId, StreamId};
+use crate::jsonrpc::RequestId;
+
+/// Where a summary record is: what one positioned read of it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub segment: SegmentNo,
+    pub offset: u32,
+    pub len: u32,
+}
+
+impl Place {
+    /// `None` past what 32 bits hold (a segment configured beyond 4 GiB):
+    /// such a stream simply stays whole.
+    pub fn new(segment: SegmentNo, offset: u64, len: usize) -> Option<Self> {
+        Some(Self {
+            segment,
+            offset: u32::try_from(offset).ok()?,
+            len: u32::try_from(len).ok()?,
+        })
+    }
+}
+
+/// One retired stream, as the index keeps it. Everything a hot path asks
+/// without reading the disk: whose it is, its watermark, its deadlines,
+/// and the segments it holds (`first_segment ..= summary.segment`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retired {
+    pub session: SessionId,
+    pub finished_ms: u64,
+    /// 0: never abandoned (retention only).
+    pub abandon_at_ms: u64,
+    pub summary: Place,
+    pub first_segment: SegmentNo,
+    pub entries: u32,
+    /// Request ids indexed for it (to count what its removal leaves stale).
+    pub requests: u16,
+    pub coalesced: bool,
+}
+
+impl Retired {
+    /// The segments it holds: its entries' and its summary's.
+    pub fn segments(&self) -> std::ops::RangeInclusive<SegmentNo> {
+        let first = match self.first_segment {
+            0 => self.summary.segment,
+            first => first.min(self.summary.segment),
+        };
+        first..=self.summary.segment
+    }
+
+    pub fn abandon_at(&self) -> Option<u64> {
+        (self.abandon_at_ms != 0).then_some(self.abandon_at_ms)
+    }
+}
+
+/// The retired streams, the order they retired in (finish order, within the
+/// few milliseconds a finish takes to become durable), and which request
+/// each answers.
+#[derive(Default)]
+pub struct RetiredStreams {
+    streams: IdMap<StreamId, Retired>,
+    /// Oldest first; ids removed since stay until they reach the front, or
+    /// until they are most of it.
+    order: VecDeque<StreamId>,
+    /// Keyed hash of (session, request id) → stream. 16 bytes of key a
+    /// request instead of the id's text; a match is confirmed by session,
+    /// and the key is this process's secret, so a client cannot aim two
+    /// ids at one slot. Entries of removed streams are pruned in bulk.
+    requests: HashMap<u64, StreamId, BuildHasherDefault<IdHasher>>,
+    /// Request entries (at most) left pointing at removed streams.
+    stale: usize,
+    key: RandomState,
+}
+
+impl RetiredStreams {
+    pub fn get(&self, id: &StreamId) -> Option<&Retired> {
+        self.streams.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &StreamId) -> Option<&mut Retired> {
+        self.streams.get_mut(id)
+    }
+
+    pub fn contains(&self, id: &StreamId) -> bool {
+        self.streams.contains_key(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = &StreamId> {
+        self.streams.keys()
+    }
+
+    fn request_key(&self, session: SessionId, request: &RequestId) -> u64 {
+        self.key.hash_one((session, request.as_json()))
+    }
+
+    /// Adds a retired stream, answering `requests` (those it is the newest
+    /// stream for), at the young end of the order.
+    pub fn insert(&mut self, id: StreamId, mut retired: Retired, requests: &[&RequestId]) {
+        for request in requests {
+            let key = self.request_key(retired.session, request);
+            self.requests.insert(key, id);
+        }
+        retired.requests = requests.len().min(u16::MAX as usize) as u16;
+        self.order.push_back(id);
+        self.streams.insert(id, retired);
+    }
+
+    pub fn remove(&mut self, id: &StreamId) -> Option<Retired> {
+        let retired = self.streams.remove(id)?;
+        self.stale += retired.requests as usize;
+        if self.stale > self.streams.len() / 2 + 1024 {
+            let streams = &self.streams;
+            self.requests.retain(|_, s| streams.contains_key(s));
+            self.stale = 0;
+        }
+        if self.order.len() > 2 * self.streams.len() + 1024 {
+            let streams = &self.streams;
+            self.order.retain(|s| streams.contains_key(s));
+        }
+        Some(retired)
+    }
+
+    /// The retired stream answering `request` of `session`, if one does.
+    pub fn answering(&self, session: SessionId, request: &RequestId) -> Option<StreamId> {
+        let id = *self.requests.get(&self.request_key(session, request))?;
+        (self.streams.get(&id)?.session == session).then_some(id)
+    }
+
+    /// Forgets which stream answers `request` of `session` (a newer one
+    /// does now, outside this tier).
+    pub fn unindex(&mut self, session: SessionId, request: &RequestId) {
+        let key = self.request_key(session, request);
+        if self.requests.remove(&key).is_some() {
+            self.stale = self.stale.saturating_sub(1);
+        }
+    }
+
+    /// Retired streams finished at or before `at_ms`, oldest first (ids
+    /// since removed are dropped from the front on the way).
+    pub fn finished_by(&mut self, at_ms: u64) -> Vec<StreamId> {
+        self.drop_removed_front();
+        self.order
+            .iter()
+            .filter_map(|id| self.streams.get(id).map(|r| (id, r)))
+            .take_while(|(_, r)| r.finished_ms <= at_ms)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The `n` oldest retired streams.
+    pub fn oldest(&mut self, n: usize) -> Vec<StreamId> {
+        self.drop_removed_front();
+        self.order
+            .iter()
+            .filter(|id| self.streams.contains_key(id))
+            .take(n)
+            .copied()
+            .collect()
+    }
+
+    fn drop_removed_front(&mut self) {
+        while let Some(id) = self.order.front() {
+            if self.streams.contains_key(id) {
+                break;
+            }
+            self.order.pop_front();
+        }
+    }
+
+    /// Puts the order right after recovery added streams in no order.
+    pub fn sort_by_finish(&mut self) {
+        let streams = &self.streams;
+        let mut order: Vec<StreamId> = self.order.drain(..).collect();
+        order.sort_by_key(|id| streams.get(id).map(|r| r.finished_ms));
+        self.order = order.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retired(session: SessionId, finished_ms: u64) -> Retired {
+        Retired {
+            session,
+            finished_ms,
+            abandon_at_ms: 0,
+            summary: Place {
+                segment: 2,
+                offset: 0,
+                len: 1,
+            },
+            first_segment: 1,
+            entries: 1,
+            requests: 0,
+            coalesced: false,
+        }
+    }
+
+    #[test]
+    fn a_retired_stream_costs_at_most_56_bytes_of_map_value() {
+        assert!(std::mem::size_of::<Retired>() <= 56);
+    }
+
+    #[test]
+    fn a_request_finds_its_stream_only_in_its_own_session() {
+        let mut tier = RetiredStreams::default();
+        let (mine, other) = (SessionId::random(), SessionId::random());
+        let id = StreamId::random();
+        let request = RequestId("7".into());
+        tier.insert(id, retired(mine, 1), &[&request]);
+        assert_eq!(tier.answering(mine, &request), Some(id));
+        assert_eq!(tier.answering(other, &request), None);
+        tier.remove(&id);
+        assert_eq!(tier.answering(mine, &request), None, "removed");
+    }
+
+    #[test]
+    fn the_oldest_finished_come_first_and_removed_ones_never() {
+        let mut tier = RetiredStreams::default();
+        let session = SessionId::random();
+        let ids: Vec<StreamId> = (0..4).map(|_| StreamId::random()).collect();
+        for (i, id) in ids.iter().enumerate() {
+            tier.insert(*id, retired(session, 10 * i as u64), &[]);
+        }
+        tier.remove(&ids[0]);
+        assert_eq!(tier.oldest(2), vec![ids[1], ids[2]]);
+        assert_eq!(tier.finished_by(20), vec![ids[1], ids[2]]);
+    }
+
+    #[test]
+    fn stale_request_entries_are_pruned_once_they_pile_up() {
+        let mut tier = RetiredStreams::default();
+        let session = SessionId::random();
+        for i in 0..5000 {
+            let id = StreamId::random();
+            let request = RequestId(i.to_string());
+            tier.insert(id, retired(session, i), &[&request]);
+            tier.remove(&id);
+        }
+        assert!(tier.requests.len() <= 1025, "{}", tier.requests.len());
+        assert!(tier.order.len() <= 1025, "{}", tier.order.len());
+    }
+}
