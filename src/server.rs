@@ -59,7 +59,11 @@ impl App {
         let workers = config.workers();
         let store: SharedStore = match config.store.backend {
             Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
-            Backend::Sled => Arc::new(SledStore::open(&config.data_dir, config.store.sync)?),
+            Backend::Sled => Arc::new(SledStore::open_with_cache(
+                &config.data_dir,
+                config.store.sync,
+                config.store.sled_cache_bytes,
+            )?),
             Backend::Redis => {
                 let store = &config.store;
                 let lease = Duration::from_millis(store.lease_ms);

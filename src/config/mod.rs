@@ -390,6 +390,10 @@ pub struct StoreConfig {
     /// calls without renewing its lease; after that, another instance takes
     /// them over (so also the longest a call of a dead instance waits).
     pub lease_ms: u64,
+    /// Bytes of sled's page cache (`backend = "sled"`): what the sled log
+    /// may keep in memory however much it retains (sled's own default is 1
+    /// GiB).
+    pub sled_cache_bytes: u64,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -542,6 +546,7 @@ impl Default for StoreConfig {
             redis_url: "redis://127.0.0.1:6379/0".into(),
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
+            sled_cache_bytes: crate::store::sled::DEFAULT_CACHE_BYTES,
         }
     }
 }

@@ -98,6 +98,10 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(backend)
 }
 
+/// sled's page cache unless `[store] sled_cache_bytes` says otherwise: a
+/// fixed part of the process's memory, whatever the log retains.
+pub const DEFAULT_CACHE_BYTES: u64 = 128 * 1024 * 1024;
+
 /// How long a reopen waits for the file lock of a store this process just
 /// dropped (see `open_db`).
 const LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -107,11 +111,12 @@ const LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2)
 /// after the last handle drops, so a reopen in the same process (a test, an
 /// in-process restart) can race that by a few milliseconds. Another process
 /// holding the lock keeps it past the wait, and gets a clear error.
-fn open_db(dir: &Path) -> Result<sled::Db> {
+fn open_db(dir: &Path, cache_bytes: u64) -> Result<sled::Db> {
     let deadline = std::time::Instant::now() + LOCK_RELEASE_WAIT;
     loop {
         let opened = sled::Config::new()
             .path(dir.join("log"))
+            .cache_capacity(cache_bytes)
             // The background flusher bounds what `sync = "never"` can lose.
             .flush_every_ms(Some(200))
             .open();
@@ -138,9 +143,14 @@ fn locked(io: &std::io::Error) -> bool {
 }
 
 impl SledStore {
-    /// Opens (or creates) the log under `dir/log`.
+    /// Opens (or creates) the log under `dir/log`, with the default cache.
     pub fn open(dir: &Path, sync: SyncMode) -> Result<Self> {
-        let db = open_db(dir)?;
+        Self::open_with_cache(dir, sync, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens the log with a page cache of `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, sync: SyncMode, cache_bytes: u64) -> Result<Self> {
+        let db = open_db(dir, cache_bytes)?;
         let flusher = db.clone();
         let commit = GroupCommit::new(
             sync,
@@ -267,7 +277,22 @@ impl SledStore {
                 w.finished = !end.status.is_live();
             }
         });
+        self.let_go_if_finished(stream, &tail);
         Ok(seq)
+    }
+
+    /// Drops a finished stream's tail from memory once nobody else holds
+    /// it or waits on it: retained streams then cost this process nothing
+    /// (the tail is rebuilt from the trees if the stream is asked about).
+    /// Only after the finish is durable, so a rebuilt tail reads the same.
+    fn let_go_if_finished(&self, stream: StreamId, tail: &Arc<Tail>) {
+        if !tail.watermark.borrow().finished {
+            return;
+        }
+        // Ours and the map's: nobody else is about to append or read.
+        self.tails.remove_if(&stream, |_, held| {
+            Arc::strong_count(held) <= 2 && held.watermark.receiver_count() == 0
+        });
     }
 
     /// Rewrites a stream's metadata record; callers hold the tail's lock.
@@ -480,6 +505,7 @@ impl Store for SledStore {
         self.durable().await?;
         tail.watermark
             .send_modify(|w| w.finished = !end.status.is_live());
+        self.let_go_if_finished(id, &tail);
         Ok(())
     }
 

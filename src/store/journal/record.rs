@@ -19,11 +19,15 @@ use crate::store::{
 /// Bytes before the first record of every segment: a foreign or truncated
 /// file is refused instead of being read as garbage.
 ///
-/// Version 2 segments do not open with a snapshot. Versions that read
-/// version 1 take the metadata of the newest segment alone and delete a last
-/// segment without a complete snapshot, so they must refuse these files
-/// (they do: the bytes differ) rather than lose the streams in them.
-pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x02";
+/// Version 3 segments may hold stream summaries (`summary.rs`), which a
+/// version 2 reader would take for damage, or cut off as a torn tail — and
+/// with them retired streams whose older records are gone — so it must
+/// refuse these files (it does: the bytes differ). Version 2 segments do not
+/// open with a snapshot; versions that read version 1 must refuse both.
+pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x03";
+
+/// Segments written before stream summaries: read, never written.
+pub const MAGIC_V2: &[u8; 8] = b"MCPRJ\x00\x00\x02";
 
 /// Segments written before replay-all recovery: read (their snapshot resets
 /// the metadata to what it holds), never written.

@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::record::{MAGIC, MAGIC_V1};
+use super::record::{MAGIC, MAGIC_V1, MAGIC_V2};
 
 /// Segment files are numbered from 1; the number orders them.
 pub type SegmentNo = u32;
@@ -167,7 +167,7 @@ pub fn read_open(file: &File, dir: &Path, no: SegmentNo, buf: &mut Vec<u8>) -> i
         return Ok(false);
     }
     let head = &buf[..MAGIC.len()];
-    if head != MAGIC && head != MAGIC_V1 {
+    if head != MAGIC && head != MAGIC_V2 && head != MAGIC_V1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{} is not a journal segment", path(dir, no).display()),

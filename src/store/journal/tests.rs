@@ -473,6 +473,39 @@ async fn segments_written_now_carry_a_version_that_snapshot_reading_versions_ref
     // delete it: they must see a version they do not know instead.
     assert_eq!(&bytes[..8], record::MAGIC);
     assert_ne!(&bytes[..8], record::MAGIC_V1);
+    // Versions before summaries would cut one off as a torn tail.
+    assert_ne!(&bytes[..8], record::MAGIC_V2);
+}
+
+#[tokio::test]
+async fn a_journal_written_before_summaries_still_opens_and_retires_its_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = meta(SessionId::random());
+    {
+        let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+        store.create_stream(&m).await.unwrap();
+        store
+            .append_final(
+                m.id,
+                &[progress(1)],
+                Finish::new(crate::store::StreamStatus::Completed, None),
+            )
+            .await
+            .unwrap();
+    }
+    // Rewrites the header as version 2 wrote it (the records are the same).
+    let journal = dir.path().join("journal");
+    for no in segments(dir.path()) {
+        let path = segment::path(&journal, no);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[..8].copy_from_slice(record::MAGIC_V2);
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    store.retire_now();
+    assert!(store.is_retired(m.id));
+    let got = store.read_after(m.id, 0, 10).await.unwrap();
+    assert_eq!(got.len(), 1);
 }
 
 #[tokio::test]
