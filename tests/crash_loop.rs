@@ -301,6 +301,9 @@ async fn client_loop(
 
 struct Figures {
     kills: usize,
+    /// Calls whose replay answered as expired: released by the bound on
+    /// retained streams.
+    released: usize,
     calls: usize,
     interrupted: usize,
     interrupted_results: usize,
@@ -327,6 +330,18 @@ struct Figures {
 /// killed `kills` times at random moments, then killed and restarted once
 /// more, after which every call is read again from its first event id.
 async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figures {
+    crash_loop_bounded(options, clients, kills, None).await
+}
+
+/// The crash loop with `[limits] max_retained_streams` set to `bound`: a
+/// replay of a released call then answers as an expired one (400), and is
+/// counted apart; every other replay must be exact.
+async fn crash_loop_bounded(
+    options: DemoOptions,
+    clients: usize,
+    kills: usize,
+    bound: Option<usize>,
+) -> Figures {
     let seed = seed();
     println!("crash loop: seed {seed} (CRASH_SEED={seed} replays it)");
     let mut rng = Rng::new(seed);
@@ -334,7 +349,17 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
         .await
         .expect("demo upstream starts");
     let upstream_url = upstream.url();
-    let args = ["--upstream", upstream_url.as_str()];
+    let config_dir = tempfile::tempdir().expect("temp dir");
+    let config = config_dir.path().join("proxy.toml");
+    let limits = bound.map_or(String::new(), |n| format!("max_retained_streams = {n}\n"));
+    std::fs::write(&config, format!("[limits]\n{limits}")).expect("config written");
+    let config = config.to_str().expect("UTF-8 path").to_owned();
+    let args = [
+        "--config",
+        config.as_str(),
+        "--upstream",
+        upstream_url.as_str(),
+    ];
     let dir = tempfile::tempdir().expect("temp dir");
     let addr = free_addr();
     let mut proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
@@ -375,6 +400,7 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
     let client = proxy.client();
     let replays_due = Instant::now() + CALL_LIMIT;
     let mut replay_mismatches = 0;
+    let mut released = Vec::new();
     for call in calls.iter().filter(|c| c.outcome != Outcome::Hung) {
         let Some(first) = &call.first_id else {
             continue;
@@ -384,13 +410,17 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
             .header("last-event-id", first);
         let again = tokio::time::timeout_at(replays_due, async {
             let res = client.send(get).await;
+            if bound.is_some() && res.status() == StatusCode::BAD_REQUEST {
+                return None;
+            }
             assert_eq!(res.status(), StatusCode::OK, "replay of {call:?}");
-            messages(res).await
+            Some(messages(res).await)
         })
         .await;
         match again {
-            Ok(again) if again == call.expected_replay() => {}
-            Ok(again) => {
+            Ok(None) => released.push(call),
+            Ok(Some(again)) if again == call.expected_replay() => {}
+            Ok(Some(again)) => {
                 replay_mismatches += 1;
                 eprintln!("replay differs for {call:?}: {again:?}");
             }
@@ -401,7 +431,22 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
         }
     }
 
+    // Nothing released comes back, whatever a restart recovers.
+    drop(client);
+    let mut proxy = proxy;
+    proxy.kill9();
+    let proxy = ProxyProcess::start(&args, dir.path(), addr, &[]).await;
+    for call in &released {
+        let first = call.first_id.as_deref().unwrap_or_default();
+        let get = Call::get()
+            .session(&call.sid)
+            .header("last-event-id", first);
+        let res = proxy.client().send(get).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{call:?} came back");
+    }
+
     let mut figures = Figures {
+        released: released.len(),
         kills,
         calls: calls.len(),
         interrupted: 0,
@@ -462,7 +507,7 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
     println!(
         "crash loop: kills={} calls={} interrupted={} (then result {}, then error {}, \
          of which killed before the first upstream event {}) results={} errors={} hung={} \
-         lost={} duplicated={} out_of_order={} foreign={} replay_mismatches={}",
+         lost={} duplicated={} out_of_order={} foreign={} replay_mismatches={} released={}",
         figures.kills,
         figures.calls,
         figures.interrupted,
@@ -477,6 +522,7 @@ async fn crash_loop(options: DemoOptions, clients: usize, kills: usize) -> Figur
         figures.out_of_order,
         figures.foreign,
         figures.replay_mismatches,
+        figures.released,
     );
     figures
 }
@@ -554,5 +600,22 @@ async fn calls_survive_a_kill9_loop_in_front_of_an_upstream_that_replays_session
     f.assert_exactly_once();
     // Killed before the upstream's first event id: the proxy's restart
     // error (counted apart). Killed after it: the result, every time.
+    f.assert_every_resumable_call_ended_with_its_result();
+}
+
+/// With a small bound on retained streams, releases of old finished calls
+/// run all through the kills: calls in progress still end exactly once
+/// with their results, every call still retained replays exactly, and a
+/// released one answers as expired, before and after one more restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_at_the_bound_on_retained_streams_loses_nothing_retained_and_brings_nothing_back() {
+    let f = crash_loop_bounded(DemoOptions::default(), 8, kills(9), Some(24)).await;
+    assert!(f.interrupted > 0, "the kills interrupted no call");
+    assert!(
+        f.released > 0,
+        "the bound released nothing in {} calls",
+        f.calls
+    );
+    f.assert_exactly_once();
     f.assert_every_resumable_call_ended_with_its_result();
 }

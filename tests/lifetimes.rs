@@ -74,3 +74,41 @@ async fn an_idle_session_expires() {
         );
     }
 }
+
+/// The first event id of a call's answer (its priming event), once the
+/// answer has been read to its end.
+async fn finished_call(rig: &Rig, sid: &str, id: u64) -> (String, Vec<serde_json::Value>) {
+    let res = rig
+        .client
+        .send(Call::post(&slow_call(id, 1, 1)).session(sid))
+        .await;
+    let events = read_all(res).await;
+    let first = events[0].id.clone().expect("a priming event id");
+    (first, events.iter().filter_map(message).collect())
+}
+
+#[tokio::test]
+async fn past_max_retained_streams_the_oldest_finished_calls_replay_as_expired_ones() {
+    let rig = Rig::with(Default::default(), |c| c.limits.max_retained_streams = 2).await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let mut calls = Vec::new();
+    for id in 1..=4 {
+        calls.push(finished_call(&rig, &sid, id).await);
+    }
+    // Later calls' writes retire the earlier ones (each once its reader let
+    // go): the fourth is then among the two newest retired.
+    finished_call(&rig, &sid, 5).await;
+    finished_call(&rig, &sid, 6).await;
+    let replay = |first: String| {
+        rig.client
+            .send(Call::get().session(&sid).header("last-event-id", &first))
+    };
+    for (first, _) in &calls[..2] {
+        let res = replay(first.clone()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "released as expired");
+    }
+    let (first, seen) = &calls[3];
+    let res = replay(first.clone()).await;
+    assert_eq!(res.status(), StatusCode::OK, "the newest are kept");
+    assert_eq!(&messages(res).await, &seen[..]);
+}

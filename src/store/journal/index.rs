@@ -257,8 +257,8 @@ impl Index {
     /// Forgets a stream; its readers learn it is over. Returns the segments
     /// it left holding nothing (candidates for deletion).
     pub fn remove_stream(&mut self, id: StreamId) -> Vec<SegmentNo> {
-        if let Some(retired) = self.retired.remove(&id) {
-            if let Some(at) = retired.abandon_at() {
+        if let Some((retired, abandon_at)) = self.retired.remove(&id) {
+            if let Some(at) = abandon_at {
                 self.abandon_at.remove(&(at, id));
             }
             self.unlist_stream(retired.session, id);
@@ -453,8 +453,7 @@ impl Index {
         self.holdings.forget(Object::Stream(id));
         let retired = Retired {
             session: meta.session,
-            finished_ms: meta.finished_ms.unwrap_or(0),
-            abandon_at_ms: meta.abandon_at_ms.unwrap_or(0),
+            finished_s: Retired::seconds(meta.finished_ms.unwrap_or(0)),
             summary: place,
             first_segment: summary::first_segment(&state.locs),
             entries: state.locs.len() as u32,
@@ -462,7 +461,8 @@ impl Index {
             coalesced: meta.coalesced,
         };
         self.holdings.hold(retired.segments());
-        self.retired.insert(id, retired, &answers);
+        self.retired
+            .insert(id, retired, &answers, meta.abandon_at_ms);
     }
 
     /// A retired stream recovery found the summary of, at `place`. Callers
@@ -472,8 +472,7 @@ impl Index {
         let id = head.stream;
         let retired = Retired {
             session: head.session,
-            finished_ms: head.finished_ms,
-            abandon_at_ms: head.abandon_at_ms.unwrap_or(0),
+            finished_s: Retired::seconds(head.finished_ms),
             summary: place,
             first_segment: head.first_segment,
             entries: head.entries,
@@ -482,11 +481,12 @@ impl Index {
         };
         self.by_session.entry(head.session).or_default().insert(id);
         self.holdings.hold(retired.segments());
-        if let Some(at) = retired.abandon_at() {
+        if let Some(at) = head.abandon_at_ms {
             self.abandon_at.insert((at, id));
         }
         let requests: Vec<&RequestId> = head.request_ids.iter().collect();
-        self.retired.insert(id, retired, &requests);
+        self.retired
+            .insert(id, retired, &requests, head.abandon_at_ms);
     }
 
     /// A retired stream's summary was written again, at `place`, for the
@@ -497,15 +497,17 @@ impl Index {
         };
         let old = *retired;
         retired.summary = place;
-        retired.finished_ms = meta.finished_ms.unwrap_or(old.finished_ms);
-        retired.abandon_at_ms = meta.abandon_at_ms.unwrap_or(0);
+        if let Some(ms) = meta.finished_ms {
+            retired.finished_s = Retired::seconds(ms);
+        }
         retired.coalesced = meta.coalesced;
         let new = *retired;
-        if old.abandon_at() != new.abandon_at() {
-            if let Some(at) = old.abandon_at() {
+        let before = self.retired.set_abandon(id, meta.abandon_at_ms);
+        if before != meta.abandon_at_ms {
+            if let Some(at) = before {
                 self.abandon_at.remove(&(at, id));
             }
-            if let Some(at) = new.abandon_at() {
+            if let Some(at) = meta.abandon_at_ms {
                 self.abandon_at.insert((at, id));
             }
         }
@@ -518,10 +520,10 @@ impl Index {
     /// (thawed) to `record`.
     pub fn thaw(&mut self, summary: Summary, record: SegmentNo) {
         let id = summary.meta.id;
-        let Some(retired) = self.retired.remove(&id) else {
+        let Some((retired, abandon_at)) = self.retired.remove(&id) else {
             return;
         };
-        if let Some(at) = retired.abandon_at() {
+        if let Some(at) = abandon_at {
             self.abandon_at.remove(&(at, id));
         }
         self.holdings.hold(record..=record);

@@ -40,24 +40,30 @@ impl Place {
     }
 }
 
-/// One retired stream, as the index keeps it. Everything a hot path asks
-/// without reading the disk: whose it is, its watermark, its deadlines,
-/// and the segments it holds (`first_segment ..= summary.segment`).
+/// One retired stream, as the index keeps it (44 bytes). Everything a hot
+/// path asks without reading the disk: whose it is, its watermark, when
+/// retention ends it, and the segments it holds (`first_segment ..=
+/// summary.segment`). The rare abandonment deadline is kept beside it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Retired {
     pub session: SessionId,
-    pub finished_ms: u64,
-    /// 0: never abandoned (retention only).
-    pub abandon_at_ms: u64,
     pub summary: Place,
     pub first_segment: SegmentNo,
     pub entries: u32,
+    /// When it finished, in seconds since the epoch rounded up: retention
+    /// may end it a fraction of a second late, never early.
+    pub finished_s: u32,
     /// Request ids indexed for it (to count what its removal leaves stale).
     pub requests: u16,
     pub coalesced: bool,
 }
 
 impl Retired {
+    /// `ms` since the epoch as [`Retired::finished_s`] counts them.
+    pub fn seconds(ms: u64) -> u32 {
+        u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)
+    }
+
     /// The segments it holds: its entries' and its summary's.
     pub fn segments(&self) -> std::ops::RangeInclusive<SegmentNo> {
         let first = match self.first_segment {
@@ -65,10 +71,6 @@ impl Retired {
             first => first.min(self.summary.segment),
         };
         first..=self.summary.segment
-    }
-
-    pub fn abandon_at(&self) -> Option<u64> {
-        (self.abandon_at_ms != 0).then_some(self.abandon_at_ms)
     }
 }
 
@@ -89,6 +91,9 @@ pub struct RetiredStreams {
     /// Request entries (at most) left pointing at removed streams.
     stale: usize,
     key: RandomState,
+    /// The abandonment deadlines of those that have one (few: only the
+    /// dialects that negotiate abandonment set them).
+    abandons: IdMap<StreamId, u64>,
 }
 
 impl RetiredStreams {
@@ -118,7 +123,16 @@ impl RetiredStreams {
 
     /// Adds a retired stream, answering `requests` (those it is the newest
     /// stream for), at the young end of the order.
-    pub fn insert(&mut self, id: StreamId, mut retired: Retired, requests: &[&RequestId]) {
+    pub fn insert(
+        &mut self,
+        id: StreamId,
+        mut retired: Retired,
+        requests: &[&RequestId],
+        abandon_at: Option<u64>,
+    ) {
+        if let Some(at) = abandon_at {
+            self.abandons.insert(id, at);
+        }
         for request in requests {
             let key = self.request_key(retired.session, request);
             self.requests.insert(key, id);
@@ -128,8 +142,11 @@ impl RetiredStreams {
         self.streams.insert(id, retired);
     }
 
-    pub fn remove(&mut self, id: &StreamId) -> Option<Retired> {
+    /// Removes a retired stream; gives it back with its abandonment
+    /// deadline.
+    pub fn remove(&mut self, id: &StreamId) -> Option<(Retired, Option<u64>)> {
         let retired = self.streams.remove(id)?;
+        let abandon_at = self.abandons.remove(id);
         self.stale += retired.requests as usize;
         if self.stale > self.streams.len() / 2 + 1024 {
             let streams = &self.streams;
@@ -140,7 +157,16 @@ impl RetiredStreams {
             let streams = &self.streams;
             self.order.retain(|s| streams.contains_key(s));
         }
-        Some(retired)
+        Some((retired, abandon_at))
+    }
+
+    /// Sets (or clears) a retired stream's abandonment deadline; returns
+    /// the one it replaces.
+    pub fn set_abandon(&mut self, id: StreamId, at: Option<u64>) -> Option<u64> {
+        match at {
+            Some(at) => self.abandons.insert(id, at),
+            None => self.abandons.remove(&id),
+        }
     }
 
     /// The retired stream answering `request` of `session`, if one does.
@@ -165,7 +191,7 @@ impl RetiredStreams {
         self.order
             .iter()
             .filter_map(|id| self.streams.get(id).map(|r| (id, r)))
-            .take_while(|(_, r)| r.finished_ms <= at_ms)
+            .take_while(|(_, r)| u64::from(r.finished_s) * 1000 <= at_ms)
             .map(|(id, _)| *id)
             .collect()
     }
@@ -194,7 +220,7 @@ impl RetiredStreams {
     pub fn sort_by_finish(&mut self) {
         let streams = &self.streams;
         let mut order: Vec<StreamId> = self.order.drain(..).collect();
-        order.sort_by_key(|id| streams.get(id).map(|r| r.finished_ms));
+        order.sort_by_key(|id| streams.get(id).map(|r| r.finished_s));
         self.order = order.into();
     }
 }
@@ -203,11 +229,10 @@ impl RetiredStreams {
 mod tests {
     use super::*;
 
-    fn retired(session: SessionId, finished_ms: u64) -> Retired {
+    fn retired(session: SessionId, finished_s: u32) -> Retired {
         Retired {
             session,
-            finished_ms,
-            abandon_at_ms: 0,
+            finished_s,
             summary: Place {
                 segment: 2,
                 offset: 0,
@@ -221,8 +246,8 @@ mod tests {
     }
 
     #[test]
-    fn a_retired_stream_costs_at_most_56_bytes_of_map_value() {
-        assert!(std::mem::size_of::<Retired>() <= 56);
+    fn a_retired_stream_costs_at_most_44_bytes_of_map_value() {
+        assert!(std::mem::size_of::<Retired>() <= 44);
     }
 
     #[test]
@@ -231,7 +256,7 @@ mod tests {
         let (mine, other) = (SessionId::random(), SessionId::random());
         let id = StreamId::random();
         let request = RequestId("7".into());
-        tier.insert(id, retired(mine, 1), &[&request]);
+        tier.insert(id, retired(mine, 1), &[&request], None);
         assert_eq!(tier.answering(mine, &request), Some(id));
         assert_eq!(tier.answering(other, &request), None);
         tier.remove(&id);
@@ -244,11 +269,11 @@ mod tests {
         let session = SessionId::random();
         let ids: Vec<StreamId> = (0..4).map(|_| StreamId::random()).collect();
         for (i, id) in ids.iter().enumerate() {
-            tier.insert(*id, retired(session, 10 * i as u64), &[]);
+            tier.insert(*id, retired(session, 10 * i as u32), &[], None);
         }
         tier.remove(&ids[0]);
         assert_eq!(tier.oldest(2), vec![ids[1], ids[2]]);
-        assert_eq!(tier.finished_by(20), vec![ids[1], ids[2]]);
+        assert_eq!(tier.finished_by(20_000), vec![ids[1], ids[2]]);
     }
 
     #[test]
@@ -258,10 +283,11 @@ mod tests {
         for i in 0..5000 {
             let id = StreamId::random();
             let request = RequestId(i.to_string());
-            tier.insert(id, retired(session, i), &[&request]);
+            tier.insert(id, retired(session, i), &[&request], Some(1));
             tier.remove(&id);
         }
         assert!(tier.requests.len() <= 1025, "{}", tier.requests.len());
         assert!(tier.order.len() <= 1025, "{}", tier.order.len());
+        assert!(tier.abandons.is_empty());
     }
 }
