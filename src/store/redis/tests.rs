@@ -25,6 +25,8 @@ const TEST_LEASE: Duration = Duration::from_millis(600);
 #[path = "../../../tests/common/redis_server.rs"]
 mod redis_server;
 
+mod footprint;
+
 fn url() -> String {
     redis_server::shared_url()
 }
