@@ -11,36 +11,57 @@
 //!
 //! Layout, with `P` the configured `key_prefix`. A stream's keys and a
 //! session's keys each share a hash tag, so each lives in one Cluster slot:
-//! - `{P:<stream>}:meta`: hash — `record` (the `StreamMeta` JSON as created)
-//!   plus the fields that change after creation (`status`, `finished_ms`,
-//!   `outcome`, `acked`, `touched_ms`, `abandon_after_ms`, `abandon_at_ms`,
-//!   `last_request`, `coalesced`, `up_event`/`up_seq`, `owner`) and the
-//!   counts the store keeps (`entries`, `bytes`), overlaid on the record
-//!   when read; a task leg's also has `task`, its task's id, so that the
-//!   scripts know a leg (never due for retention) when they see one;
-//! - `{P:<stream>}:log`: a Redis Stream, entry `<seq>` has the id `0-<seq>`
-//!   (so seq ↔ entry id is exact) and one field `m`, the message;
+//! - `{P:<stream>}:stream`: the stream as one value (`packed.rs`): its
+//!   metadata — what it was created with, what changes after (status,
+//!   cursors, the upstream mark, `owner`), the counts the store keeps — and,
+//!   while it has at most a few entries of a few KB, its entries; a task
+//!   leg's names its task, so that the scripts know a leg (never due for
+//!   retention) when they see one;
+//! - `{P:<stream>}:log`: once a stream outgrew its value, a Redis Stream of
+//!   its entries: entry `<seq>` has the id `0-<seq>` (so seq ↔ entry id is
+//!   exact) and one field `m`, the message;
 //! - `{P:<session>}:session`: the `SessionRecord` JSON;
-//!   `{P:<session>}:streams`: set of its stream ids;
-//!   `{P:<session>}:requests`: hash request id → `"<created_ms> <stream>"`
-//!   (the newest stream by `created_ms` wins);
+//!   `{P:<session>}:requests`: hash request id → the newest stream (by
+//!   `created_ms`) created under it, its 16 bytes;
+//!   `{P:<session>}:streams`: set of its streams that no request id names
+//!   (a standalone stream, a batch's, one a newer stream took the id of):
+//!   the two list every stream of the session;
 //! - `{P:<task>}:task`: hash — `record` (the `TaskRecord` JSON) and
 //!   `version` (its version, which compare-and-set checks);
 //! - `P:sessions:seen`, `P:sessions:closed`: sorted sets of session ids by
 //!   `last_seen_ms` and `closed_ms`, written with the session record, so a
 //!   sweep reads only the sessions that are due (`sessions.rs`);
-//! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
-//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms` (task
-//!   legs are never in `P:finished`: they are deleted with their task);
-//!   `P:tasks`: sorted set of task ids by `expires_ms`;
+//! - `P:sessions`: set of all session ids; `P:abandon`: sorted set of
+//!   stream ids by `abandon_at_ms`; `P:retention` (and `P:finished`): the
+//!   finished streams by `finished_ms` (`retention.rs`; task legs are never
+//!   in it: they are deleted with their task); `P:tasks`: sorted set of
+//!   task ids by `expires_ms`;
 //! - `P:feed`: a capped Redis Stream of changes (appends, status, deletes,
 //!   reader claims, session updates) that instances follow (`follow.rs`);
 //! - `P:instances`: sorted set of instances by lease expiry;
 //!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
-//! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
-//! the Lua scripts; `sessions.rs` keeps the idle-session index; `tests.rs`
-//! runs the contract suite against a real Redis.
+//! A retained short call is then one key, a field of its session's requests
+//! hash and an entry of the retention index: under 1 KB with a 300-byte
+//! answer (BENCHMARKS.md, session 20), where the previous layout took some
+//! 6 KB (a Redis Stream of its own, a hash of a dozen fields, four index
+//! entries).
+//!
+//! The previous layout kept a stream as `{P:<stream>}:meta`, a hash (the
+//! `StreamMeta` JSON as `record`, plus a field for each value that changes
+//! after creation), with its entries in its `:log`; wrote
+//! `"<created_ms> <stream id>"` in the requests hash and every stream in
+//! the session's set and in `P:streams`; and indexed finished streams in
+//! `P:finished` alone. An instance upgraded in place reads all of it: a
+//! stream in a hash is read as it is, and moved into one value (its
+//! entries left in its log) by the first script that writes to it.
+//! An instance of the previous version sees none of the new streams: run
+//! one version at a time on a key prefix.
+//!
+//! `read.rs` reads both layouts; `packed.rs` (and `msgpack.rs`) map the
+//! value to `StreamMeta`, `record.rs` the previous layout's hash;
+//! `scripts.rs` holds the Lua scripts; `sessions.rs` keeps the idle-session
+//! index; `tests.rs` runs the contract suite against a real Redis.
 //!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
@@ -60,7 +81,6 @@
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
 //!   below 2^53 (Lua numbers are doubles).
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -69,7 +89,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::follow::{Follow, Listener, Tail};
 use self::lease::Tasks;
-use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
+use self::record::{backend, decode, encode};
 use self::scripts::{Scripts, FEED_LENGTH};
 use self::sessions::Indexing;
 pub use self::ttl::Lifetimes;
@@ -122,6 +142,11 @@ fn connection(client: &redis::Client) -> Result<ConnectionManager> {
 /// The key of one of a stream's values (`meta`, `log`) under `prefix`.
 fn stream_key(prefix: &str, id: StreamId, what: &str) -> String {
     format!("{{{prefix}:{id}}}:{what}")
+}
+
+/// An optional number as a script argument: `''` for none.
+fn optional(value: Option<u64>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
 }
 
 /// Parses the ids of a set or sorted set, skipping what is not an id.
@@ -306,48 +331,41 @@ impl RedisStore {
         opening: &[Bytes],
         prior: bool,
     ) -> Result<redis::ScriptInvocation<'_>> {
-        let mut fields = mutable_fields(meta)?;
-        if meta.status.is_live() {
-            fields.push(("owner", self.instance.clone()));
-        }
-        if let Some(task) = meta.task {
-            fields.push(("task", task.to_string()));
-        }
+        let owner = meta.status.is_live().then_some(self.instance.as_str());
         let mut invocation = self.scripts.create.prepare_invoke();
         invocation
-            .key(self.stream_key(meta.id, "meta"))
+            .key(self.stream_key(meta.id, "stream"))
             .key(self.session_key(meta.session, "streams"))
-            .key(self.global_key("streams"))
             .key(self.global_key("abandon"))
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
             .key(self.owned_key(&self.instance))
             .key(self.global_key("instances"))
-            .key(self.stream_key(meta.id, "log"));
+            .key(self.stream_key(meta.id, "log"))
+            .key(self.global_key("retention"));
         if let Some(task) = meta.task {
             invocation.key(self.task_key(task));
         }
+        let digest = meta.params_digest.as_deref();
         invocation
             .arg(meta.id.to_string())
+            .arg(meta.id.as_bytes())
             .arg(meta.created_ms)
-            .arg(
-                meta.abandon_at_ms
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
+            .arg(optional(meta.abandon_at_ms))
+            .arg(optional(meta.finished_ms))
             .arg(&self.instance)
             .arg(self.lease.as_millis() as u64)
             .arg(if prior { "1" } else { "0" })
-            .arg(meta.params_digest.as_deref().unwrap_or_default())
+            .arg(digest.map(packed::digest).unwrap_or_default())
+            .arg(digest.unwrap_or_default())
             .arg(&self.prefix)
-            .arg(fields.len() + 1)
-            .arg("record")
-            .arg(encode(meta)?);
-        for (field, value) in &fields {
-            invocation.arg(*field).arg(value);
-        }
-        invocation.arg(opening.len());
+            .arg(packed::encode(meta, owner, opening))
+            .arg(if packed::fits_inline(opening) {
+                "0"
+            } else {
+                "1"
+            })
+            .arg(opening.len());
         for message in opening {
             invocation.arg(message.as_ref());
         }
@@ -380,31 +398,6 @@ impl RedisStore {
     /// The feed line telling other instances that a session changed.
     fn session_changed(&self, id: SessionId) -> redis::Cmd {
         self.feed_line("e", id.to_string())
-    }
-
-    async fn hash_of(&self, id: StreamId) -> Result<HashMap<String, Vec<u8>>> {
-        redis::cmd("HGETALL")
-            .arg(self.stream_key(id, "meta"))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(backend)
-    }
-
-    async fn metas(&self, ids: &[StreamId]) -> Result<Vec<StreamMeta>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.cmd("HGETALL").arg(self.stream_key(*id, "meta"));
-        }
-        let hashes: Vec<HashMap<String, Vec<u8>>> =
-            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-        let mut out = Vec::with_capacity(hashes.len());
-        for hash in hashes {
-            out.extend(meta_from_hash(hash)?);
-        }
-        Ok(out)
     }
 
     /// The records of sessions `ids`, in order, in one round trip; `None`
@@ -455,29 +448,23 @@ impl RedisStore {
         let (finish, upstream) = (along.end, along.upstream_event);
         let mut invocation = self.scripts.append.prepare_invoke();
         invocation
+            .key(self.stream_key(stream, "stream"))
             .key(self.stream_key(stream, "meta"))
             .key(self.stream_key(stream, "log"))
             .key(self.global_key("finished"))
             .key(self.global_key("feed"))
+            .key(self.global_key("retention"))
             .arg(stream.to_string())
+            .arg(stream.as_bytes())
             .arg(if upstream.is_some() { "1" } else { "0" })
             .arg(upstream.unwrap_or(""));
         match &finish {
             Some(end) => {
+                let live = end.status.is_live();
                 invocation
-                    .arg(wire(&end.status)?)
-                    .arg(if end.status.is_live() {
-                        String::new()
-                    } else {
-                        end.at_ms.to_string()
-                    })
-                    .arg(
-                        end.outcome
-                            .as_ref()
-                            .map(wire)
-                            .transpose()?
-                            .unwrap_or_default(),
-                    );
+                    .arg(packed::status_arg(end.status))
+                    .arg(optional((!live).then_some(end.at_ms)))
+                    .arg(optional(end.outcome.map(packed::outcome_code)));
             }
             None => {
                 invocation.arg("").arg("").arg("");
@@ -545,6 +532,7 @@ impl RedisStore {
     async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
         let mut invocation = self.scripts.delete.prepare_invoke();
         invocation
+            .key(self.stream_key(meta.id, "stream"))
             .key(self.stream_key(meta.id, "meta"))
             .key(self.stream_key(meta.id, "log"))
             .key(self.session_key(meta.session, "streams"))
@@ -553,7 +541,9 @@ impl RedisStore {
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
             .key(self.global_key("feed"))
+            .key(self.global_key("retention"))
             .arg(meta.id.to_string())
+            .arg(meta.id.as_bytes())
             .arg(&self.instance)
             .arg(&self.prefix);
         for id in &meta.origin_ids {
@@ -653,18 +643,15 @@ impl Store for RedisStore {
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
-        meta_from_hash(self.hash_of(id).await?)
+        self.meta(id).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
-        let streams: Vec<StreamId> = ids(self.members(self.global_key("streams")).await?);
-        self.metas(&streams).await
+        self.every_stream().await
     }
 
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
-        let streams: Vec<StreamId> =
-            ids(self.members(self.session_key(session, "streams")).await?);
-        self.metas(&streams).await
+        self.session_streams(session).await
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
@@ -683,6 +670,7 @@ impl Store for RedisStore {
         let done: i64 = self
             .scripts
             .change
+            .key(self.stream_key(id, "stream"))
             .key(self.stream_key(id, "meta"))
             .key(self.global_key("abandon"))
             .key(self.global_key("feed"))
@@ -736,13 +724,13 @@ impl Store for RedisStore {
         session: SessionId,
         id: &RequestId,
     ) -> Result<Option<StreamId>> {
-        let raw: Option<String> = redis::cmd("HGET")
+        let held: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(self.session_key(session, "requests"))
             .arg(id.as_json())
             .query_async(&mut self.conn())
             .await
             .map_err(backend)?;
-        Ok(raw.and_then(|v| v.rsplit(' ').next().and_then(|s| s.parse().ok())))
+        Ok(held.as_deref().and_then(read::named))
     }
 
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
@@ -750,7 +738,7 @@ impl Store for RedisStore {
     }
 
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
-        self.due("finished", at_ms).await
+        self.finished_due(at_ms).await
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
@@ -761,36 +749,7 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut range = redis::cmd("XRANGE");
-        range
-            .arg(self.stream_key(stream, "log"))
-            .arg(format!("0-{}", after.saturating_add(1)))
-            .arg("+");
-        // Redis takes a signed 64-bit count; a larger one means "all".
-        if let Ok(count) = i64::try_from(limit) {
-            range.arg("COUNT").arg(count);
-        }
-        let raw: redis::streams::StreamRangeReply =
-            range.query_async(&mut self.conn()).await.map_err(backend)?;
-        raw.ids
-            .into_iter()
-            .map(|mut entry| {
-                let id = entry.id;
-                let seq = id
-                    .strip_prefix("0-")
-                    .and_then(|s| s.parse::<Seq>().ok())
-                    .ok_or_else(|| StoreError::Corrupt(format!("log entry id {id}")))?;
-                let message = entry
-                    .map
-                    .remove("m")
-                    .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
-                    .ok_or_else(|| StoreError::Corrupt(format!("log entry {id} has no message")))?;
-                Ok(Entry {
-                    seq,
-                    message: Bytes::from(message),
-                })
-            })
-            .collect()
+        self.entries_after(stream, after, limit).await
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
@@ -894,7 +853,11 @@ impl Store for RedisStore {
 
 mod follow;
 mod lease;
+mod msgpack;
+mod packed;
+mod read;
 mod record;
+mod retention;
 mod scripts;
 mod sessions;
 #[cfg(test)]

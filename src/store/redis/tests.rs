@@ -156,40 +156,60 @@ async fn copies_of_a_call_created_at_once_make_one_stream() {
     assert!(attached.iter().all(|to| Some(*to) == first));
 }
 
+/// The keys of stream `id` under `prefix`.
+fn keys_of_stream(conn: &mut redis::Connection, prefix: &str, id: StreamId) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}:{id}}}:*"))
+        .query(conn)
+        .unwrap();
+    keys.sort();
+    keys
+}
+
 #[tokio::test]
-async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_share_a_hash_tag() {
+async fn a_short_stream_is_one_key_and_a_long_one_moves_its_entries_to_a_log_of_seq_ids() {
     let _cleanup = Cleanup;
     let (_dir, store, prefix) = one_store();
     let m = crate::store::contract::meta(SessionId::random());
     store.create_stream(&m).await.unwrap();
-    store
-        .append(m.id, &[Bytes::from_static(b"a"), Bytes::from_static(b"bc")])
-        .await
-        .unwrap();
+    let two = [Bytes::from_static(b"a"), Bytes::from_static(b"bc")];
+    store.append(m.id, &two).await.unwrap();
     let mut conn = connection();
-    let log = format!("{{{prefix}:{}}}:log", m.id);
+    let tag = format!("{{{prefix}:{}}}", m.id);
+    assert_eq!(
+        keys_of_stream(&mut conn, &prefix, m.id),
+        vec![format!("{tag}:stream")]
+    );
+    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!((counts.entries, counts.bytes), (2, 3));
+    // Past what its value keeps: every entry moves to the log, in order.
+    let more: Vec<Bytes> = (3..=packed::INLINE_ENTRIES + 1)
+        .map(|n| Bytes::from(n.to_string()))
+        .collect();
+    let last = store.append(m.id, &more).await.unwrap();
+    assert_eq!(last, packed::INLINE_ENTRIES + 1);
+    assert_eq!(
+        keys_of_stream(&mut conn, &prefix, m.id),
+        vec![format!("{tag}:log"), format!("{tag}:stream")]
+    );
     let ids: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(&log)
+        .arg(format!("{tag}:log"))
         .arg("-")
         .arg("+")
         .query(&mut conn)
         .unwrap();
+    let want: Vec<String> = (1..=last).map(|n| format!("0-{n}")).collect();
     assert_eq!(
-        ids.ids.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
-        vec!["0-1", "0-2"]
+        ids.ids.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        want
     );
-    let tag = |key: &str| key[..=key.find('}').unwrap()].to_owned();
-    let meta = format!("{{{prefix}:{}}}:meta", m.id);
-    assert_eq!(tag(&log), tag(&meta));
-    assert_eq!(tag(&log), format!("{{{prefix}:{}}}", m.id));
-    let fields: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(&meta).query(&mut conn).unwrap();
+    let read = store.read_after(m.id, 1, 2).await.unwrap();
     assert_eq!(
-        (fields["entries"].as_str(), fields["bytes"].as_str()),
-        ("2", "3")
+        read.iter()
+            .map(|e| (e.seq, e.message.clone()))
+            .collect::<Vec<_>>(),
+        vec![(2, two[1].clone()), (3, Bytes::from_static(b"3"))]
     );
-    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
-    assert_eq!((counts.entries, counts.bytes), (2, 3));
 }
 
 #[tokio::test]
@@ -431,34 +451,38 @@ async fn a_finished_streams_keys_expire_after_its_retention_and_a_sessions_after
         .with_lifetimes(lifetimes);
     let s = crate::store::contract::session(SessionId::random());
     store.put_session(&s).await.unwrap();
-    let m = crate::store::contract::meta(s.id);
-    store.create_stream(&m).await.unwrap();
-    store
-        .append(m.id, &[Bytes::from_static(b"a")])
-        .await
-        .unwrap();
+    // One stream whose entries are in its value, one whose are in its log.
+    let (short, long) = (
+        crate::store::contract::meta(s.id),
+        crate::store::contract::meta(s.id),
+    );
+    for (m, n) in [(&short, 1), (&long, packed::INLINE_ENTRIES + 1)] {
+        store.create_stream(m).await.unwrap();
+        let messages = vec![Bytes::from_static(b"a"); n as usize];
+        store.append(m.id, &messages).await.unwrap();
+    }
     let mut conn = connection();
     let ttl = |conn: &mut redis::Connection, key: String| -> i64 {
         redis::cmd("PTTL").arg(key).query(conn).unwrap()
     };
-    let meta_key = format!("{{{prefix}:{}}}:meta", m.id);
-    assert_eq!(
-        ttl(&mut conn, meta_key.clone()),
-        -1,
-        "a live stream never expires"
-    );
+    let key = |m: &StreamMeta, what: &str| format!("{{{prefix}:{}}}:{what}", m.id);
+    let keys = [
+        key(&short, "stream"),
+        key(&long, "stream"),
+        key(&long, "log"),
+    ];
+    for k in &keys {
+        assert_eq!(ttl(&mut conn, k.clone()), -1, "a live stream never expires");
+    }
     let session_ttl = ttl(&mut conn, format!("{{{prefix}:{}}}:session", s.id));
     assert!((190_000..=200_000).contains(&session_ttl), "{session_ttl}");
-    store
-        .set_status(
-            m.id,
-            Finish::new(crate::store::StreamStatus::Completed, None),
-        )
-        .await
-        .unwrap();
-    for key in [meta_key, format!("{{{prefix}:{}}}:log", m.id)] {
-        let left = ttl(&mut conn, key);
-        assert!((90_000..=100_000).contains(&left), "{left}");
+    for m in [&short, &long] {
+        let end = Finish::new(crate::store::StreamStatus::Completed, None);
+        store.set_status(m.id, end).await.unwrap();
+    }
+    for k in keys {
+        let left = ttl(&mut conn, k.clone());
+        assert!((90_000..=100_000).contains(&left), "{k}: {left}");
     }
 }
 
@@ -556,7 +580,10 @@ async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_
     t.version += 1;
     assert!(store.update_task(&t).await.unwrap());
     store.create_stream(&second).await.unwrap();
+    // Both outgrow their value: their logs are made after their TTLs were.
     for m in [&first, &second] {
+        let many = vec![Bytes::from_static(b"p"); packed::INLINE_ENTRIES as usize];
+        store.append(m.id, &many).await.unwrap();
         store
             .append_final(
                 m.id,
@@ -573,7 +600,7 @@ async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_
     let lifetime = 10_000_000 + ttl::task(0, 0).as_millis() as i64;
     let mut keys = vec![format!("{{{prefix}:{}}}:task", t.id)];
     for m in [&first, &second] {
-        keys.push(format!("{{{prefix}:{}}}:meta", m.id));
+        keys.push(format!("{{{prefix}:{}}}:stream", m.id));
         keys.push(format!("{{{prefix}:{}}}:log", m.id));
     }
     for key in keys {

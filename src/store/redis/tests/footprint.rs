@@ -8,8 +8,8 @@
 //! cargo test --lib store::redis::tests::footprint -- --ignored --nocapture
 //! ```
 //!
-//! `FOOTPRINT_CALLS` (default 20,000) and `FOOTPRINT_SESSIONS` (default 20)
-//! change the load. The feed (`P:feed`) is capped whatever the load, so it
+//! `FOOTPRINT_CALLS` (default 20,000), `FOOTPRINT_SESSIONS` (default 20)
+//! and `FOOTPRINT_PROGRESS_EVERY` (default 4) change the load. The feed (`P:feed`) is capped whatever the load, so it
 //! is reported apart and not counted per call.
 
 use std::collections::BTreeMap;
@@ -20,8 +20,10 @@ use crate::store::{Outcome, StreamKind, StreamStatus};
 
 /// A `tools/call` answer of about 300 bytes.
 const ANSWER: &str = r#"{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"The forecast for Lisbon on Tuesday: sunny spells with a light breeze from the north-west, highs of 24 C and lows of 16 C; the chance of rain stays under ten per cent all day."}],"structuredContent":{"high":24,"low":16,"rain":0.1},"isError":false}}"#;
-/// The progress notification one call in `PROGRESS_EVERY` sends first.
+/// The progress notification some calls send first.
 const PROGRESS: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"tok-ID","progress":50,"total":100,"message":"half-way"}}"#;
+/// One call in this many (`FOOTPRINT_PROGRESS_EVERY`) gets a progress
+/// notification first; 1: every call.
 const PROGRESS_EVERY: usize = 4;
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -74,7 +76,7 @@ fn usage_by_kind(conn: &mut redis::Connection, prefix: &str) -> BTreeMap<String,
 
 /// One call as the proxy makes it: its stream created with the call, one
 /// progress notification for some, then the answer that finishes it.
-async fn one_call(store: &RedisStore, session: SessionId, n: usize) {
+async fn one_call(store: &RedisStore, session: SessionId, n: usize, progress_every: usize) {
     let mut meta = StreamMeta::new(
         StreamId::random(),
         session,
@@ -85,7 +87,7 @@ async fn one_call(store: &RedisStore, session: SessionId, n: usize) {
     );
     let digest = crate::id::hex(&StreamId::random().0).repeat(2);
     meta.params_digest = Some(digest);
-    let progress = n % PROGRESS_EVERY == 0;
+    let progress = n % progress_every == 0;
     if progress {
         meta.progress = vec![format!("\"tok-{n}\"")];
     }
@@ -104,6 +106,7 @@ async fn one_call(store: &RedisStore, session: SessionId, n: usize) {
 async fn footprint_of_a_retained_call() {
     let calls = env_or("FOOTPRINT_CALLS", 20_000);
     let sessions = env_or("FOOTPRINT_SESSIONS", 20).max(1);
+    let progress_every = env_or("FOOTPRINT_PROGRESS_EVERY", PROGRESS_EVERY).max(1);
     let server = RedisServer::start(Persistence::None).unwrap();
     let prefix = "mcp-resume-proxy";
     let store = Arc::new(RedisStore::new(&server.url(), prefix, TEST_LEASE).unwrap());
@@ -119,7 +122,7 @@ async fn footprint_of_a_retained_call() {
             let (store, session) = (store.clone(), ids[w]);
             tokio::spawn(async move {
                 for n in (w..calls).step_by(sessions) {
-                    one_call(&store, session, n).await;
+                    one_call(&store, session, n, progress_every).await;
                 }
             })
         })
@@ -135,7 +138,9 @@ async fn footprint_of_a_retained_call() {
         .unwrap();
     let after = used_memory(&mut conn);
     let per_call = |bytes: u64| bytes as f64 / calls as f64;
-    println!("{calls} calls in {sessions} sessions, one in {PROGRESS_EVERY} with a progress notification");
+    println!(
+        "{calls} calls in {sessions} sessions, one in {progress_every} with a progress notification"
+    );
     println!(
         "used_memory per call: {:.0} B without the feed ({:.0} B with it)",
         per_call(after.saturating_sub(before)),
