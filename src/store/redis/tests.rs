@@ -26,6 +26,8 @@ const TEST_LEASE: Duration = Duration::from_millis(600);
 mod redis_server;
 
 mod footprint;
+mod legacy;
+mod retention;
 
 fn url() -> String {
     redis_server::shared_url()
