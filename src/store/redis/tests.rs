@@ -11,9 +11,11 @@
 use std::cell::RefCell;
 use std::path::Path;
 
+use super::follow::Tail;
 use super::*;
 use crate::store::commit::SyncMode;
 use crate::store::contract::{idle_at_500, session_seen_at};
+use crate::store::now_ms;
 use crate::store::SharedStore;
 
 /// Short, so that the contract's orphan test sees a dropped store's
