@@ -85,34 +85,24 @@ fn digest_text(stored: &[u8]) -> Option<String> {
 /// creator), with `opening` as its first entries — in the value when
 /// [`fits_inline`], else counted here and written to its log by the script.
 pub(super) fn encode(meta: &StreamMeta, owner: Option<&str>, opening: &[Bytes]) -> Vec<u8> {
-    let mut fields: Vec<(&str, Field<'_>)> = vec![
-        ("S", Field::Str(meta.session.as_bytes())),
-        ("C", Field::Uint(meta.created_ms)),
-    ];
-    let mut optional = |key, field: Option<Field<'static>>| {
-        if let Some(field) = field {
-            fields.push((key, field));
-        }
-    };
-    // Touched at its creation, as most are: the record says when.
-    let touched = meta.touched_ms != meta.created_ms;
-    optional("h", touched.then_some(Field::Uint(meta.touched_ms)));
-    optional(
-        "K",
-        (meta.kind == StreamKind::Standalone).then_some(Field::Uint(1)),
-    );
-    optional("s", status_code(meta.status).map(Field::Uint));
-    optional("f", meta.finished_ms.map(Field::Uint));
-    optional("o", meta.outcome.map(|o| Field::Uint(outcome_code(o))));
-    optional("a", (meta.acked > 0).then_some(Field::Uint(meta.acked)));
-    optional("A", meta.abandon_after_ms.map(Field::Uint));
-    optional("z", meta.abandon_at_ms.map(Field::Uint));
-    optional(
-        "q",
-        (meta.last_request > 0).then_some(Field::Uint(meta.last_request)),
-    );
-    optional("c", meta.coalesced.then_some(Field::Uint(1)));
+    let mut fields: Vec<(&str, Field<'_>)> = numbers(meta)
+        .into_iter()
+        .map(|(key, n)| (key, Field::Uint(n)))
+        .collect();
     let digest = meta.params_digest.as_deref().map(digest);
+    let texts = [
+        ("S", Some(&meta.session.as_bytes()[..])),
+        ("M", meta.method.as_deref().map(str::as_bytes)),
+        ("D", digest.as_deref()),
+        ("T", meta.task.as_ref().map(|t| &t.as_bytes()[..])),
+        ("u", meta.upstream.as_ref().map(|m| m.event_id.as_bytes())),
+        ("w", owner.map(str::as_bytes)),
+    ];
+    fields.extend(
+        texts
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, Field::Str(v?)))),
+    );
     let ids: Vec<&[u8]> = meta
         .origin_ids
         .iter()
@@ -120,25 +110,10 @@ pub(super) fn encode(meta: &StreamMeta, owner: Option<&str>, opening: &[Bytes]) 
         .collect();
     let progress: Vec<&[u8]> = meta.progress.iter().map(|p| p.as_bytes()).collect();
     let inline: Vec<&[u8]> = opening.iter().map(|m| m.as_ref()).collect();
-    let listed = [("O", &ids), ("P", &progress)];
-    for (key, list) in listed.iter().filter(|(_, l)| !l.is_empty()) {
-        fields.push((key, Field::List(list)));
-    }
-    if let Some(method) = &meta.method {
-        fields.push(("M", Field::Str(method.as_bytes())));
-    }
-    if let Some(digest) = &digest {
-        fields.push(("D", Field::Str(digest)));
-    }
-    if let Some(task) = &meta.task {
-        fields.push(("T", Field::Str(task.as_bytes())));
-    }
-    if let Some(mark) = &meta.upstream {
-        fields.push(("u", Field::Str(mark.event_id.as_bytes())));
-        fields.push(("v", Field::Uint(mark.seq)));
-    }
-    if let Some(owner) = owner {
-        fields.push(("w", Field::Str(owner.as_bytes())));
+    for (key, list) in [("O", &ids), ("P", &progress)] {
+        if !list.is_empty() {
+            fields.push((key, Field::List(list)));
+        }
     }
     if !opening.is_empty() {
         let bytes = opening.iter().map(|m| m.len() as u64).sum();
@@ -151,6 +126,27 @@ pub(super) fn encode(meta: &StreamMeta, owner: Option<&str>, opening: &[Bytes]) 
         });
     }
     write(&fields)
+}
+
+/// The numbers of `meta` its value keeps, each left out at its default.
+fn numbers(meta: &StreamMeta) -> Vec<(&'static str, u64)> {
+    // Touched at its creation, as most are: absent, `C` says when.
+    let touched = meta.touched_ms != meta.created_ms;
+    let all = [
+        ("C", Some(meta.created_ms)),
+        ("h", touched.then_some(meta.touched_ms)),
+        ("K", (meta.kind == StreamKind::Standalone).then_some(1)),
+        ("s", status_code(meta.status)),
+        ("f", meta.finished_ms),
+        ("o", meta.outcome.map(outcome_code)),
+        ("a", (meta.acked > 0).then_some(meta.acked)),
+        ("A", meta.abandon_after_ms),
+        ("z", meta.abandon_at_ms),
+        ("q", (meta.last_request > 0).then_some(meta.last_request)),
+        ("c", meta.coalesced.then_some(1)),
+        ("v", meta.upstream.as_ref().map(|m| m.seq)),
+    ];
+    all.into_iter().filter_map(|(k, v)| Some((k, v?))).collect()
 }
 
 /// A value of the map being written.
