@@ -10,7 +10,9 @@
 //! clock, a slow script) cannot join the Redis Stream, whose ids only grow:
 //! it goes to `P:finished`, the sorted set by `finished_ms` the previous
 //! layout kept for every stream (and still holds its streams). A query
-//! reads both, so it answers exactly whichever holds a stream.
+//! reads both, so it answers exactly whichever holds a stream. (A Redis
+//! older than 7.0 refuses the `<window>-*` id: there every finish goes to
+//! the sorted set, as with the previous layout.)
 //!
 //! It owns the reading of the index; the scripts write it (`retain` and
 //! `unretain` in `scripts.rs`).
