@@ -218,6 +218,31 @@ async fn a_short_stream_is_one_key_and_a_long_one_moves_its_entries_to_a_log_of_
 }
 
 #[tokio::test]
+async fn opening_entries_too_many_for_the_value_are_written_to_the_log_with_the_stream() {
+    let _cleanup = Cleanup;
+    let (_dir, store, prefix) = one_store();
+    let m = crate::store::contract::meta(SessionId::random());
+    let opening: Vec<Bytes> = (1..=packed::INLINE_ENTRIES + 1)
+        .map(|n| Bytes::from(n.to_string()))
+        .collect();
+    store.create_with(&m, &opening).await.unwrap();
+    let tag = format!("{{{prefix}:{}}}", m.id);
+    assert_eq!(
+        keys_of_stream(&mut connection(), &prefix, m.id),
+        vec![format!("{tag}:log"), format!("{tag}:stream")]
+    );
+    let next = store
+        .append(m.id, &[Bytes::from_static(b"next")])
+        .await
+        .unwrap();
+    assert_eq!(next, packed::INLINE_ENTRIES + 2);
+    let read = store.read_after(m.id, 0, 100).await.unwrap();
+    let seqs: Vec<u64> = read.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=next).collect::<Vec<_>>());
+    assert_eq!(read[0].message, opening[0]);
+}
+
+#[tokio::test]
 async fn a_tests_keys_are_gone_after_its_cleanup() {
     let dir = tempfile::tempdir().unwrap();
     let prefix = {
