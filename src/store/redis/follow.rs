@@ -10,7 +10,6 @@
 //! [`RESYNC_EVERY`] anyway, each tail is re-read from its stream's
 //! metadata.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +21,9 @@ use redis::AsyncConnectionConfig;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::record::{backend, meta_from_hash};
-use super::{stream_key, RedisStore};
+use super::read::metas_on;
+use super::record::backend;
+use super::RedisStore;
 use crate::id::{SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
 
@@ -277,14 +277,9 @@ impl Listener {
         });
         let streams: Vec<StreamId> = follow.tails.iter().map(|t| *t.key()).collect();
         for chunk in streams.chunks(BATCH) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("HGETALL")
-                    .arg(stream_key(&self.prefix, *id, "meta"));
-            }
-            let hashes: Vec<HashMap<String, Vec<u8>>> = pipe.query_async(conn).await?;
-            for (id, hash) in chunk.iter().zip(hashes) {
-                match meta_from_hash(hash) {
+            let metas = metas_on(conn, &self.prefix, chunk).await?;
+            for (id, meta) in chunk.iter().zip(metas) {
+                match meta {
                     Ok(Some(meta)) => {
                         if let Some(tail) = follow.tails.get(id) {
                             tail.sync(meta.watermark());
@@ -354,12 +349,7 @@ impl RedisStore {
     /// Where the stream stands in Redis; `None` when it does not exist or
     /// Redis did not answer.
     async fn watermark(&self, stream: StreamId) -> Option<Watermark> {
-        let hash: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
-            .arg(self.stream_key(stream, "meta"))
-            .query_async(&mut self.conn())
-            .await
-            .ok()?;
-        Some(meta_from_hash(hash).ok()??.watermark())
+        Some(self.meta(stream).await.ok()??.watermark())
     }
 
     /// Claims the stream for a reader of this instance: a line on the feed,

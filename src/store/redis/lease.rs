@@ -17,9 +17,8 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio_util::sync::CancellationToken;
 
-use std::collections::HashMap;
-
-use super::record::{backend, meta_from_hash};
+use super::read::metas_on;
+use super::record::backend;
 use super::{ids, RedisStore};
 use crate::id::StreamId;
 use crate::store::{Result, StreamMeta};
@@ -28,7 +27,10 @@ use crate::store::{Result, StreamMeta};
 /// restarted process never mistakes its predecessor's streams for its own
 /// living ones.
 pub(super) fn new_instance() -> String {
-    format!("{}-{}", std::process::id(), crate::id::StreamId::random())
+    // 64 random bits: every live stream names its owner, so the name is
+    // kept short.
+    let random = crate::id::StreamId::random();
+    format!("{}-{}", std::process::id(), crate::id::hex(&random.0[..8]))
 }
 
 /// Renews the lease every third of its length until `stop`. A renewal that
@@ -123,15 +125,12 @@ impl RedisStore {
         if claimed.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for id in &claimed {
-            pipe.cmd("HGETALL").arg(self.stream_key(*id, "meta"));
-        }
-        let hashes: Vec<HashMap<String, Vec<u8>>> =
-            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
+        let metas = metas_on(&mut self.conn(), &self.prefix, &claimed)
+            .await
+            .map_err(backend)?;
         let mut orphans = Vec::new();
-        for (id, hash) in claimed.iter().zip(hashes) {
-            match meta_from_hash(hash) {
+        for (id, meta) in claimed.iter().zip(metas) {
+            match meta {
                 Ok(Some(meta)) if meta.status.is_live() => orphans.push(meta),
                 Ok(_) => {}
                 // One unreadable record must not hold the others back.

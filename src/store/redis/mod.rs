@@ -11,36 +11,58 @@
 //!
 //! Layout, with `P` the configured `key_prefix`. A stream's keys and a
 //! session's keys each share a hash tag, so each lives in one Cluster slot:
-//! - `{P:<stream>}:meta`: hash — `record` (the `StreamMeta` JSON as created)
-//!   plus the fields that change after creation (`status`, `finished_ms`,
-//!   `outcome`, `acked`, `touched_ms`, `abandon_after_ms`, `abandon_at_ms`,
-//!   `last_request`, `coalesced`, `up_event`/`up_seq`, `owner`) and the
-//!   counts the store keeps (`entries`, `bytes`), overlaid on the record
-//!   when read; a task leg's also has `task`, its task's id, so that the
-//!   scripts know a leg (never due for retention) when they see one;
-//! - `{P:<stream>}:log`: a Redis Stream, entry `<seq>` has the id `0-<seq>`
-//!   (so seq ↔ entry id is exact) and one field `m`, the message;
+//! - `{P:<stream>}:stream`: the stream as one value (`packed.rs`): its
+//!   metadata — what it was created with, what changes after (status,
+//!   cursors, the upstream mark, `owner`), the counts the store keeps — and,
+//!   while it has at most a few entries of a few KB, its entries; a task
+//!   leg's names its task, so that the scripts know a leg (never due for
+//!   retention) when they see one;
+//! - `{P:<stream>}:log`: once a stream outgrew its value, a Redis Stream of
+//!   its entries: entry `<seq>` has the id `0-<seq>` (so seq ↔ entry id is
+//!   exact) and one field `m`, the message;
 //! - `{P:<session>}:session`: the `SessionRecord` JSON;
-//!   `{P:<session>}:streams`: set of its stream ids;
-//!   `{P:<session>}:requests`: hash request id → `"<created_ms> <stream>"`
-//!   (the newest stream by `created_ms` wins);
+//!   `{P:<session>}:requests`: hash request id → the newest stream (by
+//!   `created_ms`) created under it, its 16 bytes;
+//!   `{P:<session>}:streams`: set of its streams that no request id names
+//!   (a standalone stream, a batch's, one a newer stream took the id of):
+//!   the two list every stream of the session;
 //! - `{P:<task>}:task`: hash — `record` (the `TaskRecord` JSON) and
 //!   `version` (its version, which compare-and-set checks);
 //! - `P:sessions:seen`, `P:sessions:closed`: sorted sets of session ids by
 //!   `last_seen_ms` and `closed_ms`, written with the session record, so a
 //!   sweep reads only the sessions that are due (`sessions.rs`);
-//! - `P:sessions`, `P:streams`: sets of all ids; `P:abandon`, `P:finished`:
-//!   sorted sets of stream ids by `abandon_at_ms` and `finished_ms` (task
-//!   legs are never in `P:finished`: they are deleted with their task);
-//!   `P:tasks`: sorted set of task ids by `expires_ms`;
+//! - `P:sessions`: set of all session ids; `P:abandon`: sorted set of
+//!   stream ids by `abandon_at_ms`; `P:retention` (and `P:finished`): the
+//!   finished streams by `finished_ms` (`retention.rs`; task legs are never
+//!   in it: they are deleted with their task); `P:tasks`: sorted set of
+//!   task ids by `expires_ms`;
 //! - `P:feed`: a capped Redis Stream of changes (appends, status, deletes,
 //!   reader claims, session updates) that instances follow (`follow.rs`);
 //! - `P:instances`: sorted set of instances by lease expiry;
 //!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
-//! `record.rs` maps the metadata hash to `StreamMeta`; `scripts.rs` holds
-//! the Lua scripts; `sessions.rs` keeps the idle-session index; `tests.rs`
-//! runs the contract suite against a real Redis.
+//! A retained short call is then one key, a field of its session's requests
+//! hash and an entry of the retention index: under 1 KB with a 300-byte
+//! answer (BENCHMARKS.md, session 20), where the previous layout took some
+//! 6 KB (a Redis Stream of its own, a hash of a dozen fields, four index
+//! entries).
+//!
+//! The previous layout kept a stream as `{P:<stream>}:meta`, a hash (the
+//! `StreamMeta` JSON as `record`, plus a field for each value that changes
+//! after creation), with its entries in its `:log`; wrote
+//! `"<created_ms> <stream id>"` in the requests hash and every stream in
+//! the session's set and in `P:streams`; and indexed finished streams in
+//! `P:finished` alone. An instance upgraded in place reads all of it: a
+//! stream in a hash is read as it is, and moved into one value (its
+//! entries left in its log) by the first script that writes to it.
+//! An instance of the previous version sees none of the new streams: run
+//! one version at a time on a key prefix.
+//!
+//! `read.rs` reads both layouts; `write.rs` runs the scripts that write,
+//! which `scripts.rs` holds; `packed.rs` (and `msgpack.rs`) map the value
+//! to `StreamMeta`, `record.rs` the previous layout's hash; `retention.rs`
+//! reads the retention index, `sessions.rs` keeps the idle-session index;
+//! `tests.rs` runs the contract suite against a real Redis.
 //!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
@@ -60,22 +82,21 @@
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
 //!   below 2^53 (Lua numbers are doubles).
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use self::follow::{Follow, Listener, Tail};
+use self::follow::{Follow, Listener};
 use self::lease::Tasks;
-use self::record::{backend, decode, encode, meta_from_hash, mutable_fields, wire};
+use self::record::{backend, decode, encode};
 use self::scripts::{Scripts, FEED_LENGTH};
 use self::sessions::Indexing;
 pub use self::ttl::Lifetimes;
 use super::{
-    now_ms, Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord,
-    Store, StoreError, StreamMeta, Subscription, TaskRecord, Watermark,
+    Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord, Store,
+    StoreError, StreamMeta, Subscription, TaskRecord, Watermark,
 };
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -264,99 +285,6 @@ impl RedisStore {
         format!("{}:{what}", self.prefix)
     }
 
-    /// Creates a stream in one script, checking first (`prior`) for the
-    /// call's prior, in which case nothing is created.
-    async fn create(
-        &self,
-        meta: &StreamMeta,
-        opening: &[Bytes],
-        prior: bool,
-    ) -> Result<Option<Prior>> {
-        let (found, stream): (i64, String) = self
-            .create_invocation(meta, opening, prior)?
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        match found {
-            0 => {}
-            1 => {
-                let stream = stream
-                    .parse()
-                    .map_err(|()| backend(format!("the create script named {stream:?}")))?;
-                return Ok(Some(Prior::Same(stream)));
-            }
-            _ => return Ok(Some(Prior::Other)),
-        }
-        // Its creator knows the new stream's watermark exactly: the reader
-        // that attaches next needs no round trip to learn it.
-        let mut watermark = meta.watermark();
-        watermark.seq = opening.len() as Seq;
-        self.follow
-            .tails
-            .entry(meta.id)
-            .or_insert_with(|| Arc::new(Tail::created(watermark)));
-        Ok(None)
-    }
-
-    /// The create script's keys and arguments for `meta` (see `CREATE` in
-    /// `scripts.rs`).
-    fn create_invocation(
-        &self,
-        meta: &StreamMeta,
-        opening: &[Bytes],
-        prior: bool,
-    ) -> Result<redis::ScriptInvocation<'_>> {
-        let mut fields = mutable_fields(meta)?;
-        if meta.status.is_live() {
-            fields.push(("owner", self.instance.clone()));
-        }
-        if let Some(task) = meta.task {
-            fields.push(("task", task.to_string()));
-        }
-        let mut invocation = self.scripts.create.prepare_invoke();
-        invocation
-            .key(self.stream_key(meta.id, "meta"))
-            .key(self.session_key(meta.session, "streams"))
-            .key(self.global_key("streams"))
-            .key(self.global_key("abandon"))
-            .key(self.global_key("finished"))
-            .key(self.session_key(meta.session, "requests"))
-            .key(self.owned_key(&self.instance))
-            .key(self.global_key("instances"))
-            .key(self.stream_key(meta.id, "log"));
-        if let Some(task) = meta.task {
-            invocation.key(self.task_key(task));
-        }
-        invocation
-            .arg(meta.id.to_string())
-            .arg(meta.created_ms)
-            .arg(
-                meta.abandon_at_ms
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(meta.finished_ms.map(|v| v.to_string()).unwrap_or_default())
-            .arg(&self.instance)
-            .arg(self.lease.as_millis() as u64)
-            .arg(if prior { "1" } else { "0" })
-            .arg(meta.params_digest.as_deref().unwrap_or_default())
-            .arg(&self.prefix)
-            .arg(fields.len() + 1)
-            .arg("record")
-            .arg(encode(meta)?);
-        for (field, value) in &fields {
-            invocation.arg(*field).arg(value);
-        }
-        invocation.arg(opening.len());
-        for message in opening {
-            invocation.arg(message.as_ref());
-        }
-        for id in &meta.origin_ids {
-            invocation.arg(id.as_json());
-        }
-        Ok(invocation)
-    }
-
     fn owned_key(&self, instance: &str) -> String {
         format!("{}:owned:{instance}", self.prefix)
     }
@@ -380,31 +308,6 @@ impl RedisStore {
     /// The feed line telling other instances that a session changed.
     fn session_changed(&self, id: SessionId) -> redis::Cmd {
         self.feed_line("e", id.to_string())
-    }
-
-    async fn hash_of(&self, id: StreamId) -> Result<HashMap<String, Vec<u8>>> {
-        redis::cmd("HGETALL")
-            .arg(self.stream_key(id, "meta"))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(backend)
-    }
-
-    async fn metas(&self, ids: &[StreamId]) -> Result<Vec<StreamMeta>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for id in ids {
-            pipe.cmd("HGETALL").arg(self.stream_key(*id, "meta"));
-        }
-        let hashes: Vec<HashMap<String, Vec<u8>>> =
-            pipe.query_async(&mut self.conn()).await.map_err(backend)?;
-        let mut out = Vec::with_capacity(hashes.len());
-        for hash in hashes {
-            out.extend(meta_from_hash(hash)?);
-        }
-        Ok(out)
     }
 
     /// The records of sessions `ids`, in order, in one round trip; `None`
@@ -442,129 +345,6 @@ impl RedisStore {
             .await
             .map_err(backend)?;
         Ok(ids(raw))
-    }
-
-    /// Runs the append script (entries, counts, mark and status in one
-    /// atomic step), then moves the watermark of this instance's readers.
-    async fn append_inner(
-        &self,
-        stream: StreamId,
-        messages: &[Bytes],
-        along: Along<'_>,
-    ) -> Result<Seq> {
-        let (finish, upstream) = (along.end, along.upstream_event);
-        let mut invocation = self.scripts.append.prepare_invoke();
-        invocation
-            .key(self.stream_key(stream, "meta"))
-            .key(self.stream_key(stream, "log"))
-            .key(self.global_key("finished"))
-            .key(self.global_key("feed"))
-            .arg(stream.to_string())
-            .arg(if upstream.is_some() { "1" } else { "0" })
-            .arg(upstream.unwrap_or(""));
-        match &finish {
-            Some(end) => {
-                invocation
-                    .arg(wire(&end.status)?)
-                    .arg(if end.status.is_live() {
-                        String::new()
-                    } else {
-                        end.at_ms.to_string()
-                    })
-                    .arg(
-                        end.outcome
-                            .as_ref()
-                            .map(wire)
-                            .transpose()?
-                            .unwrap_or_default(),
-                    );
-            }
-            None => {
-                invocation.arg("").arg("").arg("");
-            }
-        }
-        invocation
-            .arg(&self.instance)
-            .arg(&self.prefix)
-            .arg(self.expire_after.finished_stream.as_millis() as u64);
-        match along.caps {
-            Some(caps) => invocation.arg(caps.entries).arg(caps.bytes),
-            None => invocation.arg("").arg(""),
-        };
-        for message in messages {
-            invocation.arg(message.as_ref());
-        }
-        let seq: i64 = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        let seq = match seq {
-            -2 => return Err(StoreError::NotOwner(stream)),
-            -3 => return Err(StoreError::OverCaps(stream)),
-            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
-        };
-        // Redis answered: the write is as durable as this backend makes it.
-        // A stream with no tail here has no reader here to wake; a tail made
-        // later reads this write from Redis.
-        if let Some(tail) = self.follow.tails.get(&stream) {
-            tail.watermark.send_modify(|w| {
-                w.seq = w.seq.max(seq);
-                if let Some(end) = finish {
-                    w.finished = !end.status.is_live();
-                }
-            });
-        }
-        Ok(seq)
-    }
-
-    /// Runs the task script: writes `task`, over a stored record of version
-    /// `expected` only, if one is named. Returns whether it wrote.
-    async fn write_task(&self, task: &TaskRecord, expected: Option<u64>) -> Result<bool> {
-        let ttl = ttl::task(task.expires_ms(), now_ms());
-        let mut invocation = self.scripts.task.prepare_invoke();
-        invocation
-            .key(self.task_key(task.id))
-            .key(self.global_key("tasks"))
-            .arg(task.id.to_string())
-            .arg(expected.map(|v| v.to_string()).unwrap_or_default())
-            .arg(task.version.to_string())
-            .arg(encode(task)?)
-            .arg(task.expires_ms())
-            .arg(ttl.as_millis() as u64)
-            .arg(&self.prefix);
-        for leg in &task.legs {
-            invocation.arg(leg.to_string());
-        }
-        let wrote: i64 = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        Ok(wrote == 1)
-    }
-
-    async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
-        let mut invocation = self.scripts.delete.prepare_invoke();
-        invocation
-            .key(self.stream_key(meta.id, "meta"))
-            .key(self.stream_key(meta.id, "log"))
-            .key(self.session_key(meta.session, "streams"))
-            .key(self.global_key("streams"))
-            .key(self.global_key("abandon"))
-            .key(self.global_key("finished"))
-            .key(self.session_key(meta.session, "requests"))
-            .key(self.global_key("feed"))
-            .arg(meta.id.to_string())
-            .arg(&self.instance)
-            .arg(&self.prefix);
-        for id in &meta.origin_ids {
-            invocation.arg(id.as_json());
-        }
-        invocation
-            .invoke_async::<i64>(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        self.follow.gone(meta.id);
-        Ok(())
     }
 }
 
@@ -653,18 +433,15 @@ impl Store for RedisStore {
     }
 
     async fn stream_meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
-        meta_from_hash(self.hash_of(id).await?)
+        self.meta(id).await
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
-        let streams: Vec<StreamId> = ids(self.members(self.global_key("streams")).await?);
-        self.metas(&streams).await
+        self.every_stream().await
     }
 
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
-        let streams: Vec<StreamId> =
-            ids(self.members(self.session_key(session, "streams")).await?);
-        self.metas(&streams).await
+        self.session_streams(session).await
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
@@ -683,6 +460,7 @@ impl Store for RedisStore {
         let done: i64 = self
             .scripts
             .change
+            .key(self.stream_key(id, "stream"))
             .key(self.stream_key(id, "meta"))
             .key(self.global_key("abandon"))
             .key(self.global_key("feed"))
@@ -736,13 +514,13 @@ impl Store for RedisStore {
         session: SessionId,
         id: &RequestId,
     ) -> Result<Option<StreamId>> {
-        let raw: Option<String> = redis::cmd("HGET")
+        let held: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(self.session_key(session, "requests"))
             .arg(id.as_json())
             .query_async(&mut self.conn())
             .await
             .map_err(backend)?;
-        Ok(raw.and_then(|v| v.rsplit(' ').next().and_then(|s| s.parse().ok())))
+        Ok(held.as_deref().and_then(read::named))
     }
 
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
@@ -750,7 +528,7 @@ impl Store for RedisStore {
     }
 
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
-        self.due("finished", at_ms).await
+        self.finished_due(at_ms).await
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
@@ -761,36 +539,7 @@ impl Store for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut range = redis::cmd("XRANGE");
-        range
-            .arg(self.stream_key(stream, "log"))
-            .arg(format!("0-{}", after.saturating_add(1)))
-            .arg("+");
-        // Redis takes a signed 64-bit count; a larger one means "all".
-        if let Ok(count) = i64::try_from(limit) {
-            range.arg("COUNT").arg(count);
-        }
-        let raw: redis::streams::StreamRangeReply =
-            range.query_async(&mut self.conn()).await.map_err(backend)?;
-        raw.ids
-            .into_iter()
-            .map(|mut entry| {
-                let id = entry.id;
-                let seq = id
-                    .strip_prefix("0-")
-                    .and_then(|s| s.parse::<Seq>().ok())
-                    .ok_or_else(|| StoreError::Corrupt(format!("log entry id {id}")))?;
-                let message = entry
-                    .map
-                    .remove("m")
-                    .and_then(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
-                    .ok_or_else(|| StoreError::Corrupt(format!("log entry {id} has no message")))?;
-                Ok(Entry {
-                    seq,
-                    message: Bytes::from(message),
-                })
-            })
-            .collect()
+        self.entries_after(stream, after, limit).await
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
@@ -894,9 +643,14 @@ impl Store for RedisStore {
 
 mod follow;
 mod lease;
+mod msgpack;
+mod packed;
+mod read;
 mod record;
+mod retention;
 mod scripts;
 mod sessions;
 #[cfg(test)]
 mod tests;
 mod ttl;
+mod write;

@@ -1,7 +1,7 @@
-//! A stream's metadata as the Redis backend keeps it: the record as created
-//! (`record`, JSON) plus one hash field per value that changes afterwards,
-//! so that a script can move a cursor without reading and rewriting the
-//! record. Also the encodings every key of the backend shares.
+//! A stream's metadata as the previous layout kept it, still read until a
+//! script moves the stream into one value (`packed.rs`): a hash of the
+//! record as created (`record`, JSON) plus one field per value that changes
+//! afterwards. Also the encodings every key of the backend shares.
 
 use std::collections::HashMap;
 
@@ -19,43 +19,8 @@ pub(super) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(backend)
 }
 
-/// A value as a bare string: a unit enum as its serde name (`live`, `error`).
-pub(super) fn wire<T: serde::Serialize>(value: &T) -> Result<String> {
-    match serde_json::to_value(value).map_err(backend)? {
-        serde_json::Value::String(s) => Ok(s),
-        other => Ok(other.to_string()),
-    }
-}
-
-/// The metadata fields that change after creation (overlaid on `record`).
-pub(super) fn mutable_fields(meta: &StreamMeta) -> Result<Vec<(&'static str, String)>> {
-    let mut fields = vec![
-        ("entries", "0".to_owned()),
-        ("bytes", "0".to_owned()),
-        ("status", wire(&meta.status)?),
-        ("acked", meta.acked.to_string()),
-        ("touched_ms", meta.touched_ms.to_string()),
-        ("last_request", meta.last_request.to_string()),
-        ("coalesced", u8::from(meta.coalesced).to_string()),
-    ];
-    let optional = [
-        ("finished_ms", meta.finished_ms.map(|v| v.to_string())),
-        (
-            "abandon_after_ms",
-            meta.abandon_after_ms.map(|v| v.to_string()),
-        ),
-        ("abandon_at_ms", meta.abandon_at_ms.map(|v| v.to_string())),
-        ("outcome", meta.outcome.as_ref().map(wire).transpose()?),
-    ];
-    fields.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
-    if let Some(mark) = &meta.upstream {
-        fields.push(("up_event", mark.event_id.clone()));
-        fields.push(("up_seq", mark.seq.to_string()));
-    }
-    Ok(fields)
-}
-
-/// A stream's metadata from its hash (`None`: no such stream).
+/// A stream's metadata from its hash of the previous layout (`None`: no
+/// such stream).
 pub(super) fn meta_from_hash(hash: HashMap<String, Vec<u8>>) -> Result<Option<StreamMeta>> {
     let Some(record) = hash.get("record") else {
         return Ok(None);

@@ -11,9 +11,11 @@
 use std::cell::RefCell;
 use std::path::Path;
 
+use super::follow::Tail;
 use super::*;
 use crate::store::commit::SyncMode;
 use crate::store::contract::{idle_at_500, session_seen_at};
+use crate::store::now_ms;
 use crate::store::SharedStore;
 
 /// Short, so that the contract's orphan test sees a dropped store's
@@ -24,6 +26,11 @@ const TEST_LEASE: Duration = Duration::from_millis(600);
 // must not ship test scaffolding, and one copy serves both.
 #[path = "../../../tests/common/redis_server.rs"]
 mod redis_server;
+
+mod footprint;
+mod instances;
+mod legacy;
+mod retention;
 
 fn url() -> String {
     redis_server::shared_url()
@@ -154,40 +161,85 @@ async fn copies_of_a_call_created_at_once_make_one_stream() {
     assert!(attached.iter().all(|to| Some(*to) == first));
 }
 
+/// The keys of stream `id` under `prefix`.
+fn keys_of_stream(conn: &mut redis::Connection, prefix: &str, id: StreamId) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{prefix}:{id}}}:*"))
+        .query(conn)
+        .unwrap();
+    keys.sort();
+    keys
+}
+
 #[tokio::test]
-async fn a_stream_is_one_redis_stream_with_ids_that_are_its_seqs_and_its_keys_share_a_hash_tag() {
+async fn a_short_stream_is_one_key_and_a_long_one_moves_its_entries_to_a_log_of_seq_ids() {
     let _cleanup = Cleanup;
     let (_dir, store, prefix) = one_store();
     let m = crate::store::contract::meta(SessionId::random());
     store.create_stream(&m).await.unwrap();
-    store
-        .append(m.id, &[Bytes::from_static(b"a"), Bytes::from_static(b"bc")])
-        .await
-        .unwrap();
+    let two = [Bytes::from_static(b"a"), Bytes::from_static(b"bc")];
+    store.append(m.id, &two).await.unwrap();
     let mut conn = connection();
-    let log = format!("{{{prefix}:{}}}:log", m.id);
+    let tag = format!("{{{prefix}:{}}}", m.id);
+    assert_eq!(
+        keys_of_stream(&mut conn, &prefix, m.id),
+        vec![format!("{tag}:stream")]
+    );
+    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
+    assert_eq!((counts.entries, counts.bytes), (2, 3));
+    // Past what its value keeps: every entry moves to the log, in order.
+    let more: Vec<Bytes> = (3..=packed::INLINE_ENTRIES + 1)
+        .map(|n| Bytes::from(n.to_string()))
+        .collect();
+    let last = store.append(m.id, &more).await.unwrap();
+    assert_eq!(last, packed::INLINE_ENTRIES + 1);
+    assert_eq!(
+        keys_of_stream(&mut conn, &prefix, m.id),
+        vec![format!("{tag}:log"), format!("{tag}:stream")]
+    );
     let ids: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(&log)
+        .arg(format!("{tag}:log"))
         .arg("-")
         .arg("+")
         .query(&mut conn)
         .unwrap();
+    let want: Vec<String> = (1..=last).map(|n| format!("0-{n}")).collect();
     assert_eq!(
-        ids.ids.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
-        vec!["0-1", "0-2"]
+        ids.ids.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+        want
     );
-    let tag = |key: &str| key[..=key.find('}').unwrap()].to_owned();
-    let meta = format!("{{{prefix}:{}}}:meta", m.id);
-    assert_eq!(tag(&log), tag(&meta));
-    assert_eq!(tag(&log), format!("{{{prefix}:{}}}", m.id));
-    let fields: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(&meta).query(&mut conn).unwrap();
+    let read = store.read_after(m.id, 1, 2).await.unwrap();
     assert_eq!(
-        (fields["entries"].as_str(), fields["bytes"].as_str()),
-        ("2", "3")
+        read.iter()
+            .map(|e| (e.seq, e.message.clone()))
+            .collect::<Vec<_>>(),
+        vec![(2, two[1].clone()), (3, Bytes::from_static(b"3"))]
     );
-    let counts = store.stream_meta(m.id).await.unwrap().unwrap();
-    assert_eq!((counts.entries, counts.bytes), (2, 3));
+}
+
+#[tokio::test]
+async fn opening_entries_too_many_for_the_value_are_written_to_the_log_with_the_stream() {
+    let _cleanup = Cleanup;
+    let (_dir, store, prefix) = one_store();
+    let m = crate::store::contract::meta(SessionId::random());
+    let opening: Vec<Bytes> = (1..=packed::INLINE_ENTRIES + 1)
+        .map(|n| Bytes::from(n.to_string()))
+        .collect();
+    store.create_with(&m, &opening).await.unwrap();
+    let tag = format!("{{{prefix}:{}}}", m.id);
+    assert_eq!(
+        keys_of_stream(&mut connection(), &prefix, m.id),
+        vec![format!("{tag}:log"), format!("{tag}:stream")]
+    );
+    let next = store
+        .append(m.id, &[Bytes::from_static(b"next")])
+        .await
+        .unwrap();
+    assert_eq!(next, packed::INLINE_ENTRIES + 2);
+    let read = store.read_after(m.id, 0, 100).await.unwrap();
+    let seqs: Vec<u64> = read.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=next).collect::<Vec<_>>());
+    assert_eq!(read[0].message, opening[0]);
 }
 
 #[tokio::test]
@@ -301,119 +353,6 @@ async fn a_tail_left_unread_by_a_dropped_subscribe_is_read_by_the_next() {
     assert_eq!(b.subscribe(m.id).await.borrow().seq, 2);
 }
 
-/// Two instances on one Redis, as two proxy processes would be.
-fn two_instances(dir: &Path) -> (SharedStore, SharedStore) {
-    (
-        open_store(dir, SyncMode::Batch),
-        open_store(dir, SyncMode::Batch),
-    )
-}
-
-const PATIENCE: Duration = Duration::from_secs(10);
-
-#[tokio::test]
-async fn an_append_by_another_instance_wakes_a_reader_here_through_the_feed() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
-    let mut seen_by_b = b.subscribe(m.id).await;
-    assert_eq!(seen_by_b.borrow().seq, 0);
-    a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap();
-    tokio::time::timeout(PATIENCE, seen_by_b.wait_for(|w| w.seq == 1))
-        .await
-        .expect("B learns of A's append")
-        .unwrap();
-    a.append_final(
-        m.id,
-        &[Bytes::from_static(b"y")],
-        Finish::new(crate::store::StreamStatus::Completed, None),
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(PATIENCE, seen_by_b.wait_for(|w| w.seq == 2 && w.finished))
-        .await
-        .expect("B learns that A finished the stream")
-        .unwrap();
-}
-
-#[tokio::test]
-async fn a_living_instances_streams_are_never_orphans() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
-    // Well past A's lease: A renews it.
-    tokio::time::sleep(TEST_LEASE * 3).await;
-    assert!(b.orphans().await.unwrap().is_empty());
-    assert_eq!(
-        a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap(),
-        1
-    );
-}
-
-#[tokio::test]
-async fn a_retired_instances_live_streams_are_taken_over_at_once_and_it_may_not_log_to_them() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
-    a.retire().await.unwrap();
-    let taken: Vec<StreamId> = b.orphans().await.unwrap().iter().map(|m| m.id).collect();
-    assert_eq!(taken, vec![m.id]);
-    let refused = a.append(m.id, &[Bytes::from_static(b"late")]).await;
-    assert!(matches!(refused, Err(StoreError::NotOwner(id)) if id == m.id));
-    assert_eq!(
-        b.append(m.id, &[Bytes::from_static(b"b")]).await.unwrap(),
-        1
-    );
-    assert!(a.orphans().await.unwrap().is_empty(), "handed out once");
-}
-
-#[tokio::test]
-async fn a_reader_claim_by_another_instance_ends_the_lease_held_here() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
-    let mut held_on_a = a.hold_reader(m.id).await.unwrap();
-    assert!(!held_on_a.lost());
-    let held_on_b = b.hold_reader(m.id).await.unwrap();
-    tokio::time::timeout(PATIENCE, held_on_a.taken())
-        .await
-        .expect("A's reader learns that B's took the stream");
-    assert!(held_on_a.lost());
-    assert!(!held_on_b.lost(), "the newest claim holds");
-}
-
-#[tokio::test]
-async fn a_session_stored_by_another_instance_is_announced_here() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let mut changes = b.session_changes().expect("a shared log announces changes");
-    let s = crate::store::contract::session(SessionId::random());
-    // B's listener starts at the feed's end as it finds it when connected:
-    // A writes until B has heard (a write before that is not B's business).
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let changed = loop {
-        a.put_session(&s).await.unwrap();
-        let heard = tokio::time::timeout(Duration::from_millis(200), changes.recv()).await;
-        if let Ok(changed) = heard {
-            break changed.unwrap();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "B never heard of A's session"
-        );
-    };
-    assert_eq!(changed, crate::store::SessionNews::Changed(s.id));
-}
-
 #[tokio::test]
 async fn a_finished_streams_keys_expire_after_its_retention_and_a_sessions_after_its_idle_time() {
     let _cleanup = Cleanup;
@@ -429,102 +368,39 @@ async fn a_finished_streams_keys_expire_after_its_retention_and_a_sessions_after
         .with_lifetimes(lifetimes);
     let s = crate::store::contract::session(SessionId::random());
     store.put_session(&s).await.unwrap();
-    let m = crate::store::contract::meta(s.id);
-    store.create_stream(&m).await.unwrap();
-    store
-        .append(m.id, &[Bytes::from_static(b"a")])
-        .await
-        .unwrap();
+    // One stream whose entries are in its value, one whose are in its log.
+    let (short, long) = (
+        crate::store::contract::meta(s.id),
+        crate::store::contract::meta(s.id),
+    );
+    for (m, n) in [(&short, 1), (&long, packed::INLINE_ENTRIES + 1)] {
+        store.create_stream(m).await.unwrap();
+        let messages = vec![Bytes::from_static(b"a"); n as usize];
+        store.append(m.id, &messages).await.unwrap();
+    }
     let mut conn = connection();
     let ttl = |conn: &mut redis::Connection, key: String| -> i64 {
         redis::cmd("PTTL").arg(key).query(conn).unwrap()
     };
-    let meta_key = format!("{{{prefix}:{}}}:meta", m.id);
-    assert_eq!(
-        ttl(&mut conn, meta_key.clone()),
-        -1,
-        "a live stream never expires"
-    );
+    let key = |m: &StreamMeta, what: &str| format!("{{{prefix}:{}}}:{what}", m.id);
+    let keys = [
+        key(&short, "stream"),
+        key(&long, "stream"),
+        key(&long, "log"),
+    ];
+    for k in &keys {
+        assert_eq!(ttl(&mut conn, k.clone()), -1, "a live stream never expires");
+    }
     let session_ttl = ttl(&mut conn, format!("{{{prefix}:{}}}:session", s.id));
     assert!((190_000..=200_000).contains(&session_ttl), "{session_ttl}");
-    store
-        .set_status(
-            m.id,
-            Finish::new(crate::store::StreamStatus::Completed, None),
-        )
-        .await
-        .unwrap();
-    for key in [meta_key, format!("{{{prefix}:{}}}:log", m.id)] {
-        let left = ttl(&mut conn, key);
-        assert!((90_000..=100_000).contains(&left), "{left}");
+    for m in [&short, &long] {
+        let end = Finish::new(crate::store::StreamStatus::Completed, None);
+        store.set_status(m.id, end).await.unwrap();
     }
-}
-
-#[tokio::test]
-async fn another_instance_reads_and_compare_and_sets_the_same_task() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_instances(dir.path());
-    let mut t = crate::store::contract::task(TaskId::random(), now_ms(), 60_000);
-    a.put_task(&t).await.unwrap();
-    assert_eq!(b.get_task(t.id).await.unwrap(), Some(t.clone()));
-    // Both read version 1 and race to write version 2: B comes first.
-    t.version = 2;
-    let by_b = TaskRecord {
-        cancelled_ms: Some(t.created_ms + 1),
-        ..t.clone()
-    };
-    let by_a = TaskRecord {
-        legs: vec![StreamId::random()],
-        ..t.clone()
-    };
-    assert!(b.update_task(&by_b).await.unwrap());
-    assert!(!a.update_task(&by_a).await.unwrap(), "A lost the race");
-    assert_eq!(a.get_task(t.id).await.unwrap(), Some(by_b.clone()));
-    // A goes on from what B wrote.
-    let next = TaskRecord { version: 3, ..by_b };
-    assert!(a.update_task(&next).await.unwrap());
-    assert_eq!(b.get_task(t.id).await.unwrap(), Some(next));
-}
-
-#[tokio::test]
-async fn another_instance_deletes_a_task_with_the_live_leg_this_one_owns() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = prefix_of(dir.path());
-    let (a, b) = two_instances(dir.path());
-    let mut t = crate::store::contract::task(TaskId::random(), now_ms(), 60_000);
-    let leg = crate::store::contract::leg(t.id);
-    t.legs.push(leg.id);
-    a.create_stream(&leg).await.unwrap();
-    a.append(leg.id, &[Bytes::from_static(b"x")]).await.unwrap();
-    a.put_task(&t).await.unwrap();
-    b.delete_task(t.id).await.unwrap();
-    assert_eq!(a.stream_meta(leg.id).await.unwrap(), None);
-    assert!(matches!(
-        a.append(leg.id, &[Bytes::from_static(b"late")]).await,
-        Err(StoreError::NoSuchStream(_))
-    ));
-    // Nothing of the task or its leg is left, its owner's set included.
-    let mut conn = connection();
-    let left: Vec<String> = keys_of(&mut conn, &prefix)
-        .into_iter()
-        .filter(|k| k.contains(&t.id.to_string()) || k.contains(&leg.id.to_string()))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
-    let owned: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:owned:*"))
-        .query::<Vec<String>>(&mut conn)
-        .unwrap()
-        .into_iter()
-        .flat_map(|key| {
-            redis::cmd("SMEMBERS")
-                .arg(key)
-                .query::<Vec<String>>(&mut conn)
-                .unwrap()
-        })
-        .collect();
-    assert!(!owned.contains(&leg.id.to_string()), "{owned:?}");
+    for k in keys {
+        let left = ttl(&mut conn, k.clone());
+        assert!((90_000..=100_000).contains(&left), "{k}: {left}");
+    }
 }
 
 #[tokio::test]
@@ -554,7 +430,10 @@ async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_
     t.version += 1;
     assert!(store.update_task(&t).await.unwrap());
     store.create_stream(&second).await.unwrap();
+    // Both outgrow their value: their logs are made after their TTLs were.
     for m in [&first, &second] {
+        let many = vec![Bytes::from_static(b"p"); packed::INLINE_ENTRIES as usize];
+        store.append(m.id, &many).await.unwrap();
         store
             .append_final(
                 m.id,
@@ -571,7 +450,7 @@ async fn a_tasks_keys_and_its_finished_legs_expire_after_the_tasks_deadline_not_
     let lifetime = 10_000_000 + ttl::task(0, 0).as_millis() as i64;
     let mut keys = vec![format!("{{{prefix}:{}}}:task", t.id)];
     for m in [&first, &second] {
-        keys.push(format!("{{{prefix}:{}}}:meta", m.id));
+        keys.push(format!("{{{prefix}:{}}}:stream", m.id));
         keys.push(format!("{{{prefix}:{}}}:log", m.id));
     }
     for key in keys {

@@ -1,0 +1,232 @@
+//! The writes: each is one script (`scripts.rs`), whose keys and arguments
+//! are made here from what the store was asked, and whose answer moves the
+//! watermark of this instance's readers — creating a stream (and checking
+//! for a call's prior), appending to it and finishing it, deleting it, and
+//! writing a task record.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::follow::Tail;
+use super::record::{backend, encode};
+use super::{packed, ttl, RedisStore};
+use crate::id::{Seq, StreamId};
+use crate::store::{now_ms, Along, Prior, Result, StoreError, StreamMeta, TaskRecord};
+
+/// An optional number as a script argument: `''` for none.
+fn optional(value: Option<u64>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
+}
+
+impl RedisStore {
+    /// Creates a stream in one script, checking first (`prior`) for the
+    /// call's prior, in which case nothing is created.
+    pub(super) async fn create(
+        &self,
+        meta: &StreamMeta,
+        opening: &[Bytes],
+        prior: bool,
+    ) -> Result<Option<Prior>> {
+        let (found, stream): (i64, String) = self
+            .create_invocation(meta, opening, prior)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        match found {
+            0 => {}
+            1 => {
+                let stream = stream
+                    .parse()
+                    .map_err(|()| backend(format!("the create script named {stream:?}")))?;
+                return Ok(Some(Prior::Same(stream)));
+            }
+            _ => return Ok(Some(Prior::Other)),
+        }
+        // Its creator knows the new stream's watermark exactly: the reader
+        // that attaches next needs no round trip to learn it.
+        let mut watermark = meta.watermark();
+        watermark.seq = opening.len() as Seq;
+        self.follow
+            .tails
+            .entry(meta.id)
+            .or_insert_with(|| Arc::new(Tail::created(watermark)));
+        Ok(None)
+    }
+
+    /// The create script's keys and arguments for `meta` (see `CREATE` in
+    /// `scripts.rs`).
+    fn create_invocation(
+        &self,
+        meta: &StreamMeta,
+        opening: &[Bytes],
+        prior: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let owner = meta.status.is_live().then_some(self.instance.as_str());
+        let mut invocation = self.scripts.create.prepare_invoke();
+        invocation
+            .key(self.stream_key(meta.id, "stream"))
+            .key(self.session_key(meta.session, "streams"))
+            .key(self.global_key("abandon"))
+            .key(self.global_key("finished"))
+            .key(self.session_key(meta.session, "requests"))
+            .key(self.owned_key(&self.instance))
+            .key(self.global_key("instances"))
+            .key(self.stream_key(meta.id, "log"))
+            .key(self.global_key("retention"));
+        if let Some(task) = meta.task {
+            invocation.key(self.task_key(task));
+        }
+        let digest = meta.params_digest.as_deref();
+        invocation
+            .arg(meta.id.to_string())
+            .arg(meta.id.as_bytes())
+            .arg(meta.created_ms)
+            .arg(optional(meta.abandon_at_ms))
+            .arg(optional(meta.finished_ms))
+            .arg(&self.instance)
+            .arg(self.lease.as_millis() as u64)
+            .arg(if prior { "1" } else { "0" })
+            .arg(digest.map(packed::digest).unwrap_or_default())
+            .arg(digest.unwrap_or_default())
+            .arg(&self.prefix)
+            .arg(packed::encode(meta, owner, opening))
+            .arg(if packed::fits_inline(opening) {
+                "0"
+            } else {
+                "1"
+            })
+            .arg(opening.len());
+        for message in opening {
+            invocation.arg(message.as_ref());
+        }
+        for id in &meta.origin_ids {
+            invocation.arg(id.as_json());
+        }
+        invocation
+    }
+
+    /// Runs the append script (entries, counts, mark and status in one
+    /// atomic step), then moves the watermark of this instance's readers.
+    pub(super) async fn append_inner(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        along: Along<'_>,
+    ) -> Result<Seq> {
+        let (finish, upstream) = (along.end, along.upstream_event);
+        let mut invocation = self.scripts.append.prepare_invoke();
+        invocation
+            .key(self.stream_key(stream, "stream"))
+            .key(self.stream_key(stream, "meta"))
+            .key(self.stream_key(stream, "log"))
+            .key(self.global_key("finished"))
+            .key(self.global_key("feed"))
+            .key(self.global_key("retention"))
+            .arg(stream.to_string())
+            .arg(stream.as_bytes())
+            .arg(if upstream.is_some() { "1" } else { "0" })
+            .arg(upstream.unwrap_or(""));
+        match &finish {
+            Some(end) => {
+                let live = end.status.is_live();
+                invocation
+                    .arg(packed::status_arg(end.status))
+                    .arg(optional((!live).then_some(end.at_ms)))
+                    .arg(optional(end.outcome.map(packed::outcome_code)));
+            }
+            None => {
+                invocation.arg("").arg("").arg("");
+            }
+        }
+        invocation
+            .arg(&self.instance)
+            .arg(&self.prefix)
+            .arg(self.expire_after.finished_stream.as_millis() as u64);
+        match along.caps {
+            Some(caps) => invocation.arg(caps.entries).arg(caps.bytes),
+            None => invocation.arg("").arg(""),
+        };
+        for message in messages {
+            invocation.arg(message.as_ref());
+        }
+        let seq: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        let seq = match seq {
+            -2 => return Err(StoreError::NotOwner(stream)),
+            -3 => return Err(StoreError::OverCaps(stream)),
+            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
+        };
+        // Redis answered: the write is as durable as this backend makes it.
+        // A stream with no tail here has no reader here to wake; a tail made
+        // later reads this write from Redis.
+        if let Some(tail) = self.follow.tails.get(&stream) {
+            tail.watermark.send_modify(|w| {
+                w.seq = w.seq.max(seq);
+                if let Some(end) = finish {
+                    w.finished = !end.status.is_live();
+                }
+            });
+        }
+        Ok(seq)
+    }
+
+    /// Runs the task script: writes `task`, over a stored record of version
+    /// `expected` only, if one is named. Returns whether it wrote.
+    pub(super) async fn write_task(
+        &self,
+        task: &TaskRecord,
+        expected: Option<u64>,
+    ) -> Result<bool> {
+        let ttl = ttl::task(task.expires_ms(), now_ms());
+        let mut invocation = self.scripts.task.prepare_invoke();
+        invocation
+            .key(self.task_key(task.id))
+            .key(self.global_key("tasks"))
+            .arg(task.id.to_string())
+            .arg(expected.map(|v| v.to_string()).unwrap_or_default())
+            .arg(task.version.to_string())
+            .arg(encode(task)?)
+            .arg(task.expires_ms())
+            .arg(ttl.as_millis() as u64)
+            .arg(&self.prefix);
+        for leg in &task.legs {
+            invocation.arg(leg.to_string());
+        }
+        let wrote: i64 = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        Ok(wrote == 1)
+    }
+
+    pub(super) async fn delete_meta(&self, meta: &StreamMeta) -> Result<()> {
+        let mut invocation = self.scripts.delete.prepare_invoke();
+        invocation
+            .key(self.stream_key(meta.id, "stream"))
+            .key(self.stream_key(meta.id, "meta"))
+            .key(self.stream_key(meta.id, "log"))
+            .key(self.session_key(meta.session, "streams"))
+            .key(self.global_key("streams"))
+            .key(self.global_key("abandon"))
+            .key(self.global_key("finished"))
+            .key(self.session_key(meta.session, "requests"))
+            .key(self.global_key("feed"))
+            .key(self.global_key("retention"))
+            .arg(meta.id.to_string())
+            .arg(meta.id.as_bytes())
+            .arg(&self.instance)
+            .arg(&self.prefix);
+        for id in &meta.origin_ids {
+            invocation.arg(id.as_json());
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn())
+            .await
+            .map_err(backend)?;
+        self.follow.gone(meta.id);
+        Ok(())
+    }
+}
