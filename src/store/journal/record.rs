@@ -176,7 +176,7 @@ fn change_of(tag: u8, value: u64) -> Option<Change> {
     })
 }
 
-fn outcome_byte(o: Option<Outcome>) -> u8 {
+pub(super) fn outcome_byte(o: Option<Outcome>) -> u8 {
     match o {
         None => 0,
         Some(Outcome::Result) => 1,
@@ -184,7 +184,7 @@ fn outcome_byte(o: Option<Outcome>) -> u8 {
     }
 }
 
-fn outcome_of(b: u8) -> Option<Option<Outcome>> {
+pub(super) fn outcome_of(b: u8) -> Option<Option<Outcome>> {
     Some(match b {
         0 => None,
         1 => Some(Outcome::Result),
@@ -249,7 +249,7 @@ pub fn entries(
     at
 }
 
-fn status_byte(s: StreamStatus) -> u8 {
+pub(super) fn status_byte(s: StreamStatus) -> u8 {
     match s {
         StreamStatus::Live => 0,
         StreamStatus::Completed => 1,
@@ -258,7 +258,7 @@ fn status_byte(s: StreamStatus) -> u8 {
     }
 }
 
-fn status_of(b: u8) -> Option<StreamStatus> {
+pub(super) fn status_of(b: u8) -> Option<StreamStatus> {
     Some(match b {
         0 => StreamStatus::Live,
         1 => StreamStatus::Completed,
