@@ -386,7 +386,9 @@ pub async fn start_proxy(bin: &Path, upstream: SocketAddr, sync: &str) -> Result
 
 /// [`start_proxy`], with `tables` added at the end of its configuration,
 /// after its `[[upstream]]`: tables of that upstream (`[upstream.tasks]`)
-/// or top-level ones (`[auth]`).
+/// or top-level ones (`[auth]`). Its bound on retained streams is far above
+/// the default, so that a scenario measures a log holding everything it
+/// wrote (`scale` fills a million).
 pub async fn start_proxy_with(
     bin: &Path,
     upstream: SocketAddr,
@@ -402,7 +404,7 @@ pub async fn start_proxy_with(
         &config,
         format!(
             "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
-             [limits]\nstreams_per_principal = 1000000\n\n\
+             [limits]\nstreams_per_principal = 1000000\nmax_retained_streams = 4000000\n\n\
              [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
             dir.path().join("data").display(),
             store_section(sync, dir.path())?,
