@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::holdings::{Holding, Holdings, Object};
 use super::retired::{Place, Retired, RetiredStreams};
 use super::segment::{Loc, SegmentNo};
-use super::summary::{self, Summary, SummaryHead};
+use super::summary::{self, Summary};
 
 use crate::id::{IdMap, IdSet, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -465,28 +465,21 @@ impl Index {
             .insert(id, retired, &answers, meta.abandon_at_ms);
     }
 
-    /// A retired stream recovery found the summary of, at `place`. Callers
-    /// add them oldest created first, so that the newest stream answering a
-    /// reused request id wins.
-    pub fn add_retired(&mut self, head: &SummaryHead, place: Place) {
-        let id = head.stream;
-        let retired = Retired {
-            session: head.session,
-            finished_s: Retired::seconds(head.finished_ms),
-            summary: place,
-            first_segment: head.first_segment,
-            entries: head.entries,
-            requests: 0,
-            coalesced: head.coalesced,
-        };
-        self.by_session.entry(head.session).or_default().insert(id);
-        self.holdings.hold(retired.segments());
-        if let Some(at) = head.abandon_at_ms {
-            self.abandon_at.insert((at, id));
+    /// Takes in the retired streams recovery found: their sessions, their
+    /// deadlines, the segments they hold.
+    pub fn adopt_retired(&mut self, mut retired: RetiredStreams) {
+        for (id, stream, abandon_at) in retired.iter() {
+            self.by_session
+                .entry(stream.session)
+                .or_default()
+                .insert(*id);
+            self.holdings.hold(stream.segments());
+            if let Some(at) = abandon_at {
+                self.abandon_at.insert((at, *id));
+            }
         }
-        let requests: Vec<&RequestId> = head.request_ids.iter().collect();
-        self.retired
-            .insert(id, retired, &requests, head.abandon_at_ms);
+        retired.sort_by_finish();
+        self.retired = retired;
     }
 
     /// A retired stream's summary was written again, at `place`, for the

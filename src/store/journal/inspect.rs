@@ -121,7 +121,11 @@ impl JournalView {
             let state = StreamState::new(meta, locs);
             view.streams.insert(state.meta.id, (state.meta, state.locs));
         }
-        for (id, (_, place)) in metadata.retired {
+        let retired = &metadata.retired;
+        for (id, place) in retired
+            .ids()
+            .filter_map(|id| Some((*id, retired.get(id)?.summary)))
+        {
             let Some(file) = view.files.get(&place.segment) else {
                 continue;
             };

@@ -25,11 +25,12 @@ use std::sync::Arc;
 use super::holdings::Object;
 use super::index::{Index, StreamState};
 use super::record::{self, Record, Scan, MAGIC};
-use super::retired::Place;
+use super::retired::{Place, Retired, RetiredStreams};
 use super::segment;
 use super::segment::{Loc, SegmentNo};
 use super::summary::{Summary, SummaryHead};
 use crate::id::{IdMap, SessionId, StreamId, TaskId};
+use crate::jsonrpc::RequestId;
 use crate::store::{Result, SessionRecord, StoreError, StreamMeta, TaskRecord};
 
 pub struct Recovered {
@@ -48,9 +49,14 @@ pub struct Metadata {
     pub tasks: IdMap<TaskId, TaskRecord>,
     /// The segment each object's full record was last written to.
     pub records: IdMap<Object, SegmentNo>,
-    /// Retired streams: the head of each one's newest summary and where
-    /// that is (the rest is read when the stream is).
-    pub retired: IdMap<StreamId, (SummaryHead, Place)>,
+    /// Retired streams, kept as the index will (the rest of each is read
+    /// from its newest summary when the stream is): built in place, so
+    /// recovering a million of them allocates nothing per stream beyond
+    /// what the index keeps.
+    pub retired: RetiredStreams,
+    /// When each retired stream was created, while recovery runs: the
+    /// newest stream answering a reused request id wins.
+    retired_created: IdMap<StreamId, u64>,
 }
 
 impl Metadata {
@@ -65,7 +71,7 @@ impl Metadata {
                 self.sessions.remove(&id);
             }
             Record::Stream(meta) => {
-                self.retired.remove(&meta.id);
+                self.forget_retired(meta.id);
                 self.records.insert(Object::Stream(meta.id), no);
                 self.streams.insert(meta.id, *meta);
             }
@@ -87,7 +93,7 @@ impl Metadata {
             Record::StreamGone(id) => {
                 self.records.remove(&Object::Stream(id));
                 self.streams.remove(&id);
-                self.retired.remove(&id);
+                self.forget_retired(id);
             }
             Record::Task(task) => {
                 self.records.insert(Object::Task(task.id), no);
@@ -117,10 +123,9 @@ impl Metadata {
         self.records.remove(&Object::Stream(id));
         entries.remove(&id);
         let (no, offset, len) = at;
+        self.forget_retired(id);
         match Place::new(no, offset as u64, len) {
-            Some(place) => {
-                self.retired.insert(id, (head, place));
-            }
+            Some(place) => self.add_retired(&head, place),
             // Beyond what a retired stream can point at: kept whole.
             None => {
                 if let Some(summary) = record::read_summary(bytes) {
@@ -133,10 +138,29 @@ impl Metadata {
     /// A stream written whole with its entries' locations.
     fn thaw(&mut self, summary: Summary, no: SegmentNo, entries: &mut Slots) {
         let id = summary.meta.id;
-        self.retired.remove(&id);
+        self.forget_retired(id);
         self.records.insert(Object::Stream(id), no);
         entries.insert(id, summary.locs);
         self.streams.insert(id, summary.meta);
+    }
+
+    fn add_retired(&mut self, head: &SummaryHead, place: Place) {
+        let (retired, created) = (&self.retired, &self.retired_created);
+        let newer = |request: &&RequestId| match retired.answering(head.session, request) {
+            Some(other) => created.get(&other).is_none_or(|&c| c <= head.created_ms),
+            None => true,
+        };
+        let requests: Vec<&RequestId> = head.request_ids.iter().filter(newer).collect();
+        let stream = Retired::of_head(head, place);
+        self.retired
+            .insert(head.stream, stream, &requests, head.abandon_at_ms);
+        self.retired_created.insert(head.stream, head.created_ms);
+    }
+
+    fn forget_retired(&mut self, id: StreamId) {
+        if self.retired.remove(&id).is_some() {
+            self.retired_created.remove(&id);
+        }
     }
 
     /// A snapshot (written by journals before replay-all recovery) held
@@ -219,14 +243,8 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         let at = record_of(Object::Stream(meta.id));
         index.add_stream(StreamState::new(meta, locs), at);
     }
-    // Oldest created first: the newest stream answering a reused request
-    // id is indexed last, and wins.
-    let mut retired: Vec<(SummaryHead, Place)> = metadata.retired.into_values().collect();
-    retired.sort_unstable_by_key(|(head, _)| head.created_ms);
-    for (head, place) in &retired {
-        index.add_retired(head, *place);
-    }
-    index.retired.sort_by_finish();
+    drop(metadata.retired_created);
+    index.adopt_retired(metadata.retired);
     Ok(Recovered { index, files, last })
 }
 

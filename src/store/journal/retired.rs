@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault};
 
 use super::segment::SegmentNo;
+use super::summary::SummaryHead;
 use crate::id::{IdHasher, IdMap, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 
@@ -59,6 +60,20 @@ pub struct Retired {
 }
 
 impl Retired {
+    /// A retired stream as its summary's head tells it, the summary at
+    /// `place`.
+    pub fn of_head(head: &SummaryHead, place: Place) -> Self {
+        Self {
+            session: head.session,
+            summary: place,
+            first_segment: head.first_segment,
+            entries: head.entries,
+            finished_s: Self::seconds(head.finished_ms),
+            requests: 0,
+            coalesced: head.coalesced,
+        }
+    }
+
     /// `ms` since the epoch as [`Retired::finished_s`] counts them.
     pub fn seconds(ms: u64) -> u32 {
         u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)
@@ -214,6 +229,13 @@ impl RetiredStreams {
             }
             self.order.pop_front();
         }
+    }
+
+    /// Every retired stream with its abandonment deadline, if it has one.
+    pub fn iter(&self) -> impl Iterator<Item = (&StreamId, &Retired, Option<u64>)> {
+        self.streams
+            .iter()
+            .map(|(id, r)| (id, r, self.abandons.get(id).copied()))
     }
 
     /// Puts the order right after recovery added streams in no order.
