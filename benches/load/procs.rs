@@ -14,6 +14,8 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::net::TcpStream;
 
 use crate::client::Target;
+/// In the figures the soak test shares, which cannot reach this module.
+pub use crate::soak_figures::dir_bytes;
 
 /// Where peers (other proxies, nginx) are installed: outside the
 /// repository, reused across runs.
@@ -145,21 +147,6 @@ async fn healthz(addr: SocketAddr) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Bytes of the files under `dir`, recursively.
-pub fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 impl Drop for Proc {
