@@ -497,10 +497,12 @@ async fn run(opts: Opts) -> bool {
     println!("# mcp-resume-proxy load harness");
     println!(
         "command: cargo bench --bench load -- {}",
-        // cargo appends --bench itself.
+        // cargo appends --bench itself. Quoted as a shell would need them,
+        // so that the line runs as printed (`--proxy-toml 'a = 1'`).
         std::env::args()
             .skip(1)
             .filter(|a| a != "--bench")
+            .map(|a| shlex::try_quote(&a).map_or(a.clone(), |q| q.into_owned()))
             .collect::<Vec<_>>()
             .join(" ")
     );
