@@ -5,9 +5,12 @@
 //! one markdown row per segment, and a summary whose growth is the least
 //! squares slope of RSS over calls from segment 2 on — segment 1 holds the
 //! start-up (runtime, buffers, allocator arenas), which is no growth per call.
+//! Each row also has the proxy's CPU time per call: on a machine that other
+//! work shares, throughput falls with that work too, CPU per call much less,
+//! so it tells a proxy that slows down from a machine that got busier.
 //!
 //! Included with `#[path]` by both, rather than a module of the library: the
-//! library ships, its measuring aids need not. It uses only std.
+//! library ships, its measuring aids need not. It uses only std and libc.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -27,6 +30,8 @@ pub struct Sample {
     /// Seconds since the load started.
     pub secs: f64,
     pub rss_kib: u64,
+    /// The proxy's CPU time so far (user + system), in seconds.
+    pub cpu_secs: f64,
     /// The data directory's size, or Redis' `used_memory`.
     pub store_bytes: u64,
     /// The 1-minute load average: other work on the machine shows here.
@@ -42,6 +47,7 @@ impl Sample {
             errors,
             secs,
             rss_kib: vm_rss_kib(pid).unwrap_or(0),
+            cpu_secs: cpu_secs(pid).unwrap_or(0.0),
             store_bytes,
             load1: load1(),
         }
@@ -53,6 +59,20 @@ fn vm_rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// utime + stime of `/proc/<pid>/stat`, in seconds.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) start at
+    // `state`; utime and stime are the 12th and 13th of them.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((utime + stime) as f64 / hz)
 }
 
 fn load1() -> f64 {
@@ -83,17 +103,18 @@ const MIB: f64 = 1_048_576.0;
 /// dir").
 pub fn header(store: &str) -> String {
     format!(
-        "| segment | calls | req/s | proxy RSS MiB | {store} MiB | errors | load 1m |\n\
-         |---:|---:|---:|---:|---:|---:|---:|"
+        "| segment | calls | req/s | proxy CPU µs/call | proxy RSS MiB | {store} MiB | errors | load 1m |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|"
     )
 }
 
 /// Segment `n`'s row, from the samples at its start and its end.
 pub fn row(n: usize, start: &Sample, end: &Sample) -> String {
-    let rate = (end.calls - start.calls) as f64 / (end.secs - start.secs).max(1e-9);
     format!(
-        "| {n} | {} | {rate:.0} | {:.0} | {:.1} | {} | {:.2} |",
+        "| {n} | {} | {:.0} | {:.1} | {:.0} | {:.1} | {} | {:.2} |",
         end.calls,
+        rate(start, end),
+        cpu_us_per_call(start, end),
         end.rss_kib as f64 / 1024.0,
         end.store_bytes as f64 / MIB,
         end.errors,
@@ -104,11 +125,21 @@ pub fn row(n: usize, start: &Sample, end: &Sample) -> String {
 /// The row of the start (`samples[0]`): no rate yet.
 pub fn start_row(s: &Sample) -> String {
     format!(
-        "| start | 0 | | {:.0} | {:.1} | 0 | {:.2} |",
+        "| start | 0 | | | {:.0} | {:.1} | 0 | {:.2} |",
         s.rss_kib as f64 / 1024.0,
         s.store_bytes as f64 / MIB,
         s.load1
     )
+}
+
+/// Calls a second between two samples.
+fn rate(start: &Sample, end: &Sample) -> f64 {
+    (end.calls - start.calls) as f64 / (end.secs - start.secs).max(1e-9)
+}
+
+/// The proxy's CPU time per call between two samples, in µs.
+fn cpu_us_per_call(start: &Sample, end: &Sample) -> f64 {
+    (end.cpu_secs - start.cpu_secs) * 1e6 / (end.calls - start.calls).max(1) as f64
 }
 
 /// What a soak comes to.
@@ -121,6 +152,9 @@ pub struct Summary {
     /// Requests a second in the first and the last segment.
     pub first_rate: f64,
     pub last_rate: f64,
+    /// The proxy's CPU µs per call in the first and the last segment.
+    pub first_cpu: f64,
+    pub last_cpu: f64,
     pub errors: u64,
 }
 
@@ -128,11 +162,9 @@ impl Summary {
     /// `samples` as described at [`Sample`]: the start, then each segment's
     /// end (at least one).
     pub fn of(samples: &[Sample]) -> Summary {
-        let rate = |i: usize| {
-            let (a, b) = (&samples[i - 1], &samples[i]);
-            (b.calls - a.calls) as f64 / (b.secs - a.secs).max(1e-9)
-        };
         let last = samples.len() - 1;
+        let segment = |i: usize| (&samples[i - 1], &samples[i]);
+        let ((a, b), (y, z)) = (segment(1), segment(last));
         // From segment 2's end on: segment 1 is start-up.
         let steady = samples.get(2..).unwrap_or_default();
         let slope_of = |y: fn(&Sample) -> f64| {
@@ -142,8 +174,10 @@ impl Summary {
         Summary {
             rss_bytes_per_call: slope_of(|s| s.rss_kib as f64 * 1024.0),
             store_bytes_per_call: slope_of(|s| s.store_bytes as f64),
-            first_rate: rate(1),
-            last_rate: rate(last),
+            first_rate: rate(a, b),
+            last_rate: rate(y, z),
+            first_cpu: cpu_us_per_call(a, b),
+            last_cpu: cpu_us_per_call(y, z),
             errors: samples[last].errors,
         }
     }
@@ -179,6 +213,13 @@ impl Summary {
             self.throughput_ratio(),
             self.first_rate,
             self.last_rate
+        );
+        let _ = writeln!(
+            out,
+            "- proxy CPU per call, last / first segment: {:.3} ({:.1} -> {:.1} µs)",
+            self.last_cpu / self.first_cpu.max(1e-9),
+            self.first_cpu,
+            self.last_cpu
         );
         let _ = writeln!(out, "- failed calls: {}", self.errors);
         out
