@@ -5,9 +5,10 @@
 //! one markdown row per segment, and a summary whose growth is the least
 //! squares slope of RSS over calls from segment 2 on — segment 1 holds the
 //! start-up (runtime, buffers, allocator arenas), which is no growth per call.
-//! Each row also has the proxy's CPU time per call: on a machine that other
-//! work shares, throughput falls with that work too, CPU per call much less,
-//! so it tells a proxy that slows down from a machine that got busier.
+//! Each row also has the proxy's CPU time per call and the machine's idle
+//! time: on a machine that other work shares, throughput falls with that work
+//! too, CPU per call much less; and a proxy whose throughput falls while the
+//! machine has cores idle is waiting (on its disk, a lock), not starved.
 //!
 //! Included with `#[path]` by both, rather than a module of the library: the
 //! library ships, its measuring aids need not. It uses only std and libc.
@@ -36,6 +37,40 @@ pub struct Sample {
     pub store_bytes: u64,
     /// The 1-minute load average: other work on the machine shows here.
     pub load1: f64,
+    /// The machine's CPU time so far, from `/proc/stat`, in ticks.
+    pub machine: Ticks,
+}
+
+/// All CPUs' time from `/proc/stat`: in total, idle, and waiting on I/O.
+#[derive(Clone, Copy, Default)]
+pub struct Ticks {
+    total: u64,
+    idle: u64,
+    iowait: u64,
+}
+
+impl Ticks {
+    fn now() -> Ticks {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        // `cpu  user nice system idle iowait irq softirq steal …`
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        match fields[..] {
+            [_, _, _, idle, iowait, ..] => Ticks {
+                total: fields.iter().sum(),
+                idle,
+                iowait,
+            },
+            _ => Ticks::default(),
+        }
+    }
 }
 
 impl Sample {
@@ -50,6 +85,7 @@ impl Sample {
             cpu_secs: cpu_secs(pid).unwrap_or(0.0),
             store_bytes,
             load1: load1(),
+            machine: Ticks::now(),
         }
     }
 }
@@ -103,29 +139,44 @@ const MIB: f64 = 1_048_576.0;
 /// dir").
 pub fn header(store: &str) -> String {
     format!(
-        "| segment | calls | req/s | proxy CPU µs/call | proxy RSS MiB | {store} MiB | errors | load 1m |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| segment | calls | req/s | proxy CPU µs/call | proxy RSS MiB | {store} MiB | errors | idle % (iowait) | load 1m |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
 }
 
 /// Segment `n`'s row, from the samples at its start and its end.
 pub fn row(n: usize, start: &Sample, end: &Sample) -> String {
     format!(
-        "| {n} | {} | {:.0} | {:.1} | {:.0} | {:.1} | {} | {:.2} |",
+        "| {n} | {} | {:.0} | {:.1} | {:.0} | {:.1} | {} | {} | {:.2} |",
         end.calls,
         rate(start, end),
         cpu_us_per_call(start, end),
         end.rss_kib as f64 / 1024.0,
         end.store_bytes as f64 / MIB,
         end.errors,
+        idle(start, end),
         end.load1,
+    )
+}
+
+/// The machine's idle share between two samples, iowait included and also
+/// apart: "37 (4)".
+fn idle(start: &Sample, end: &Sample) -> String {
+    let (a, b) = (start.machine, end.machine);
+    let total = b.total.saturating_sub(a.total).max(1) as f64;
+    let idle = (b.idle + b.iowait).saturating_sub(a.idle + a.iowait) as f64;
+    let iowait = b.iowait.saturating_sub(a.iowait) as f64;
+    format!(
+        "{:.0} ({:.0})",
+        idle * 100.0 / total,
+        iowait * 100.0 / total
     )
 }
 
 /// The row of the start (`samples[0]`): no rate yet.
 pub fn start_row(s: &Sample) -> String {
     format!(
-        "| start | 0 | | | {:.0} | {:.1} | 0 | {:.2} |",
+        "| start | 0 | | | {:.0} | {:.1} | 0 | | {:.2} |",
         s.rss_kib as f64 / 1024.0,
         s.store_bytes as f64 / MIB,
         s.load1
