@@ -5,8 +5,9 @@
 //! `--segment-secs` (default 30) against one proxy with the default
 //! configuration — so retention (`retention_secs = 900`) keeps every finished
 //! stream of a run shorter than 15 minutes. At each segment's end it prints a
-//! markdown row: calls so far, the segment's req/s, the proxy's RSS and what
-//! its store holds (the data directory, or Redis' `used_memory`). The summary
+//! markdown row: calls so far, the segment's req/s and the proxy's CPU per
+//! call, its RSS, what its store holds (the data directory, or Redis'
+//! `used_memory`), and the machine's idle share and load. The summary
 //! (`soak_figures`) gives the RSS growth per 100k calls, least squares from
 //! segment 2 on, per call for the store too, and the last segment's
 //! throughput over the first's; `--check` fails the run past the bounds.
