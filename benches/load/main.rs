@@ -17,9 +17,12 @@
 //! a timeout.
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
-//! `scale` (default: all seven) and `peers` (only with `--peers`: the `small` load through the Rust
+//! `scale` (default: all seven), `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
-//! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository).
+//! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
+//! and `soak` (only when named, and alone: minutes of load on one proxy,
+//! its memory and pace per segment; `--scenario soak --check` fails past
+//! its bounds).
 //! `--smoke` runs the seven at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
@@ -30,7 +33,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `dialects`, `auth`, `scale`, `peers`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `auth`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -42,6 +45,9 @@ mod floor_proxy;
 
 #[path = "../support/redis_keys.rs"]
 mod redis_keys;
+
+#[path = "../support/soak_figures.rs"]
+mod soak_figures;
 
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
@@ -68,6 +74,7 @@ mod procs;
 mod replay;
 mod scale;
 mod small;
+mod soak;
 mod streaming;
 
 use std::future::Future;
@@ -111,7 +118,9 @@ fn main() {
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
-       [--retained 0,10000,100000] [--fill-progress N]";
+       [--retained 0,10000,100000] [--fill-progress N]
+   or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
+       [--backend journal|sled|redis] [--proxy-toml TOML]... [--max-retained-streams N]";
 
 /// The fast upstream's process: `load upstream --port P`.
 fn run_upstream(args: &[String]) {
@@ -187,6 +196,13 @@ struct Opts {
     /// `small` and `streaming` (`None`:
     /// each scenario's own list).
     sync: Option<Vec<String>>,
+    /// The soak's segments, each a row of its table.
+    segments: usize,
+    segment_secs: Duration,
+    /// The soak proxy's `[store] backend`.
+    backend: String,
+    /// TOML documents merged, in turn, over the soak proxy's configuration.
+    proxy_toml: Vec<String>,
 }
 
 impl Opts {
@@ -211,6 +227,10 @@ impl Opts {
             retained: vec![0, 10_000, 100_000],
             fill_progress: 0,
             sync: None,
+            segments: 8,
+            segment_secs: Duration::from_secs(30),
+            backend: "journal".into(),
+            proxy_toml: Vec::new(),
         };
         let mut explicit: Vec<&str> = Vec::new();
         let mut it = args.iter();
@@ -287,6 +307,31 @@ impl Opts {
                     o.idle_hold = Duration::from_secs_f64(value()?.parse()?);
                     explicit.push("idle-hold");
                 }
+                "--segments" => {
+                    o.segments = value()?.parse()?;
+                    explicit.push("segments");
+                }
+                "--segment-secs" => {
+                    o.segment_secs = Duration::from_secs_f64(value()?.parse()?);
+                    explicit.push("segment-secs");
+                }
+                "--backend" => {
+                    o.backend = value()?.to_owned();
+                    if !["journal", "sled", "redis"].contains(&o.backend.as_str()) {
+                        bail!("unknown backend {:?} (journal, sled or redis)", o.backend);
+                    }
+                    explicit.push("backend");
+                }
+                "--proxy-toml" => {
+                    o.proxy_toml.push(value()?.to_owned());
+                    explicit.push("proxy-toml");
+                }
+                "--max-retained-streams" => {
+                    let n: u64 = value()?.parse()?;
+                    o.proxy_toml
+                        .push(format!("limits.max_retained_streams = {n}"));
+                    explicit.push("max-retained-streams");
+                }
                 "--sync" => {
                     let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
                     if let Some(bad) = modes
@@ -334,7 +379,20 @@ impl Opts {
                 o.retained = vec![0, 20];
             }
         }
-        if o.check {
+        if o.scenarios.iter().any(|s| s == "soak") {
+            o.soak_alone(&explicit)?;
+        } else if let Some(flag) = explicit.iter().find(|f| {
+            [
+                "segments",
+                "segment-secs",
+                "backend",
+                "proxy-toml",
+                "max-retained-streams",
+            ]
+            .contains(f)
+        }) {
+            bail!("--{flag} is an option of --scenario soak");
+        } else if o.check {
             o.check_alone(&explicit)?;
         }
         if o.scenarios.is_empty() {
@@ -355,7 +413,8 @@ impl Opts {
         }
         for s in &o.scenarios {
             match s.as_str() {
-                "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "scale" => {}
+                "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "scale"
+                | "soak" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -384,10 +443,43 @@ impl Opts {
             bail!("--check compares figures recorded behind the rust upstream only");
         }
         if self.scenarios.iter().any(|s| s != "small") {
-            bail!("--check runs with --scenario small only");
+            bail!("--check runs with --scenario small (or --scenario soak) only");
         }
         self.scenarios = vec!["small".into()];
         self.concurrency = vec![1, 32];
+        Ok(())
+    }
+
+    /// The soak runs alone, at one concurrency (32 unless asked), with
+    /// `--check` judging its own bounds; `--smoke` makes it 3 segments of a
+    /// second at concurrency 4.
+    fn soak_alone(&mut self, explicit: &[&str]) -> Result<()> {
+        if self.scenarios.iter().any(|s| s != "soak") {
+            bail!("the soak scenario runs alone");
+        }
+        if self.sync.is_some() {
+            bail!(
+                "the soak takes --backend, and --proxy-toml 'store.sync = \"…\"' for a sync mode"
+            );
+        }
+        if !explicit.contains(&"concurrency") {
+            self.concurrency = vec![if self.smoke { 4 } else { 32 }];
+        }
+        if self.concurrency.len() != 1 {
+            bail!("the soak runs at one --concurrency");
+        }
+        if self.smoke && !explicit.contains(&"segments") {
+            self.segments = 3;
+        }
+        if self.smoke && !explicit.contains(&"segment-secs") {
+            self.segment_secs = Duration::from_secs(1);
+        }
+        if self.segments == 0 || self.segment_secs.is_zero() {
+            bail!("the soak needs at least one segment, of some length");
+        }
+        if self.check && self.segments < 3 {
+            bail!("--check measures growth from segment 2 on: at least 3 segments");
+        }
         Ok(())
     }
 
@@ -405,10 +497,12 @@ async fn run(opts: Opts) -> bool {
     println!("# mcp-resume-proxy load harness");
     println!(
         "command: cargo bench --bench load -- {}",
-        // cargo appends --bench itself.
+        // cargo appends --bench itself. Quoted as a shell would need them,
+        // so that the line runs as printed (`--proxy-toml 'a = 1'`).
         std::env::args()
             .skip(1)
             .filter(|a| a != "--bench")
+            .map(|a| shlex::try_quote(&a).map_or(a.clone(), |q| q.into_owned()))
             .collect::<Vec<_>>()
             .join(" ")
     );
@@ -477,6 +571,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "auth" => bounded(limit, auth::run(o, bin)).await,
             "scale" => bounded(limit, scale::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
+            "soak" => bounded(limit, soak::run(o, bin)).await,
             _ => unreachable!("checked in Opts::parse"),
         };
         match outcome {
@@ -514,6 +609,7 @@ fn scenario_limit(name: &str, o: &Opts) -> Duration {
             Duration::from_secs(calls as u64 / 2_000 + 30)
                 + (rounds + Duration::from_secs(130 + replays)) * o.retained.len() as u32
         }
+        "soak" => o.segment_secs * o.segments as u32 + Duration::from_secs(120),
         _ => Duration::from_secs(60 + 30 * o.rounds as u64),
     }
 }

@@ -14,6 +14,8 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use tokio::net::TcpStream;
 
 use crate::client::Target;
+/// In the figures the soak test shares, which cannot reach this module.
+pub use crate::soak_figures::dir_bytes;
 
 /// Where peers (other proxies, nginx) are installed: outside the
 /// repository, reused across runs.
@@ -145,21 +147,6 @@ async fn healthz(addr: SocketAddr) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Bytes of the files under `dir`, recursively.
-pub fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 impl Drop for Proc {
@@ -395,37 +382,61 @@ pub async fn start_proxy_with(
     sync: &str,
     tables: &str,
 ) -> Result<(Proc, Target)> {
-    let dir = tempfile::Builder::new()
-        .prefix("mcp-resume-proxy-load-")
-        .tempdir()?;
+    let dir = proxy_dir()?;
     let port = free_port()?;
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
-             [limits]\nstreams_per_principal = 1000000\nmax_retained_streams = 4000000\n\n\
-             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
-            dir.path().join("data").display(),
-            store_section(sync, dir.path())?,
-        ),
-    )?;
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
+         [limits]\nstreams_per_principal = 1000000\nmax_retained_streams = 4000000\n\n\
+         [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
+        dir.path().join("data").display(),
+        store_section(sync, dir.path())?,
+    );
+    spawn_proxy(bin, &format!("proxy {sync}"), dir, port, &config).await
+}
+
+/// A fresh temporary directory for one proxy: its configuration, log and
+/// `data/`.
+pub fn proxy_dir() -> Result<tempfile::TempDir> {
+    Ok(tempfile::Builder::new()
+        .prefix("mcp-resume-proxy-load-")
+        .tempdir()?)
+}
+
+/// Runs the proxy on `config` (a whole `proxy.toml`, listening on
+/// 127.0.0.1:`port`) in `dir`, which goes with the process; its stderr in
+/// `dir/proxy.log`, whose end a failed start reports (the proxy says there
+/// why it refused its configuration).
+pub async fn spawn_proxy(
+    bin: &Path,
+    name: &str,
+    dir: tempfile::TempDir,
+    port: u16,
+    config: &str,
+) -> Result<(Proc, Target)> {
+    use std::os::unix::fs::FileExt as _;
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config)?;
     let log = std::fs::File::create(dir.path().join("proxy.log"))?;
+    // A handle of its own (the child's is write-only): the log is still
+    // readable once a failed start took the directory with it.
+    let log_reader = std::fs::File::open(dir.path().join("proxy.log"))?;
     let mut cmd = Command::new(bin);
     cmd.arg("--config")
-        .arg(&config)
+        .arg(&path)
         .stdout(Stdio::null())
         .stderr(log);
-    let name = format!("proxy (sync={sync})");
-    let (p, addr) =
-        Proc::spawn_listening(&name, cmd, Some(dir), port, Duration::from_secs(20)).await?;
-    let target = Target::new(
-        &format!("proxy {sync}"),
-        addr,
-        "/mcp",
-        "echo",
-        Some(p.pid()),
-    );
+    let listening =
+        Proc::spawn_listening(name, cmd, Some(dir), port, Duration::from_secs(20)).await;
+    let (p, addr) = listening.map_err(|e| {
+        let len = log_reader.metadata().map_or(0, |m| m.len());
+        let mut text = vec![0; 4096];
+        let n = log_reader
+            .read_at(&mut text, len.saturating_sub(4096))
+            .unwrap_or(0);
+        let text = String::from_utf8_lossy(&text[..n]);
+        anyhow!("{e:#}; its log ends:\n{}", text.trim_end())
+    })?;
+    let target = Target::new(name, addr, "/mcp", "echo", Some(p.pid()));
     Ok((p, target))
 }
 
