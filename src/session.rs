@@ -8,6 +8,13 @@
 //! messages that arrived on another stream than their own), the standalone
 //! stream being pumped, and a cancellation token that stops the session's
 //! background tasks when it ends. It does not talk to upstreams.
+//!
+//! [`places`] bounds how many sessions are open: a session takes its place
+//! when it is minted, before anything is opened upstream, and frees it when
+//! it ends, closes or turns out gone; a session that made no request since
+//! `initialize` is ended after `limits.unused_session_secs`.
+
+mod places;
 
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +22,9 @@ use dashmap::{DashMap, DashSet};
 use http::HeaderMap;
 use tokio_util::sync::CancellationToken;
 
+pub use self::places::Full;
+use self::places::Places;
+use crate::config::LimitsConfig;
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
@@ -200,8 +210,11 @@ impl Session {
     fn adopt(&self, stored: SessionRecord) {
         let mut r = self.lock();
         let last_seen_ms = r.last_seen_ms.max(stored.last_seen_ms);
+        // Once used, always used: a stale copy does not make it unused.
+        let unused = r.unused && stored.unused;
         *r = SessionRecord {
             last_seen_ms,
+            unused,
             ..stored
         };
     }
@@ -400,14 +413,25 @@ pub struct Sessions {
     live: DashMap<SessionId, Arc<Session>>,
     /// Live request streams per principal (the per-principal cap).
     pub by_principal: Arc<PrincipalStreams>,
+    /// The open sessions this instance counts against its bounds.
+    places: Places,
+    /// How long a session may stay unused.
+    unused_ms: u64,
 }
 
 impl Sessions {
+    /// Sessions under the default `[limits]`.
     pub fn new(store: SharedStore) -> Arc<Self> {
+        Self::with_limits(store, &LimitsConfig::default())
+    }
+
+    pub fn with_limits(store: SharedStore, limits: &LimitsConfig) -> Arc<Self> {
         let sessions = Arc::new(Self {
             store,
             live: DashMap::new(),
             by_principal: Arc::default(),
+            places: Places::new(limits),
+            unused_ms: limits.unused_session_secs.saturating_mul(1000),
         });
         sessions.follow_changes();
         sessions
@@ -455,7 +479,16 @@ impl Sessions {
         // copy never replaces a newer local update.
         let _ordered = session.write.lock().await;
         match self.store.get_session(id).await? {
-            Some(record) => session.adopt(record),
+            Some(record) if record.closed_ms.is_some() => {
+                session.adopt(record);
+                self.places.free(id);
+            }
+            Some(record) => {
+                if !record.unused {
+                    self.places.used(id);
+                }
+                session.adopt(record);
+            }
             None => {
                 drop(_ordered);
                 self.discard(id);
@@ -469,19 +502,23 @@ impl Sessions {
         self.store.shared()
     }
 
-    /// Mints a session for an `initialize` request. Not persisted until
-    /// [`Sessions::persist`]: the upstream may still refuse it.
+    /// Mints a session for an `initialize` request, in a place of its own
+    /// unless `principal` or this instance holds as many as allowed. Not
+    /// persisted until [`Sessions::persist`]: the upstream may still refuse
+    /// it (and [`Sessions::discard`] frees its place).
     pub fn mint(
         &self,
         route: &str,
         principal: String,
         initialize: &[u8],
         dialects: Vec<String>,
-    ) -> Arc<Session> {
+    ) -> std::result::Result<Arc<Session>, Full> {
         let now = now_ms();
+        let id = SessionId::random();
+        self.places.take(id, bounded(&principal), now)?;
         let session = Session::new(
             SessionRecord {
-                id: SessionId::random(),
+                id,
                 route: route.to_owned(),
                 upstream_session: None,
                 protocol_version: crate::jsonrpc::protocol_version(initialize),
@@ -493,15 +530,19 @@ impl Sessions {
                 last_seen_ms: now,
                 closed_ms: None,
                 dialects,
+                unused: true,
             },
             self.by_principal.clone(),
         );
         self.live.insert(session.id, session.clone());
-        session
+        Ok(session)
     }
 
     pub async fn persist(&self, session: &Session) -> Result<()> {
         let _ordered = session.write.lock().await;
+        if session.ended.is_cancelled() {
+            return Ok(()); // see `update`
+        }
         let record = session.record();
         self.store.put_session(&record).await
     }
@@ -513,6 +554,11 @@ impl Sessions {
         change: impl FnOnce(&mut SessionRecord),
     ) -> Result<()> {
         let _ordered = session.write.lock().await;
+        if session.ended.is_cancelled() {
+            // Ended (deleted, expired) while this waited: writing its
+            // record would bring a deleted session back.
+            return Ok(());
+        }
         let record = {
             let mut r = session.lock();
             change(&mut r);
@@ -546,6 +592,9 @@ impl Sessions {
     /// exited): it answers 404 from now on, while its finished streams stay
     /// readable until the sweeper deletes them with the session.
     pub async fn close(&self, id: SessionId) -> Result<()> {
+        // A closed session is open no more, whether or not the record of
+        // its close is written.
+        self.places.free(id);
         if let Some(session) = self.cached(id) {
             return self
                 .update(&session, |r| r.closed_ms = Some(now_ms()))
@@ -620,6 +669,68 @@ impl Sessions {
         .await
     }
 
+    /// Notes that the client used `session` (a request, or a GET stream),
+    /// persisted before the request goes on, so neither a restart nor
+    /// another instance ends it as unused. `false` when it was ended as
+    /// unused just now: the caller answers as for an unknown session.
+    pub async fn mark_used(&self, session: &Session) -> Result<bool> {
+        if !session.lock().unused {
+            return Ok(true); // every request but a session's first
+        }
+        // Ordered with the sweep's check (`expire_unused`): either this
+        // write comes first and the session lives, or the sweep ended it.
+        let _ordered = session.write.lock().await;
+        if session.ended.is_cancelled() {
+            return Ok(false);
+        }
+        let record = {
+            let mut r = session.lock();
+            r.unused = false;
+            r.clone()
+        };
+        self.store.put_session(&record).await?;
+        self.places.used(session.id);
+        Ok(true)
+    }
+
+    /// Sessions unused for `limits.unused_session_secs` at `now_ms`: the
+    /// sweep's candidates for [`Sessions::expire_unused`].
+    pub fn unused_long(&self, now_ms: u64) -> Vec<SessionId> {
+        self.places.unused_by(now_ms.saturating_sub(self.unused_ms))
+    }
+
+    /// Ends the session `id` if it is still unused (and open): `true` when
+    /// it did. The session is brought into the cache first, so a request
+    /// of its client and this check take turns on its write lock.
+    pub async fn expire_unused(&self, id: SessionId) -> Result<bool> {
+        if self.shared() {
+            // Another instance may have served its first request.
+            self.refresh(id).await?;
+        }
+        let Some(session) = self.load(id).await? else {
+            self.discard(id);
+            return Ok(false);
+        };
+        let ordered = session.write.lock().await;
+        let (unused, closed) = {
+            let r = session.lock();
+            (r.unused, r.closed_ms.is_some())
+        };
+        if closed {
+            self.places.free(id);
+        } else if !unused {
+            self.places.used(id);
+        }
+        if closed || !unused {
+            return Ok(false);
+        }
+        // Cancelled under the lock: a request waiting for it sees the end.
+        self.discard(id);
+        drop(ordered);
+        self.store.delete_session(id).await?;
+        Ok(true)
+    }
+
     /// The session `id` for the proxy's own work on it (resuming its
     /// streams after a restart): no route or principal to check, and not a
     /// sign of client activity. `None` when it is gone or closed.
@@ -651,27 +762,59 @@ impl Sessions {
     }
 
     /// Forgets a session here (a minted one the upstream refused, or one
-    /// that ends): stops its tasks and releases its stream counts.
+    /// that ends): stops its tasks, releases its stream counts and frees
+    /// its place (also when it was counted at start and never loaded).
     pub fn discard(&self, id: SessionId) {
+        self.places.free(id);
         if let Some((_, session)) = self.live.remove(&id) {
             session.ended.cancel();
             session.release_all();
         }
     }
 
-    /// Sessions this process holds that are not closed (the metrics'
-    /// `sessions_open`).
+    /// Ends a minted session whose `initialize` was refused on the way (the
+    /// client never learns its id): forgotten here, and deleted from the
+    /// store if it was persisted already.
+    pub async fn unmint(&self, id: SessionId) -> Result<()> {
+        self.discard(id);
+        if self.store.get_session(id).await?.is_some() {
+            self.store.delete_session(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Open sessions this instance counts against `limits.max_sessions`
+    /// (the metrics' `sessions_open`).
     pub fn open(&self) -> usize {
-        self.live
-            .iter()
-            .filter(|s| s.lock().closed_ms.is_none())
-            .count()
+        self.places.open()
+    }
+
+    /// Counts a session found in the log at start: open ones take their
+    /// place (with a log of this process only: a shared log's sessions are
+    /// every instance's), and unused ones are watched for early expiry.
+    pub fn recovered(&self, record: &SessionRecord) {
+        if record.closed_ms.is_some() {
+            return;
+        }
+        if !self.shared() {
+            self.places.count(record.id, bounded(&record.principal));
+        }
+        if record.unused {
+            self.places.unused_since(record.id, record.created_ms);
+        }
     }
 
     /// The cached session, if this process knows it.
     pub fn cached(&self, id: SessionId) -> Option<Arc<Session>> {
         self.live.get(&id).map(|s| s.clone())
     }
+}
+
+/// The principal a session is bounded under: none for a request without a
+/// credential, whose principal every such client shares (see
+/// [`crate::auth::NO_CREDENTIAL`]); its sessions count only in all.
+fn bounded(principal: &str) -> Option<&str> {
+    (principal != crate::auth::NO_CREDENTIAL).then_some(principal)
 }
 
 #[cfg(test)]
@@ -713,6 +856,7 @@ mod tests {
                 last_seen_ms: 0,
                 closed_ms: None,
                 dialects: Vec::new(),
+                unused: false,
             },
             Arc::default(),
         )
