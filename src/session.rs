@@ -15,8 +15,10 @@
 //! `initialize` is ended after `limits.unused_session_secs`.
 
 mod places;
+mod table;
 
-use std::sync::{Arc, Mutex};
+use std::hash::BuildHasherDefault;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::{DashMap, DashSet};
 use http::HeaderMap;
@@ -24,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::places::Full;
 use self::places::Places;
+use self::table::Table;
 use crate::config::LimitsConfig;
-use crate::id::{SessionId, StreamId};
+use crate::id::{IdHasher, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
 use crate::stray::{self, Inlet, Outlet, Stray};
@@ -95,13 +98,13 @@ pub struct Session {
     principal: Box<str>,
     record: Mutex<SessionRecord>,
     /// Client request id → the stream carrying its answer.
-    in_flight: DashMap<RequestId, StreamId>,
+    in_flight: Table<RequestId, StreamId>,
     /// Progress token of a request in flight → its stream: progress naming
     /// any other token is dropped (seed 004: only tokens of active requests).
-    progress: DashMap<String, StreamId>,
+    progress: Table<String, StreamId>,
     /// The same, by stream, so a stream's end forgets its tokens without
     /// looking at everyone else's.
-    tokens_of: DashMap<StreamId, Vec<String>>,
+    tokens_of: Table<StreamId, Vec<String>, ById>,
     /// The standalone GET stream currently fed by an upstream GET.
     standalone: Mutex<Option<StreamId>>,
     /// The end-to-end headers of the client's latest request, for what the
@@ -118,22 +121,27 @@ pub struct Session {
     /// Held while the upstream session is renewed (see `proxy::renew`).
     renewing: tokio::sync::Mutex<()>,
     /// The request streams tracked now (the per-session cap counts them).
-    streams: DashSet<StreamId>,
+    streams: Table<StreamId, (), ById>,
     /// Where a relay of this process takes messages of its stream that
     /// arrived on another stream of the session (an upstream replaying the
     /// whole session on a resume), so that each lands on its own stream.
-    inlets: DashMap<StreamId, Outlet>,
+    inlets: Table<StreamId, Outlet, ById>,
     /// Task legs being read as the answer of a `tasks/result` (2025-11-25
     /// tasks), by stream: a resume of one (GET with `Last-Event-ID`) is
     /// shown the same way. This process's memory only.
-    read_as: DashMap<StreamId, ReadAs>,
+    read_as: Table<StreamId, ReadAs, ById>,
     /// Ids of the upstream's requests the client has answered (its
     /// responses pass through the proxy): a `tasks/result` asked again does
-    /// not ask them again. This process's memory only.
-    answered: Arc<DashSet<RequestId>>,
+    /// not ask them again. This process's memory only; made at first need
+    /// (a set shared with the tasks dialect, and sharded: a session that
+    /// never answers the upstream should not pay for one).
+    answered: OnceLock<Arc<DashSet<RequestId>>>,
     /// The same, counted per principal across sessions.
     by_principal: Arc<PrincipalStreams>,
 }
+
+/// The hasher of maps keyed by ids the proxy made (random already).
+type ById = BuildHasherDefault<IdHasher>;
 
 /// How a task's leg is shown: as the answer of the `tasks/result` request
 /// `client`, of the task `handle` names.
@@ -180,19 +188,19 @@ impl Session {
             id: record.id,
             principal: record.principal.as_str().into(),
             record: Mutex::new(record),
-            in_flight: DashMap::new(),
-            progress: DashMap::new(),
-            tokens_of: DashMap::new(),
+            in_flight: Table::default(),
+            progress: Table::default(),
+            tokens_of: Table::default(),
             standalone: Mutex::new(None),
             headers: Mutex::new(HeaderMap::new()),
             new_headers: tokio::sync::watch::Sender::new(()),
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
             renewing: tokio::sync::Mutex::new(()),
-            streams: DashSet::new(),
-            inlets: DashMap::new(),
-            read_as: DashMap::new(),
-            answered: Arc::default(),
+            streams: Table::default(),
+            inlets: Table::default(),
+            read_as: Table::default(),
+            answered: OnceLock::new(),
             by_principal,
         })
     }
@@ -244,7 +252,7 @@ impl Session {
 
     /// Tracks the requests (and their progress tokens) a stream answers.
     pub fn track(&self, stream: &StreamMeta) {
-        if self.streams.insert(stream.id) {
+        if self.streams.insert(stream.id, ()).is_none() {
             self.by_principal.add(&self.principal);
         }
         for id in &stream.origin_ids {
@@ -271,8 +279,8 @@ impl Session {
     /// of this process, or one too far behind): the caller drops it.
     pub fn redirect(&self, to: StreamId, stray: Stray) -> bool {
         self.inlets
-            .get(&to)
-            .is_some_and(|outlet| outlet.hand_over(stray))
+            .read(&to, |outlet| outlet.hand_over(stray))
+            .unwrap_or(false)
     }
 
     /// Forgets what was tracked for a stream that ended (or was refused).
@@ -282,11 +290,11 @@ impl Session {
             self.by_principal.remove(&self.principal, 1);
         }
         for id in &stream.origin_ids {
-            self.in_flight.remove_if(id, |_, s| *s == stream.id);
+            self.in_flight.remove_if(id, |s| *s == stream.id);
         }
-        if let Some((_, tokens)) = self.tokens_of.remove(&stream.id) {
+        if let Some(tokens) = self.tokens_of.remove(&stream.id) {
             for token in tokens {
-                self.progress.remove_if(&token, |_, s| *s == stream.id);
+                self.progress.remove_if(&token, |s| *s == stream.id);
             }
         }
     }
@@ -299,17 +307,13 @@ impl Session {
     /// Forgets every tracked stream's count: the session is over. Counts
     /// what it removes, so a `track` racing with it is never lost.
     fn release_all(&self) {
-        let tracked: Vec<StreamId> = self.streams.iter().map(|s| *s).collect();
-        let n = tracked
-            .iter()
-            .filter(|s| self.streams.remove(*s).is_some())
-            .count();
+        let n = self.streams.clear();
         self.by_principal.remove(&self.principal, n);
     }
 
     /// The live request stream a progress token belongs to.
     pub fn progress_stream(&self, token: &str) -> Option<StreamId> {
-        self.progress.get(token).map(|s| *s)
+        self.progress.get(token)
     }
 
     pub fn remember_headers(&self, headers: &HeaderMap) {
@@ -365,7 +369,7 @@ impl Session {
     }
 
     pub fn stream_of(&self, id: &RequestId) -> Option<StreamId> {
-        self.in_flight.get(id).map(|s| *s)
+        self.in_flight.get(id)
     }
 
     /// Remembers that `stream` is being read as `read_as`.
@@ -375,19 +379,20 @@ impl Session {
 
     /// Notes the upstream's requests the client just answered.
     pub fn client_answered(&self, ids: Vec<RequestId>) {
+        let answered = self.answered_by_client();
         for id in ids {
-            self.answered.insert(id);
+            answered.insert(id);
         }
     }
 
     /// The upstream's requests the client has answered so far.
     pub fn answered_by_client(&self) -> Arc<DashSet<RequestId>> {
-        self.answered.clone()
+        self.answered.get_or_init(Arc::default).clone()
     }
 
     /// How `stream` is being read, if as a `tasks/result`.
     pub fn reading_as(&self, stream: StreamId) -> Option<ReadAs> {
-        self.read_as.get(&stream).map(|r| r.clone())
+        self.read_as.get(&stream)
     }
 
     pub fn standalone(&self) -> Option<StreamId> {
