@@ -321,7 +321,7 @@ impl Session {
         // A client sends the same headers call after call: comparing them
         // is cheaper than copying them each time.
         if *remembered != *headers {
-            *remembered = headers.clone();
+            *remembered = detached(headers);
             drop(remembered);
             self.new_headers.send_replace(());
         }
@@ -815,6 +815,29 @@ impl Sessions {
     }
 }
 
+/// A copy of `headers` that owns its bytes. A value hyper parsed is a slice
+/// of its connection's read buffer, and a clone of it keeps that buffer
+/// (8 KiB at first) alive for as long as the session remembers it, long
+/// after the connection closed or moved on: 7 KiB per idle session when
+/// sessions came one after another on one connection, 12 KiB when each
+/// came on a connection of its own (BENCHMARKS.md, session 20). Copied
+/// only when the client's headers change.
+fn detached(headers: &HeaderMap) -> HeaderMap {
+    let mut copy = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let owned = match http::HeaderValue::from_bytes(value.as_bytes()) {
+            Ok(mut owned) => {
+                owned.set_sensitive(value.is_sensitive());
+                owned
+            }
+            // Never: the bytes were a header value already.
+            Err(_) => value.clone(),
+        };
+        copy.append(name.clone(), owned);
+    }
+    copy
+}
+
 /// The principal a session is bounded under: none for a request without a
 /// credential, whose principal every such client shares (see
 /// [`crate::auth::NO_CREDENTIAL`]); its sessions count only in all.
@@ -877,6 +900,20 @@ mod tests {
         assert_eq!(s.remembered_headers(), a);
         s.remember_headers(&b);
         assert_eq!(s.remembered_headers(), b);
+    }
+
+    #[test]
+    fn remembered_headers_own_their_bytes() {
+        let buffer = bytes::Bytes::from_static(b"Bearer a, and the rest of a read buffer");
+        let value = http::HeaderValue::from_maybe_shared(buffer.slice(..8)).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("authorization", value);
+        let s = session();
+        s.remember_headers(&h);
+        let remembered = s.remembered_headers();
+        assert_eq!(remembered, h);
+        let kept = remembered["authorization"].as_bytes().as_ptr();
+        assert_ne!(kept, h["authorization"].as_bytes().as_ptr(), "a copy");
     }
 
     #[test]
