@@ -111,8 +111,11 @@ pub struct Session {
     /// proxy sends upstream on its own (a cancellation): the upstream may
     /// want the client's credentials. Kept in memory only, never logged.
     headers: Mutex<HeaderMap>,
-    /// Told when `headers` change.
-    new_headers: tokio::sync::watch::Sender<()>,
+    /// Told when `headers` change; made when a relay first waits for a
+    /// change (rarely: a watch channel is some 300 bytes, and every idle
+    /// session would carry one). A change before anyone waited is one no
+    /// waiter could have seen either.
+    new_headers: OnceLock<tokio::sync::watch::Sender<()>>,
     /// Cancelled when the session ends: stops its relays.
     pub ended: CancellationToken,
     /// Orders writes of the record, so an older snapshot never overwrites a
@@ -193,7 +196,7 @@ impl Session {
             tokens_of: Table::default(),
             standalone: Mutex::new(None),
             headers: Mutex::new(HeaderMap::new()),
-            new_headers: tokio::sync::watch::Sender::new(()),
+            new_headers: OnceLock::new(),
             ended: CancellationToken::new(),
             write: tokio::sync::Mutex::new(()),
             renewing: tokio::sync::Mutex::new(()),
@@ -323,7 +326,9 @@ impl Session {
         if *remembered != *headers {
             *remembered = detached(headers);
             drop(remembered);
-            self.new_headers.send_replace(());
+            if let Some(waiters) = self.new_headers.get() {
+                waiters.send_replace(());
+            }
         }
     }
 
@@ -345,7 +350,10 @@ impl Session {
     /// credential waits on it: a proxy restart forgets credentials, and
     /// tokens expire while calls run).
     pub fn headers_changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut changed = self.new_headers.subscribe();
+        let mut changed = self
+            .new_headers
+            .get_or_init(|| tokio::sync::watch::Sender::new(()))
+            .subscribe();
         async move {
             let _ = changed.changed().await;
         }
