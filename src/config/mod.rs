@@ -146,9 +146,12 @@ pub struct LimitsConfig {
     /// Most legacy sessions open at once on this instance (opened here, or
     /// found open in the log at start); an `initialize` past it gets 503
     /// with `Retry-After`, and nothing is opened upstream. Default 4,096:
-    /// an idle session costs the proxy about 10 KiB (BENCHMARKS.md, session
-    /// 20), so 40 MiB at the bound, and one upstream session each, which
-    /// costs the upstream more than that; a small machine holds it.
+    /// an idle session costs the proxy about 6 KiB (BENCHMARKS.md, session
+    /// 20), 24 MiB at the bound, and the upstream a session of its own,
+    /// which costs it more (an SDK server keeps a transport and a server
+    /// object per session): both fit a machine of 1 GiB, and no single
+    /// deployment of the kind this proxy fronts serves that many clients
+    /// at once by accident.
     pub max_sessions: usize,
     /// Most sessions one principal may hold open at once on this instance;
     /// its next `initialize` gets 429 with `Retry-After`. Default 256: an
