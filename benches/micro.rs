@@ -313,6 +313,7 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
             last_seen_ms: now,
             closed_ms: None,
             dialects: Vec::new(),
+            unused: false,
         };
         store.put_session(&session).await.expect("put session");
         for _ in 0..per_session {

@@ -270,7 +270,9 @@ mod tests {
                 .unwrap();
         let log = Log::new(store.clone());
         let sessions = crate::session::Sessions::new(store);
-        let session = sessions.mint("/mcp", "p".into(), b"{}", Vec::new());
+        let session = sessions
+            .mint("/mcp", "p".into(), b"{}", Vec::new())
+            .expect("a place");
         Fixture {
             _dir: dir,
             log,

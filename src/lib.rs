@@ -41,7 +41,9 @@
 //! - [`auth`]: who a request speaks for — the principal from a credential
 //!   digest, a trusted identity header, a verified JWT (keys from the
 //!   issuer's JWKS) or token introspection, each cached; refusals counted.
-//! - [`session`]: proxy session ↔ upstream session, principals, protocol eras.
+//! - [`session`]: proxy session ↔ upstream session, principals, protocol eras;
+//!   the places open sessions hold (per principal and in all) and the early
+//!   end of sessions never used after `initialize`.
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
 //!   asked again while a resumed stream stays silent, and sorted so that only

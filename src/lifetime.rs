@@ -1,7 +1,7 @@
 //! Lifetimes of what the log holds: recovery of streams orphaned by a crash,
 //! abandonment of streams a dialect announced and nobody came back for,
-//! retention of finished streams, expiry of idle sessions, and expiry of
-//! tasks, whose legs go with them (retention never deletes a task leg: a
+//! retention of finished streams, expiry of idle sessions and of sessions
+//! never used since their `initialize`, and expiry of tasks, whose legs go with them (retention never deletes a task leg: a
 //! task answers from its legs for as long as it lives).
 //!
 //! Recovery runs once before the proxy serves: a stream still `live` in the
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
 use crate::id::TaskId;
+use crate::metrics::SessionExpiry;
 use crate::session::Sessions;
 use crate::store::{now_ms, Result, StreamKind, StreamMeta, StreamStatus};
 use crate::stream::Log;
@@ -103,11 +104,13 @@ pub struct Swept {
     pub abandoned: usize,
     pub expired_streams: usize,
     pub expired_sessions: usize,
+    /// Sessions ended for making no request since `initialize`.
+    pub unused_sessions: usize,
     pub expired_tasks: usize,
 }
 
 /// Abandons streams past their deadline, deletes finished streams past
-/// retention, sessions idle too long and tasks past their expiry.
+/// retention, sessions idle or unused too long and tasks past their expiry.
 pub async fn sweep(
     log: &Log,
     sessions: &Sessions,
@@ -131,6 +134,24 @@ pub async fn sweep(
         swept.expired_streams += 1;
     }
     swept.expired_tasks = expire_tasks(log, now).await?;
+    swept.expired_sessions = expire_idle_sessions(log, sessions, config, now).await?;
+    swept.unused_sessions = expire_unused_sessions(sessions, now).await?;
+    let metrics = log.metrics();
+    metrics.sessions_expired(SessionExpiry::Idle, swept.expired_sessions);
+    metrics.sessions_expired(SessionExpiry::Unused, swept.unused_sessions);
+    Ok(swept)
+}
+
+/// Ends the sessions last seen longer than `session_idle_secs` ago, and the
+/// closed ones past retention. Returns how many.
+async fn expire_idle_sessions(
+    log: &Log,
+    sessions: &Sessions,
+    config: &StoreConfig,
+    now: u64,
+) -> Result<usize> {
+    let mut ended = 0;
+    let retention = config.retention_secs.saturating_mul(1000);
     let idle = config.session_idle_secs.saturating_mul(1000);
     let (seen_by, closed_by) = (now.saturating_sub(idle), now.saturating_sub(retention));
     for mut record in log.store().sessions_idle_by(seen_by, closed_by).await? {
@@ -142,10 +163,23 @@ pub async fn sweep(
         }
         if record.idle_by(seen_by, closed_by) {
             sessions.end(record.id).await?;
-            swept.expired_sessions += 1;
+            ended += 1;
         }
     }
-    Ok(swept)
+    Ok(ended)
+}
+
+/// Ends the sessions that made no request for `unused_session_secs` after
+/// their `initialize`, as idle ones are ended. Returns how many.
+async fn expire_unused_sessions(sessions: &Sessions, now: u64) -> Result<usize> {
+    let mut ended = 0;
+    for id in sessions.unused_long(now) {
+        if sessions.expire_unused(id).await? {
+            tracing::info!(session = %id, "session ended: no request since its initialize");
+            ended += 1;
+        }
+    }
+    Ok(ended)
 }
 
 /// Deletes the tasks whose expiry passed, with their legs; a live leg's

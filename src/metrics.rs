@@ -28,6 +28,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::auth::{Caller, PrincipalMode, Refusal, RefusalReason};
 use crate::id::StreamId;
+use crate::session::Full;
 
 use crate::store::commit::FlushObserver;
 
@@ -205,6 +206,53 @@ impl TaskEnd {
     }
 }
 
+/// Which bound on open sessions refused an `initialize`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionBound {
+    /// `max_sessions_per_principal` (429).
+    Principal,
+    /// `max_sessions` (503).
+    Total,
+}
+
+impl SessionBound {
+    pub const ALL: &'static [Self] = &[SessionBound::Principal, SessionBound::Total];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionBound::Principal => "principal",
+            SessionBound::Total => "total",
+        }
+    }
+}
+
+impl From<Full> for SessionBound {
+    fn from(full: Full) -> Self {
+        match full {
+            Full::Principal(_) => SessionBound::Principal,
+            Full::Total(_) => SessionBound::Total,
+        }
+    }
+}
+
+/// Why the sweeper ended a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SessionExpiry {
+    /// No request for `session_idle_secs` (or closed, past retention).
+    Idle,
+    /// No request since `initialize` for `unused_session_secs`.
+    Unused,
+}
+
+impl SessionExpiry {
+    pub const ALL: &'static [Self] = &[SessionExpiry::Idle, SessionExpiry::Unused];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionExpiry::Idle => "idle",
+            SessionExpiry::Unused => "unused",
+        }
+    }
+}
+
 /// Label values are written as their `as_str`.
 macro_rules! label_value {
     ($($t:ty),*) => {$(
@@ -216,7 +264,7 @@ macro_rules! label_value {
     )*};
 }
 label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
-label_value!(PrincipalMode, RefusalReason);
+label_value!(PrincipalMode, RefusalReason, SessionBound, SessionExpiry);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DialectLabel {
@@ -254,6 +302,16 @@ struct ModeLabel {
     mode: PrincipalMode,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct BoundLabel {
+    reason: SessionBound,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ExpiryLabel {
+    reason: SessionExpiry,
+}
+
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
@@ -275,6 +333,8 @@ pub struct Metrics {
     tasks_ended: Family<StatusLabel, Counter>,
     auth_refusals: Family<RefusalLabels, Counter>,
     auth_unavailable: Family<ModeLabel, Counter>,
+    sessions_refused: Family<BoundLabel, Counter>,
+    sessions_expired: Family<ExpiryLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -289,7 +349,7 @@ impl Metrics {
         let sessions_open = Gauge::default();
         registry.register(
             "sessions_open",
-            "Legacy sessions this process holds (minted, or loaded when a client came back); ended, expired and closed ones leave",
+            "Open legacy sessions this instance counts against limits.max_sessions: opened here, or (with a log of its own) found open in the log at start; ended, expired and closed ones leave",
             sessions_open.clone(),
         );
         let streams_live = Gauge::default();
@@ -379,6 +439,7 @@ impl Metrics {
             tasks_ended.clone(),
         );
         let (auth_refusals, auth_unavailable) = register_auth(&mut registry);
+        let (sessions_refused, sessions_expired) = register_sessions(&mut registry);
         Self {
             registry,
             sessions_open,
@@ -398,6 +459,8 @@ impl Metrics {
             tasks_ended,
             auth_refusals,
             auth_unavailable,
+            sessions_refused,
+            sessions_expired,
         }
     }
 
@@ -496,6 +559,21 @@ impl Metrics {
             .inc();
     }
 
+    /// An `initialize` refused for want of a place.
+    pub fn session_refused(&self, full: Full) {
+        let reason = full.into();
+        self.sessions_refused
+            .get_or_create(&BoundLabel { reason })
+            .inc();
+    }
+
+    /// Sessions the sweeper ended, and why.
+    pub fn sessions_expired(&self, reason: SessionExpiry, n: usize) {
+        self.sessions_expired
+            .get_or_create(&ExpiryLabel { reason })
+            .inc_by(n as u64);
+    }
+
     pub fn upstream_resumed(&self, after: ResumedAfter) {
         self.upstream_resumes
             .get_or_create(&AfterLabel { after })
@@ -548,6 +626,33 @@ fn register_auth(
         unavailable.clone(),
     );
     (refusals, unavailable)
+}
+
+/// The two families of issue 36's bounds on sessions.
+fn register_sessions(
+    registry: &mut Registry,
+) -> (Family<BoundLabel, Counter>, Family<ExpiryLabel, Counter>) {
+    let refused = labelled(
+        SessionBound::ALL
+            .iter()
+            .map(|&reason| BoundLabel { reason }),
+    );
+    registry.register(
+        "sessions_refused",
+        "initialize requests refused because a bound on open sessions was reached, by bound: principal (429) or total (503)",
+        refused.clone(),
+    );
+    let expired = labelled(
+        SessionExpiry::ALL
+            .iter()
+            .map(|&reason| ExpiryLabel { reason }),
+    );
+    registry.register(
+        "sessions_expired",
+        "Sessions the sweeper ended: idle (no request for session_idle_secs, or closed past retention) or unused (no request since initialize for unused_session_secs)",
+        expired.clone(),
+    );
+    (refused, expired)
 }
 
 /// A counter family with every label value present from the start, so a
@@ -634,6 +739,8 @@ mod tests {
             "mcp_proxy_upstream_resumes_total{after=\"restart\"} 0",
             "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"unknown_key\"} 0",
             "mcp_proxy_auth_unavailable_total{mode=\"introspection\"} 0",
+            "mcp_proxy_sessions_refused_total{reason=\"total\"} 0",
+            "mcp_proxy_sessions_expired_total{reason=\"unused\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
@@ -653,6 +760,8 @@ mod tests {
         metrics.upstream_resumed(ResumedAfter::Cut);
         metrics.auth_refused(PrincipalMode::Jwt, RefusalReason::Signature);
         metrics.auth_unavailable(PrincipalMode::Jwt);
+        metrics.session_refused(Full::Principal(2));
+        metrics.sessions_expired(SessionExpiry::Unused, 3);
         (metrics.flush_observer())(Duration::from_millis(3));
         let text = metrics.render(1, 4);
         for line in [
@@ -670,6 +779,10 @@ mod tests {
             "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"signature\"} 1",
             "mcp_proxy_auth_refusals_total{mode=\"jwt\",reason=\"expired\"} 0",
             "mcp_proxy_auth_unavailable_total{mode=\"jwt\"} 1",
+            "mcp_proxy_sessions_refused_total{reason=\"principal\"} 1",
+            "mcp_proxy_sessions_refused_total{reason=\"total\"} 0",
+            "mcp_proxy_sessions_expired_total{reason=\"unused\"} 3",
+            "mcp_proxy_sessions_expired_total{reason=\"idle\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }

@@ -77,7 +77,7 @@ impl App {
         };
         store.set_retained_bound(config.limits.max_retained_streams);
         let log = Log::new(store);
-        let sessions = Sessions::new(log.store().clone());
+        let sessions = Sessions::with_limits(log.store().clone(), &config.limits);
         let auth = crate::auth::Authenticator::new(&config)?;
         let shared = Arc::new(Shared {
             config,
@@ -112,18 +112,7 @@ impl App {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        // A stdio child cannot outlive the process that ran it: sessions of
-        // stdio routes from a previous run are closed (404, re-initialize).
-        let stdio_paths: Vec<&str> = routes
-            .iter()
-            .filter(|r| matches!(r.upstream, Upstream::Stdio(_)))
-            .map(|r| r.path.as_str())
-            .collect();
-        for record in shared.log.store().list_sessions().await? {
-            if record.closed_ms.is_none() && stdio_paths.contains(&record.route.as_str()) {
-                shared.sessions.close(record.id).await?;
-            }
-        }
+        settle_sessions(&shared, &routes).await?;
         let edge = Edge::new(&shared.config).map_err(anyhow::Error::msg)?;
         let app = Arc::new(App {
             routes,
@@ -306,6 +295,27 @@ impl Handler for App {
     async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
         App::handle(self, req, peer).await
     }
+}
+
+/// What the sessions a previous run left become: a stdio child cannot
+/// outlive the process that ran it, so sessions of stdio routes are closed
+/// (404, re-initialize); the open ones of HTTP routes count against
+/// `[limits]` as if opened now, and unused ones may still expire early.
+/// Sessions of a path no longer mounted can never be used again: they
+/// count for nothing and wait for idle expiry.
+async fn settle_sessions(shared: &Shared, routes: &[Route]) -> anyhow::Result<()> {
+    for record in shared.log.store().list_sessions().await? {
+        if record.closed_ms.is_some() {
+            continue;
+        }
+        let route = routes.iter().find(|r| r.path == record.route);
+        match route.map(|r| &r.upstream) {
+            Some(Upstream::Stdio(_)) => shared.sessions.close(record.id).await?,
+            Some(Upstream::Http(_)) => shared.sessions.recovered(&record),
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// Abandoned requests are cancelled by the route that forwarded them.

@@ -278,6 +278,12 @@ impl Authenticator {
     }
 }
 
+/// The principal of a request that sends no credential under `principal =
+/// "token"` (the digest of nothing): every such client has it, so it tells
+/// no client from another, and bounds per principal do not apply to it.
+/// The other modes refuse a request without a credential.
+pub const NO_CREDENTIAL: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
 /// Today's principal: the hex SHA-256 of the credential header's value, of
 /// nothing when it is absent. Unchanged, so that sessions made before
 /// `[auth]` existed keep their owner.
@@ -393,6 +399,12 @@ mod tests {
         }
         let two = headers(&[("authorization", "Bearer a"), ("authorization", "Bearer b")]);
         assert_eq!(refused(bearer_token(&two)), RefusalReason::Malformed);
+    }
+
+    #[test]
+    fn a_request_without_a_credential_has_the_no_credential_principal() {
+        let nothing = token_principal(&HeaderMap::new(), &http::header::AUTHORIZATION);
+        assert_eq!(nothing, NO_CREDENTIAL);
     }
 
     #[test]

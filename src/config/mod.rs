@@ -150,6 +150,32 @@ pub struct LimitsConfig {
     /// retained calls under ~100 MiB whatever the load. Redis keeps them in
     /// Redis (bounded by retention), sled in its own cache.
     pub max_retained_streams: usize,
+    /// Most legacy sessions open at once on this instance (opened here, or
+    /// found open in the log at start); an `initialize` past it gets 503
+    /// with `Retry-After`, and nothing is opened upstream. Default 4,096:
+    /// an idle session costs the proxy about 6 KiB (BENCHMARKS.md, session
+    /// 20), 24 MiB at the bound, and the upstream a session of its own,
+    /// which costs it more (an SDK server keeps a transport and a server
+    /// object per session): both fit a machine of 1 GiB, and no single
+    /// deployment of the kind this proxy fronts serves that many clients
+    /// at once by accident.
+    pub max_sessions: usize,
+    /// Most sessions one principal may hold open at once on this instance;
+    /// its next `initialize` gets 429 with `Retry-After`. Default 256: an
+    /// agent or IDE that restarts and never sends DELETE leaves a session
+    /// behind each time, and 256 allows that for a day at several restarts
+    /// an hour, while one client alone fills a sixteenth of
+    /// `max_sessions`. Requests without a credential (no `[auth]`, no
+    /// `principal_header`) share no principal worth the name: their
+    /// sessions count only against `max_sessions`.
+    pub max_sessions_per_principal: usize,
+    /// Seconds a session may stay unused — no request since its
+    /// `initialize`, no GET stream — before it is ended, as idle expiry
+    /// ends it (the sweeper runs every `store.sweep_secs`). Default 300:
+    /// a client asks for tools or opens its stream within seconds of
+    /// `initialize`, and one that waits longer gets 404 and initializes
+    /// again, as the protocol says it must.
+    pub unused_session_secs: u64,
 }
 
 impl LimitsConfig {
@@ -321,6 +347,9 @@ impl Default for LimitsConfig {
             streams_per_principal: 1_000,
             max_log_bytes: None,
             max_retained_streams: 500_000,
+            max_sessions: 4_096,
+            max_sessions_per_principal: 256,
+            unused_session_secs: 300,
         }
     }
 }
@@ -682,6 +711,15 @@ impl Config {
                 self.limits.streams_per_principal as u64,
             ),
             ("limits.stream_max_bytes", self.limits.stream_max_bytes),
+            ("limits.max_sessions", self.limits.max_sessions as u64),
+            (
+                "limits.max_sessions_per_principal",
+                self.limits.max_sessions_per_principal as u64,
+            ),
+            (
+                "limits.unused_session_secs",
+                self.limits.unused_session_secs,
+            ),
         ] {
             if value == 0 {
                 return fail(format!("{key} must be greater than 0"));
@@ -930,6 +968,28 @@ mod tests {
         let err =
             Config::from_toml(&format!("[limits]\nbody_read_timeout_ms = 0\n{up}")).unwrap_err();
         assert!(err.0.contains("limits.body_read_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn session_bounds_have_defaults_and_zero_is_refused() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(
+            (
+                c.limits.max_sessions,
+                c.limits.max_sessions_per_principal,
+                c.limits.unused_session_secs
+            ),
+            (4_096, 256, 300)
+        );
+        for key in [
+            "max_sessions",
+            "max_sessions_per_principal",
+            "unused_session_secs",
+        ] {
+            let err = Config::from_toml(&format!("[limits]\n{key} = 0\n{up}")).unwrap_err();
+            assert!(err.0.contains(&format!("limits.{key}")), "{err}");
+        }
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
         return initialize(route, principal, parts.headers, bytes, message).await;
     }
     let session = find_session(route, &parts).await?;
+    if message.has_requests() {
+        note_use(route, &session).await?;
+    }
     let negotiated = Negotiated::of(&session);
     let last = headers::last_event_id(&parts.headers);
     let command = Command::parse(
@@ -70,8 +73,9 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
 }
 
 /// An `initialize` without a session: mints one (with the dialects the client
-/// negotiated, which the upstream does not see), starts its stdio child if
-/// the upstream is a program, and exchanges the request.
+/// negotiated, which the upstream does not see) if a place is free for it,
+/// starts its stdio child if the upstream is a program, and exchanges the
+/// request. A refused exchange takes the minted session with it.
 async fn initialize(
     route: &Route,
     principal: String,
@@ -87,19 +91,48 @@ async fn initialize(
     if legacy_tasks::offered(&route.dialects.tasks, &bytes) {
         negotiated.add(Dialect::Tasks);
     }
-    let session = shared
+    let minted = shared
         .sessions
         .mint(&route.path, principal, &bytes, negotiated.names());
+    let session = match minted {
+        Ok(session) => session,
+        Err(full) => {
+            shared.log.metrics().session_refused(full);
+            let id = message.request_ids().into_iter().next();
+            let retry_after = shared.config.store.sweep_secs;
+            return Err(Rejection::no_session_place(id, full, retry_after));
+        }
+    };
     if shared.auth.mode() == crate::auth::PrincipalMode::Token {
         session.note_subject_hint(crate::auth::hint::subject_hint(&headers));
     }
+    let id = session.id;
+    let opened = open_upstream(route, session, headers, bytes, message).await;
+    if opened.is_err() {
+        // The client never learns the session's id: nothing may keep it.
+        if let Err(e) = shared.sessions.unmint(id).await {
+            tracing::warn!(session = %id, error = %e, "cannot forget a refused session");
+        }
+    }
+    opened
+}
+
+/// The upstream side of a minted session: its stdio child started, and its
+/// `initialize` exchanged.
+async fn open_upstream(
+    route: &Route,
+    session: Arc<Session>,
+    headers: HeaderMap,
+    bytes: Bytes,
+    message: Message,
+) -> Result<Response<Body>, Rejection> {
+    let shared = &route.shared;
     if let Upstream::Stdio(stdio) = &route.upstream {
         let spawned = stdio
             .spawn(session.clone(), shared.log.clone(), shared.sessions.clone())
             .await;
         if let Err(e) = spawned {
             shared.log.metrics().upstream_error(&e);
-            shared.sessions.discard(session.id);
             return Err(e.into());
         }
     }
@@ -142,6 +175,15 @@ async fn find_session(
     // A relay waiting for a credential to resume upstream gets this one.
     session.remember_credential(&request.headers, &route.shared.config.principal_header);
     Ok(session)
+}
+
+/// Notes a request or a GET stream of the session's client: the session is
+/// in use, and no longer ends early as unused. One that just did is gone.
+async fn note_use(route: &Route, session: &Session) -> Result<(), Rejection> {
+    match route.shared.sessions.mark_used(session).await? {
+        true => Ok(()),
+        false => Err(Rejection::session_not_found()),
+    }
 }
 
 /// Whether a session may answer to another credential once the upstream
@@ -289,6 +331,7 @@ async fn cancelled(route: &Route, target: &Target<'_>, session: &Session, id: &R
 pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
     let (parts, _) = req.into_parts();
     let session = find_session(route, &parts).await?;
+    note_use(route, &session).await?;
     if !headers::accepts(&parts.headers, "text/event-stream") {
         return Err(Rejection::not_acceptable());
     }

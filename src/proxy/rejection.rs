@@ -9,6 +9,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use crate::dialect::Refusal;
 use crate::jsonrpc::{self, code, ParseError, RequestId};
 use crate::reply::{self, Body};
+use crate::session::Full;
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
@@ -29,8 +30,8 @@ pub struct Rejection {
 enum Told {
     /// `Allow`, for 405.
     Allow(&'static str),
-    /// `Retry-After: 1`, for a refusal that passes.
-    RetryAfter,
+    /// `Retry-After` in seconds, for a refusal that passes.
+    RetryAfter(u64),
     /// `WWW-Authenticate`, for a 401.
     Challenge(&'static str),
 }
@@ -161,12 +162,40 @@ impl Rejection {
     /// `Retry-After`): nothing the client holds is lost.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self {
-            told: Some(Told::RetryAfter),
+            told: Some(Told::RetryAfter(1)),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 code::INTERNAL_ERROR,
                 message,
             )
+        }
+    }
+
+    /// An `initialize` past a bound on open sessions: 429 past the
+    /// principal's (its own sessions hold the places: end one with DELETE),
+    /// 503 past the instance's; either says when to retry — the next sweep,
+    /// the soonest an expiry frees a place by itself.
+    pub fn no_session_place(id: Option<RequestId>, full: Full, retry_after_secs: u64) -> Self {
+        let (status, message) = match full {
+            Full::Principal(cap) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "Too Many Requests: this client has {cap} sessions open, the most allowed; \
+                     end one it no longer uses (DELETE) or retry later"
+                ),
+            ),
+            Full::Total(cap) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "Service Unavailable: the proxy has {cap} sessions open, the most it \
+                     allows; retry later"
+                ),
+            ),
+        };
+        Self {
+            id,
+            told: Some(Told::RetryAfter(retry_after_secs.max(1))),
+            ..Self::new(status, code::SERVER_ERROR, message)
         }
     }
 
@@ -265,8 +294,8 @@ impl Rejection {
             Some(Told::Allow(allow)) => {
                 h.insert(header::ALLOW, HeaderValue::from_static(allow));
             }
-            Some(Told::RetryAfter) => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            Some(Told::RetryAfter(secs)) => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
             }
             Some(Told::Challenge(challenge)) => {
                 h.insert(

@@ -237,7 +237,9 @@ mod tests {
         let store =
             crate::store::journal::Journal::open(dir.path(), crate::store::commit::SyncMode::Never)
                 .unwrap();
-        let session = Sessions::new(store).mint("/mcp", "p".into(), b"{}", Vec::new());
+        let session = Sessions::new(store)
+            .mint("/mcp", "p".into(), b"{}", Vec::new())
+            .expect("a place");
         let call = |id: &str, token: &str| {
             let mut stream = crate::store::contract::meta(session.id);
             stream.origin_ids = vec![RequestId(id.into())];

@@ -53,6 +53,7 @@ pub fn session(id: SessionId) -> SessionRecord {
         last_seen_ms: now_ms(),
         closed_ms: None,
         dialects: vec!["streams".into()],
+        unused: false,
     }
 }
 

@@ -101,6 +101,12 @@ pub struct SessionRecord {
     /// so a restarted proxy keeps serving them.
     #[serde(default)]
     pub dialects: Vec<String>,
+    /// Set from `initialize` until the client's first request or GET
+    /// stream: a session still unused after `limits.unused_session_secs`
+    /// is ended early. Written only while set, and false in records from
+    /// before it existed, so an upgrade ends no session early.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unused: bool,
 }
 
 impl SessionRecord {
