@@ -453,7 +453,7 @@ impl Index {
         self.holdings.forget(Object::Stream(id));
         let retired = Retired {
             session: meta.session,
-            finished_s: Retired::seconds(meta.finished_ms.unwrap_or(0)),
+            finished_ms: Retired::split(meta.finished_ms.unwrap_or(0)),
             summary: place,
             first_segment: summary::first_segment(&state.locs),
             entries: state.locs.len() as u32,
@@ -491,7 +491,7 @@ impl Index {
         let old = *retired;
         retired.summary = place;
         if let Some(ms) = meta.finished_ms {
-            retired.finished_s = Retired::seconds(ms);
+            retired.set_finished_ms(ms);
         }
         retired.coalesced = meta.coalesced;
         let new = *retired;

@@ -6,7 +6,7 @@
 //! (metadata, a location per entry, a watch channel, a place in four
 //! indexes) each cost ~1.8 KB, and memory grew with the load without a
 //! bound. Retired, each costs its [`Retired`] in a map, a place in the
-//! retirement order and one in the request index: under 256 bytes all told
+//! retirement order and one in the request index: 184–261 bytes all told
 //! (see BENCHMARKS.md).
 //!
 //! This module keeps those three collections in step; it performs no I/O
@@ -41,7 +41,7 @@ impl Place {
     }
 }
 
-/// One retired stream, as the index keeps it (44 bytes). Everything a hot
+/// One retired stream, as the index keeps it (48 bytes). Everything a hot
 /// path asks without reading the disk: whose it is, its watermark, when
 /// retention ends it, and the segments it holds (`first_segment ..=
 /// summary.segment`). The rare abandonment deadline is kept beside it.
@@ -51,9 +51,9 @@ pub struct Retired {
     pub summary: Place,
     pub first_segment: SegmentNo,
     pub entries: u32,
-    /// When it finished, in seconds since the epoch rounded up: retention
-    /// may end it a fraction of a second late, never early.
-    pub finished_s: u32,
+    /// When it finished, in ms since the epoch: as two halves, so that the
+    /// struct needs no 8-byte alignment (and no padding to it).
+    pub finished_ms: [u32; 2],
     /// Request ids indexed for it (to count what its removal leaves stale).
     pub requests: u16,
     pub coalesced: bool,
@@ -68,15 +68,22 @@ impl Retired {
             summary: place,
             first_segment: head.first_segment,
             entries: head.entries,
-            finished_s: Self::seconds(head.finished_ms),
+            finished_ms: Self::split(head.finished_ms),
             requests: 0,
             coalesced: head.coalesced,
         }
     }
 
-    /// `ms` since the epoch as [`Retired::finished_s`] counts them.
-    pub fn seconds(ms: u64) -> u32 {
-        u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX)
+    pub fn split(ms: u64) -> [u32; 2] {
+        [(ms >> 32) as u32, ms as u32]
+    }
+
+    pub fn finished_ms(&self) -> u64 {
+        u64::from(self.finished_ms[0]) << 32 | u64::from(self.finished_ms[1])
+    }
+
+    pub fn set_finished_ms(&mut self, ms: u64) {
+        self.finished_ms = Self::split(ms);
     }
 
     /// The segments it holds: its entries' and its summary's.
@@ -206,7 +213,7 @@ impl RetiredStreams {
         self.order
             .iter()
             .filter_map(|id| self.streams.get(id).map(|r| (id, r)))
-            .take_while(|(_, r)| u64::from(r.finished_s) * 1000 <= at_ms)
+            .take_while(|(_, r)| r.finished_ms() <= at_ms)
             .map(|(id, _)| *id)
             .collect()
     }
@@ -242,7 +249,7 @@ impl RetiredStreams {
     pub fn sort_by_finish(&mut self) {
         let streams = &self.streams;
         let mut order: Vec<StreamId> = self.order.drain(..).collect();
-        order.sort_by_key(|id| streams.get(id).map(|r| r.finished_s));
+        order.sort_by_key(|id| streams.get(id).map(Retired::finished_ms));
         self.order = order.into();
     }
 }
@@ -251,10 +258,10 @@ impl RetiredStreams {
 mod tests {
     use super::*;
 
-    fn retired(session: SessionId, finished_s: u32) -> Retired {
+    fn retired(session: SessionId, finished_ms: u64) -> Retired {
         Retired {
             session,
-            finished_s,
+            finished_ms: Retired::split(finished_ms),
             summary: Place {
                 segment: 2,
                 offset: 0,
@@ -268,8 +275,9 @@ mod tests {
     }
 
     #[test]
-    fn a_retired_stream_costs_at_most_44_bytes_of_map_value() {
-        assert!(std::mem::size_of::<Retired>() <= 44);
+    fn a_retired_stream_costs_at_most_48_bytes_of_map_value() {
+        assert!(std::mem::size_of::<Retired>() <= 48);
+        assert_eq!(retired(SessionId::random(), 1 << 40).finished_ms(), 1 << 40);
     }
 
     #[test]
@@ -291,7 +299,7 @@ mod tests {
         let session = SessionId::random();
         let ids: Vec<StreamId> = (0..4).map(|_| StreamId::random()).collect();
         for (i, id) in ids.iter().enumerate() {
-            tier.insert(*id, retired(session, 10 * i as u32), &[], None);
+            tier.insert(*id, retired(session, 10_000 * i as u64), &[], None);
         }
         tier.remove(&ids[0]);
         assert_eq!(tier.oldest(2), vec![ids[1], ids[2]]);
@@ -305,7 +313,7 @@ mod tests {
         for i in 0..5000 {
             let id = StreamId::random();
             let request = RequestId(i.to_string());
-            tier.insert(id, retired(session, i), &[&request], Some(1));
+            tier.insert(id, retired(session, i as u64), &[&request], Some(1));
             tier.remove(&id);
         }
         assert!(tier.requests.len() <= 1025, "{}", tier.requests.len());
