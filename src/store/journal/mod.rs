@@ -12,7 +12,11 @@
 //!
 //! Metadata lives in memory (`index.rs`); on disk it is the records as they
 //! were written, which recovery (`recover.rs`) replays from every segment in
-//! order. A rollover therefore costs the same however many streams the log
+//! order. A finished stream does not stay whole in memory: once its finish
+//! is durable it retires (`retire.rs`) to a summary record on disk
+//! (`summary.rs`) and a 48-byte entry in the index (`retired.rs`), so that
+//! memory does not grow with what retention keeps; `[limits]
+//! max_retained_streams` bounds how many are kept. A rollover therefore costs the same however many streams the log
 //! retains. Segment files are deleted oldest first, as soon as nothing in
 //! them is needed (`holdings.rs`: entries of an existing stream, the full
 //! record of an existing object) — retention, session deletion and task
