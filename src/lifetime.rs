@@ -38,6 +38,25 @@ pub const ABANDONED: &str = "abandoned: the client neither resumed nor polled it
 #[async_trait::async_trait]
 pub trait Canceller: Send + Sync {
     async fn cancel(&self, stream: &StreamMeta, why: &str);
+
+    /// Tells the upstream that a session the proxy ended on its own (idle
+    /// or unused) is over, as the client's DELETE would have: otherwise the
+    /// upstream keeps it until its own expiry. Best effort.
+    async fn end_session(&self, _session: &crate::store::SessionRecord) {}
+}
+
+/// How long the sweep waits for an upstream to take a session's end.
+const END_SESSION_WAIT: Duration = Duration::from_secs(5);
+
+/// Tells the upstream a session ended here, unless it ended there first.
+async fn tell_upstream(canceller: &dyn Canceller, session: &crate::store::SessionRecord) {
+    if session.closed_ms.is_none()
+        && tokio::time::timeout(END_SESSION_WAIT, canceller.end_session(session))
+            .await
+            .is_err()
+    {
+        tracing::info!(session = %session.id, "upstream slow to take a session's end");
+    }
 }
 
 /// Who can carry on a stream a previous process was relaying.
@@ -134,8 +153,8 @@ pub async fn sweep(
         swept.expired_streams += 1;
     }
     swept.expired_tasks = expire_tasks(log, now).await?;
-    swept.expired_sessions = expire_idle_sessions(log, sessions, config, now).await?;
-    swept.unused_sessions = expire_unused_sessions(sessions, now).await?;
+    swept.expired_sessions = expire_idle_sessions(log, sessions, config, canceller, now).await?;
+    swept.unused_sessions = expire_unused_sessions(sessions, canceller, now).await?;
     let metrics = log.metrics();
     metrics.sessions_expired(SessionExpiry::Idle, swept.expired_sessions);
     metrics.sessions_expired(SessionExpiry::Unused, swept.unused_sessions);
@@ -148,6 +167,7 @@ async fn expire_idle_sessions(
     log: &Log,
     sessions: &Sessions,
     config: &StoreConfig,
+    canceller: &dyn Canceller,
     now: u64,
 ) -> Result<usize> {
     let mut ended = 0;
@@ -162,6 +182,8 @@ async fn expire_idle_sessions(
             record.last_seen_ms = record.last_seen_ms.max(seen);
         }
         if record.idle_by(seen_by, closed_by) {
+            // Before the end, while this process still has its headers.
+            tell_upstream(canceller, &record).await;
             sessions.end(record.id).await?;
             ended += 1;
         }
@@ -171,11 +193,16 @@ async fn expire_idle_sessions(
 
 /// Ends the sessions that made no request for `unused_session_secs` after
 /// their `initialize`, as idle ones are ended. Returns how many.
-async fn expire_unused_sessions(sessions: &Sessions, now: u64) -> Result<usize> {
+async fn expire_unused_sessions(
+    sessions: &Sessions,
+    canceller: &dyn Canceller,
+    now: u64,
+) -> Result<usize> {
     let mut ended = 0;
     for id in sessions.unused_long(now) {
-        if sessions.expire_unused(id).await? {
+        if let Some(record) = sessions.expire_unused(id).await? {
             tracing::info!(session = %id, "session ended: no request since its initialize");
+            tell_upstream(canceller, &record).await;
             ended += 1;
         }
     }

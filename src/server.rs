@@ -329,6 +329,12 @@ impl crate::lifetime::Canceller for App {
             route.cancel(stream, why).await;
         }
     }
+
+    async fn end_session(&self, session: &crate::store::SessionRecord) {
+        if let Some(route) = self.route_of(&session.route) {
+            route.end_upstream_session(session).await;
+        }
+    }
 }
 
 /// Streams left live by a previous process are resumed by the route that

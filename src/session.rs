@@ -715,14 +715,14 @@ impl Sessions {
     /// Ends the session `id` if it is still unused (and open): `true` when
     /// it did. The session is brought into the cache first, so a request
     /// of its client and this check take turns on its write lock.
-    pub async fn expire_unused(&self, id: SessionId) -> Result<bool> {
+    pub async fn expire_unused(&self, id: SessionId) -> Result<Option<SessionRecord>> {
         if self.shared() {
             // Another instance may have served its first request.
             self.refresh(id).await?;
         }
         let Some(session) = self.load(id).await? else {
             self.discard(id);
-            return Ok(false);
+            return Ok(None);
         };
         let ordered = session.write.lock().await;
         let (unused, closed) = {
@@ -735,13 +735,14 @@ impl Sessions {
             self.places.used(id);
         }
         if closed || !unused {
-            return Ok(false);
+            return Ok(None);
         }
+        let record = session.record();
         // Cancelled under the lock: a request waiting for it sees the end.
         self.discard(id);
         drop(ordered);
         self.store.delete_session(id).await?;
-        Ok(true)
+        Ok(Some(record))
     }
 
     /// The session `id` for the proxy's own work on it (resuming its

@@ -112,3 +112,25 @@ async fn past_max_retained_streams_the_oldest_finished_calls_replay_as_expired_o
     assert_eq!(res.status(), StatusCode::OK, "the newest are kept");
     assert_eq!(&messages(res).await, &seen[..]);
 }
+
+#[tokio::test]
+async fn an_idle_session_that_expires_is_ended_upstream_too() {
+    let rig = Rig::with(Default::default(), |c| {
+        c.store.session_idle_secs = 1;
+        c.store.sweep_secs = 1;
+    })
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call =
+        Call::post(&serde_json::json!({"jsonrpc":"2.0","id":1,"method":"ping"})).session(&sid);
+    read_all(rig.client.send(call).await).await;
+    let deleted = &rig.upstream.stats.sessions_deleted;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while deleted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the upstream never got the session's DELETE"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -104,6 +104,40 @@ impl Route {
         answered.unwrap_or_else(Rejection::into_response)
     }
 
+    /// Sends an HTTP upstream the DELETE of a session the proxy ended on
+    /// its own (idle or unused), with the headers its client last sent when
+    /// this process still has them. A stdio child is stopped with the
+    /// session already.
+    pub async fn end_upstream_session(&self, record: &crate::store::SessionRecord) {
+        let (Upstream::Http(up), Some(upstream_session)) =
+            (&self.upstream, &record.upstream_session)
+        else {
+            return;
+        };
+        let headers = self
+            .shared
+            .sessions
+            .cached(record.id)
+            .map(|s| s.remembered_headers())
+            .unwrap_or_default();
+        let sent = up
+            .send(
+                Method::DELETE,
+                &headers,
+                Bytes::new(),
+                Some(upstream_session),
+            )
+            .await;
+        match sent {
+            Ok(res) => {
+                tracing::debug!(session = %record.id, status = %res.status(), "upstream session ended")
+            }
+            Err(e) => {
+                tracing::info!(session = %record.id, error = %e, "upstream unreachable for a session's end")
+            }
+        }
+    }
+
     /// Tells the upstream to stop working on the requests of `stream` (the
     /// proxy gave up on them: abandonment).
     pub async fn cancel(&self, stream: &StreamMeta, why: &str) {
