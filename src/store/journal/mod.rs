@@ -29,6 +29,7 @@
 //! This module owns the locking and the order of operations; it must not
 //! move a stream's watermark before the entries below it are durable.
 
+mod codes;
 mod compact;
 mod holdings;
 mod index;
@@ -52,7 +53,6 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
 
 use self::index::{Index, StreamState};
-use self::retire::RetiredRead;
 use self::segment::{Loc, SegmentNo, Writer};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
@@ -662,19 +662,6 @@ fn spawn_background_sync(journal: Weak<Journal>) {
     });
 }
 
-/// Entries `after + 1 ..` (at most `limit`) of a retired stream, read from
-/// its summary's locations: all of them are durable.
-fn read_retired(read: RetiredRead, after: Seq, limit: usize) -> Result<Vec<Entry>> {
-    let entries = Seq::from(read.retired.entries);
-    if after >= entries {
-        return Ok(Vec::new());
-    }
-    let summary = read.summary()?;
-    let end = entries.min(after.saturating_add(limit as Seq)) as usize;
-    let locs = summary.locs.get(after as usize..end).unwrap_or_default();
-    read_locs(|no| read.file(no), after + 1, locs)
-}
-
 /// Reads the message bytes at `locs`, one positioned read per run of
 /// neighbouring entries (a batch's entries sit back to back, separated only
 /// by their 4-byte length prefixes).
@@ -968,7 +955,7 @@ impl Store for Journal {
                     return Ok(Vec::new());
                 };
                 drop(inner);
-                return read_retired(read, after, limit);
+                return read.entries(after, limit);
             };
             let durable = state.watermark.borrow().seq;
             if after >= durable {

@@ -10,28 +10,10 @@
 
 use bytes::Bytes;
 
+use super::codes::{outcome_byte, outcome_of, status_byte, status_of};
 use super::summary::{self, Summary, SummaryHead};
 use crate::id::{Seq, SessionId, StreamId, TaskId};
-use crate::store::{
-    Change, Finish, Outcome, SessionRecord, StreamMeta, StreamStatus, TaskRecord, UpstreamMark,
-};
-
-/// Bytes before the first record of every segment: a foreign or truncated
-/// file is refused instead of being read as garbage.
-///
-/// Version 3 segments may hold stream summaries (`summary.rs`), which a
-/// version 2 reader would take for damage, or cut off as a torn tail — and
-/// with them retired streams whose older records are gone — so it must
-/// refuse these files (it does: the bytes differ). Version 2 segments do not
-/// open with a snapshot; versions that read version 1 must refuse both.
-pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x03";
-
-/// Segments written before stream summaries: read, never written.
-pub const MAGIC_V2: &[u8; 8] = b"MCPRJ\x00\x00\x02";
-
-/// Segments written before replay-all recovery: read (their snapshot resets
-/// the metadata to what it holds), never written.
-pub const MAGIC_V1: &[u8; 8] = b"MCPRJ\x00\x00\x01";
+use crate::store::{Change, Finish, SessionRecord, StreamMeta, TaskRecord, UpstreamMark};
 
 /// `len` + `crc`.
 const FRAME: usize = 8;
@@ -176,23 +158,6 @@ fn change_of(tag: u8, value: u64) -> Option<Change> {
     })
 }
 
-pub(super) fn outcome_byte(o: Option<Outcome>) -> u8 {
-    match o {
-        None => 0,
-        Some(Outcome::Result) => 1,
-        Some(Outcome::Error) => 2,
-    }
-}
-
-pub(super) fn outcome_of(b: u8) -> Option<Option<Outcome>> {
-    Some(match b {
-        0 => None,
-        1 => Some(Outcome::Result),
-        2 => Some(Outcome::Error),
-        _ => return None,
-    })
-}
-
 /// A finished stream's summary (`thawed`: taken back into the index).
 pub fn summary(out: &mut Vec<u8>, meta: &StreamMeta, locs: &[super::segment::Loc], thawed: bool) {
     frame(out, SUMMARY, |o| summary::encode(o, meta, locs, thawed));
@@ -247,25 +212,6 @@ pub fn entries(
         }
     });
     at
-}
-
-pub(super) fn status_byte(s: StreamStatus) -> u8 {
-    match s {
-        StreamStatus::Live => 0,
-        StreamStatus::Completed => 1,
-        StreamStatus::Failed => 2,
-        StreamStatus::Cancelled => 3,
-    }
-}
-
-pub(super) fn status_of(b: u8) -> Option<StreamStatus> {
-    Some(match b {
-        0 => StreamStatus::Live,
-        1 => StreamStatus::Completed,
-        2 => StreamStatus::Failed,
-        3 => StreamStatus::Cancelled,
-        _ => return None,
-    })
 }
 
 /// What the next bytes of a segment hold (records end at the file's end or
@@ -393,6 +339,7 @@ fn parse(kind: u8, p: &[u8]) -> Option<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Outcome, StreamStatus};
     use proptest::prelude::*;
 
     fn one(bytes: &[u8]) -> Record {

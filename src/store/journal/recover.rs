@@ -24,9 +24,10 @@ use std::sync::Arc;
 
 use super::holdings::Object;
 use super::index::{Index, StreamState};
-use super::record::{self, Record, Scan, MAGIC};
+use super::record::{self, Record, Scan};
 use super::retired::{Place, Retired, RetiredStreams};
 use super::segment;
+use super::segment::MAGIC;
 use super::segment::{Loc, SegmentNo};
 use super::summary::{Summary, SummaryHead};
 use crate::id::{IdMap, SessionId, StreamId, TaskId};

@@ -23,9 +23,9 @@ use bytes::BytesMut;
 use super::retired::{Place, Retired};
 use super::segment::SegmentNo;
 use super::summary::Summary;
-use super::{io, lock, record, Inner, Journal};
-use crate::id::StreamId;
-use crate::store::{Result, StoreError, StreamMeta};
+use super::{io, lock, read_locs, record, Inner, Journal};
+use crate::id::{Seq, StreamId};
+use crate::store::{Entry, Result, StoreError, StreamMeta};
 
 /// Streams retired by one write at most: a burst of finishes is retired
 /// over the next few writes rather than holding one up.
@@ -105,6 +105,19 @@ impl RetiredRead {
             .iter()
             .find(|(n, _)| *n == no)
             .map(|(_, f)| f.clone())
+    }
+
+    /// Entries `after + 1 ..` (at most `limit`), read at the summary's
+    /// locations: all of them are durable.
+    pub fn entries(&self, after: Seq, limit: usize) -> Result<Vec<Entry>> {
+        let entries = Seq::from(self.retired.entries);
+        if after >= entries {
+            return Ok(Vec::new());
+        }
+        let summary = self.summary()?;
+        let end = entries.min(after.saturating_add(limit as Seq)) as usize;
+        let locs = summary.locs.get(after as usize..end).unwrap_or_default();
+        read_locs(|no| self.file(no), after + 1, locs)
     }
 
     /// The summary (outside the lock: a file whose segment was deleted

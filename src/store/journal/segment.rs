@@ -2,7 +2,7 @@
 //! bytes are in them (`Loc`), and reading a whole segment back for
 //! recovery.
 //!
-//! A segment is `MAGIC` followed by records (`record.rs`), appended with
+//! A segment is [`MAGIC`] followed by records (`record.rs`), appended with
 //! positioned writes so the writer always knows where each record landed.
 //! This module does not decide *when* to roll over or delete a segment
 //! (`mod.rs` does, from the index's accounting).
@@ -13,7 +13,22 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::record::{MAGIC, MAGIC_V1, MAGIC_V2};
+/// Bytes before the first record of every segment: a foreign or truncated
+/// file is refused instead of being read as garbage.
+///
+/// Version 3 segments may hold stream summaries (`summary.rs`), which a
+/// version 2 reader would take for damage, or cut off as a torn tail — and
+/// with them retired streams whose older records are gone — so it must
+/// refuse these files (it does: the bytes differ). Version 2 segments do not
+/// open with a snapshot; versions that read version 1 must refuse both.
+pub const MAGIC: &[u8; 8] = b"MCPRJ\x00\x00\x03";
+
+/// Segments written before stream summaries: read, never written.
+pub const MAGIC_V2: &[u8; 8] = b"MCPRJ\x00\x00\x02";
+
+/// Segments written before replay-all recovery: read (their snapshot resets
+/// the metadata to what it holds), never written.
+pub const MAGIC_V1: &[u8; 8] = b"MCPRJ\x00\x00\x01";
 
 /// Segment files are numbered from 1; the number orders them.
 pub type SegmentNo = u32;

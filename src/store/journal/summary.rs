@@ -15,7 +15,7 @@
 //! This module knows bytes only, like `record.rs`; when a summary is written
 //! and what it means for the index is `mod.rs`'s and `index.rs`'s business.
 
-use super::record::{outcome_byte, outcome_of, status_byte, status_of};
+use super::codes::{outcome_byte, outcome_of, status_byte, status_of};
 use super::segment::{Loc, SegmentNo};
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;

@@ -189,7 +189,7 @@ async fn damage_followed_by_good_records_is_refused_with_file_and_offset() {
     // follow it, so this is not a torn tail to cut off.
     let first = segment::path(&dir.path().join("journal"), 1);
     let mut bytes = std::fs::read(&first).unwrap();
-    bytes[record::MAGIC.len() + 10] ^= 0xff;
+    bytes[segment::MAGIC.len() + 10] ^= 0xff;
     std::fs::write(&first, bytes).unwrap();
     let err = Journal::open(dir.path(), SyncMode::Batch)
         .err()
@@ -244,7 +244,7 @@ async fn a_crash_during_rollover_leaves_a_journal_that_opens() {
     // its first record: only part of it made it.
     let journal = dir.path().join("journal");
     let next = segments(dir.path()).last().unwrap() + 1;
-    let mut partial = record::MAGIC.to_vec();
+    let mut partial = segment::MAGIC.to_vec();
     let mut snap = Vec::new();
     record::stream(&mut snap, &m);
     partial.extend_from_slice(&snap[..snap.len() / 2]);
@@ -303,7 +303,7 @@ async fn a_rollover_writes_nothing_again_for_the_streams_the_log_retains() {
     let fresh = store.lock().writer.len;
     assert_eq!(
         fresh,
-        record::MAGIC.len() as u64,
+        segment::MAGIC.len() as u64,
         "the new segment starts empty"
     );
 }
@@ -373,14 +373,14 @@ async fn a_journal_written_with_snapshots_recovers_the_newest_snapshots_metadata
     let (kept, dropped) = (meta(session), meta(session));
     // As versions before replay-all recovery wrote it: every segment opens
     // with a snapshot, and `dropped` was deleted in a segment since gone.
-    let mut first = record::MAGIC_V1.to_vec();
+    let mut first = segment::MAGIC_V1.to_vec();
     record::stream(&mut first, &kept);
     record::stream(&mut first, &dropped);
     record::snapshot_end(&mut first);
     let at = first.len() as u64;
     let placed = encode_entries(&mut first, kept.id, 1, &[progress(1)]);
     std::fs::write(segment::path(&journal, 1), &first).unwrap();
-    let mut third = record::MAGIC_V1.to_vec();
+    let mut third = segment::MAGIC_V1.to_vec();
     record::stream(&mut third, &kept);
     record::snapshot_end(&mut third);
     std::fs::write(segment::path(&journal, 3), &third).unwrap();
@@ -471,10 +471,10 @@ async fn segments_written_now_carry_a_version_that_snapshot_reading_versions_ref
     let bytes = std::fs::read(segment::path(&dir.path().join("journal"), first)).unwrap();
     // Older versions take a segment without a snapshot for a torn one and
     // delete it: they must see a version they do not know instead.
-    assert_eq!(&bytes[..8], record::MAGIC);
-    assert_ne!(&bytes[..8], record::MAGIC_V1);
+    assert_eq!(&bytes[..8], segment::MAGIC);
+    assert_ne!(&bytes[..8], segment::MAGIC_V1);
     // Versions before summaries would cut one off as a torn tail.
-    assert_ne!(&bytes[..8], record::MAGIC_V2);
+    assert_ne!(&bytes[..8], segment::MAGIC_V2);
 }
 
 #[tokio::test]
@@ -498,7 +498,7 @@ async fn a_journal_written_before_summaries_still_opens_and_retires_its_streams(
     for no in segments(dir.path()) {
         let path = segment::path(&journal, no);
         let mut bytes = std::fs::read(&path).unwrap();
-        bytes[..8].copy_from_slice(record::MAGIC_V2);
+        bytes[..8].copy_from_slice(segment::MAGIC_V2);
         std::fs::write(&path, bytes).unwrap();
     }
     let store = Journal::open(dir.path(), SyncMode::Batch).unwrap();
@@ -514,7 +514,7 @@ async fn a_stream_recovers_its_entries_up_to_the_first_missing_seq() {
     let journal = dir.path().join("journal");
     std::fs::create_dir_all(&journal).unwrap();
     let m = meta(SessionId::random());
-    let mut bytes = record::MAGIC.to_vec();
+    let mut bytes = segment::MAGIC.to_vec();
     record::stream(&mut bytes, &m);
     encode_entries(&mut bytes, m.id, 1, &[progress(1), progress(2)]);
     // Seq 3 never made it to disk; 4 and 5 did (damage, not a crash).
