@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::holdings::{Holding, Holdings, Object};
 use super::retired::{Place, Retired, RetiredStreams};
 use super::segment::{Loc, SegmentNo};
-use super::summary::{self, Summary};
+use super::summary::Summary;
 
 use crate::id::{IdMap, IdSet, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -248,8 +248,9 @@ impl Index {
 
     pub fn set_status(&mut self, stream: StreamId, end: &Finish) {
         self.edit(stream, |meta| meta.finish(end));
-        let leg = self.streams.get(&stream).map(|s| s.meta.task.is_some());
-        if !end.status.is_live() && leg == Some(false) {
+        // Retention's deadline is set: it may retire (a task leg never).
+        let due = self.streams.get(&stream).map(|s| Deadlines::of(&s.meta));
+        if due.is_some_and(|due| due.finished.is_some()) {
             self.finishing.push_back(stream);
         }
     }
@@ -451,15 +452,7 @@ impl Index {
         // abandoned as whole ones are.
         self.holdings.drop_entries(id, &state.locs, &[]);
         self.holdings.forget(Object::Stream(id));
-        let retired = Retired {
-            session: meta.session,
-            finished_ms: Retired::split(meta.finished_ms.unwrap_or(0)),
-            summary: place,
-            first_segment: summary::first_segment(&state.locs),
-            entries: state.locs.len() as u32,
-            requests: 0,
-            coalesced: meta.coalesced,
-        };
+        let retired = Retired::of_whole(meta, &state.locs, place);
         self.holdings.hold(retired.segments());
         self.retired
             .insert(id, retired, &answers, meta.abandon_at_ms);

@@ -16,10 +16,11 @@ use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault};
 
-use super::segment::SegmentNo;
-use super::summary::SummaryHead;
+use super::segment::{Loc, SegmentNo};
+use super::summary::{self, SummaryHead};
 use crate::id::{IdHasher, IdMap, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
+use crate::store::StreamMeta;
 
 /// Where a summary record is: what one positioned read of it needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +61,19 @@ pub struct Retired {
 }
 
 impl Retired {
+    /// A whole stream retiring, its summary written at `place`.
+    pub fn of_whole(meta: &StreamMeta, locs: &[Loc], place: Place) -> Self {
+        Self {
+            session: meta.session,
+            summary: place,
+            first_segment: summary::first_segment(locs),
+            entries: locs.len() as u32,
+            finished_ms: Self::split(meta.finished_ms.unwrap_or(0)),
+            requests: 0,
+            coalesced: meta.coalesced,
+        }
+    }
+
     /// A retired stream as its summary's head tells it, the summary at
     /// `place`.
     pub fn of_head(head: &SummaryHead, place: Place) -> Self {
