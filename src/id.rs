@@ -55,6 +55,12 @@ fn random_16() -> [u8; 16] {
     })
 }
 
+/// 16 bytes for a secret key (the request index's hash key): the same OS
+/// randomness ids are drawn from.
+pub fn random_key() -> [u8; 16] {
+    random_16()
+}
+
 /// Lowercase hex of `bytes`, written into `out` (twice as long). Ids are
 /// printed on every response header, so this avoids `fmt` per byte.
 pub fn hex_into<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {

@@ -9,10 +9,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::process::Crashable;
+use bytes::Bytes;
+use common::process::{free_addr, Crashable, ProxyProcess};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::demo::upstream::DemoOptions;
+use mcp_resume_proxy::id::{SessionId, StreamId};
+use mcp_resume_proxy::jsonrpc::RequestId;
+use mcp_resume_proxy::store::commit::SyncMode;
+use mcp_resume_proxy::store::journal::Journal;
+use mcp_resume_proxy::store::{
+    now_ms, Finish, Outcome, Store, StreamKind, StreamMeta, StreamStatus,
+};
 use serde_json::json;
 
 /// Starts a slow call (`steps` progress notifications) and reads the first
@@ -243,5 +251,88 @@ async fn a_replay_of_other_calls_messages_lands_each_on_its_own_stream_once() {
         assert_eq!(*seen, (1..=25).collect::<Vec<_>>(), "call {id}: each once");
         assert_eq!(end["id"], id, "call {id} ends with its own result: {end}");
         assert!(end.get("result").is_some(), "{end}");
+    }
+}
+
+/// A journal in `data_dir` holding `calls` finished calls of three entries
+/// each, as a proxy that ran a while leaves it, every tenth call deleted
+/// again; gives back what each kept call holds, and the deleted ones.
+async fn a_large_log(
+    data_dir: &std::path::Path,
+    calls: usize,
+) -> (Vec<(StreamId, Vec<Bytes>)>, Vec<StreamId>) {
+    let journal = Journal::open(data_dir, SyncMode::Never).expect("journal opens");
+    let session = SessionId::random();
+    let (mut kept, mut deleted) = (Vec::new(), Vec::new());
+    for i in 0..calls {
+        let meta = StreamMeta::new(
+            StreamId::random(),
+            session,
+            StreamKind::Request,
+            vec![RequestId(i.to_string())],
+            Some("tools/call".into()),
+            now_ms(),
+        );
+        journal.create_stream(&meta).await.unwrap();
+        let messages: Vec<Bytes> = (0..3)
+            .map(|n| {
+                Bytes::from(format!(
+                    r#"{{"jsonrpc":"2.0","method":"m","params":{{"call":{i},"n":{n}}}}}"#
+                ))
+            })
+            .collect();
+        let done = Finish::new(StreamStatus::Completed, Some(Outcome::Result));
+        journal
+            .append_final(meta.id, &messages, done)
+            .await
+            .unwrap();
+        if i % 10 == 9 {
+            journal.delete_stream(meta.id).await.unwrap();
+            deleted.push(meta.id);
+        } else {
+            kept.push((meta.id, messages));
+        }
+    }
+    journal.flush().await.unwrap();
+    (kept, deleted)
+}
+
+/// `kill -9` at moments spread over the start-up of a large log (recovery,
+/// the checkpoint it takes, the first segment it opens): every call the
+/// log kept reads back whole, and no deleted one comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_start_up_of_a_large_log_loses_nothing_and_brings_nothing_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kept, deleted) = a_large_log(dir.path(), 30_000).await;
+    let (addr, upstream) = (free_addr(), ["--upstream", "http://127.0.0.1:9/mcp"]);
+    let started = std::time::Instant::now();
+    ProxyProcess::start(&upstream, dir.path(), addr, &[])
+        .await
+        .kill9();
+    let start_up = started.elapsed();
+    let log = dir.path().join("journal");
+    let bytes: u64 = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    println!("start-up {start_up:?} over {bytes} bytes of log");
+    const KILLS: u32 = 8;
+    for i in 1..=KILLS {
+        let mut proxy = ProxyProcess::spawn(&upstream, dir.path(), addr, &[]);
+        tokio::time::sleep(start_up * i / KILLS).await;
+        proxy.kill9();
+    }
+    let journal = Journal::open(dir.path(), SyncMode::Batch).unwrap();
+    for (id, messages) in &kept {
+        let entries = journal.read_after(*id, 0, usize::MAX).await.unwrap();
+        let read: Vec<Bytes> = entries.into_iter().map(|e| e.message).collect();
+        assert_eq!(&read, messages, "stream {id}");
+    }
+    for id in &deleted {
+        assert_eq!(
+            journal.stream_meta(*id).await.unwrap(),
+            None,
+            "{id} deleted"
+        );
     }
 }

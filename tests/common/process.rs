@@ -21,18 +21,7 @@ impl ProxyProcess {
         addr: std::net::SocketAddr,
         env: &[(&str, &str)],
     ) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
-            .args(upstream_args)
-            .args(["--listen", &addr.to_string()])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("proxy binary starts");
-        let proxy = Self { child, addr };
+        let proxy = Self::spawn(upstream_args, data_dir, addr, env);
         let health = McpClient::new(format!("http://{addr}/healthz"));
         let deadline = tokio::time::Instant::now() + LIMIT;
         loop {
@@ -47,6 +36,28 @@ impl ProxyProcess {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Starts the binary as [`ProxyProcess::start`] does, without waiting
+    /// for it to come up (to kill it on its way up).
+    pub fn spawn(
+        upstream_args: &[&str],
+        data_dir: &std::path::Path,
+        addr: std::net::SocketAddr,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+            .args(upstream_args)
+            .args(["--listen", &addr.to_string()])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("proxy binary starts");
+        Self { child, addr }
     }
 
     pub fn pid(&self) -> u32 {

@@ -71,6 +71,11 @@ impl Holdings {
             .insert(object);
     }
 
+    /// The segment `object`'s full record is in.
+    pub fn home_of(&self, object: Object) -> Option<SegmentNo> {
+        self.record_of.get(&object).copied()
+    }
+
     /// Forgets an object that no longer exists; returns the segment its
     /// record was in.
     pub fn forget(&mut self, object: Object) -> Option<SegmentNo> {

@@ -173,6 +173,11 @@ impl Index {
         whole.or_else(|| self.retired.answering(session, id))
     }
 
+    /// The segment `object`'s full record is in.
+    pub fn home_of(&self, object: Object) -> Option<SegmentNo> {
+        self.holdings.home_of(object)
+    }
+
     /// Whether the stream exists, whole or retired.
     pub fn has_stream(&self, id: &StreamId) -> bool {
         self.streams.contains_key(id) || self.retired.contains(id)

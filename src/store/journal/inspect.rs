@@ -20,7 +20,7 @@ use super::index::StreamState;
 use super::recover::{self, Metadata, Slots};
 use super::retire;
 use super::segment;
-use super::segment::{Loc, SegmentNo};
+use super::segment::{Loc, SegmentNo, MAGIC};
 use crate::id::{IdMap, Seq, SessionId, StreamId};
 use crate::store::{Entry, Result, SessionRecord, StoreError, StreamMeta};
 
@@ -103,7 +103,8 @@ impl JournalView {
             if !segment::read_open(&file, dir, no, &mut bytes).map_err(io)? {
                 continue;
             }
-            let scanned = recover::scan_segment(&bytes, no, &mut entries, &mut metadata);
+            let scanned =
+                recover::scan_segment(&bytes, no, MAGIC.len(), &mut entries, &mut metadata);
             if let (Some(why), false) = (&scanned.torn, is_last) {
                 // In the newest segment this is a write in progress or a
                 // crash's tail; in a sealed one it is damage, worth a word.

@@ -11,8 +11,10 @@
 //! sync, where sled spent hundreds (see BENCHMARKS.md).
 //!
 //! Metadata lives in memory (`index.rs`); on disk it is the records as they
-//! were written, which recovery (`recover.rs`) replays from every segment in
-//! order. A finished stream does not stay whole in memory: once its finish
+//! were written, which recovery (`recover.rs`) replays in order — from the
+//! newest checkpoint's cut (`checkpoint.rs`: the index as it stood at one
+//! point of the log, taken once enough log was written since the last), or
+//! from the first segment without one. A finished stream does not stay whole in memory: once its finish
 //! is durable it retires (`retire.rs`) to a summary record on disk
 //! (`summary.rs`) and a 48-byte entry in the index (`retired.rs`), so that
 //! memory does not grow with what retention keeps; `[limits]
@@ -29,6 +31,7 @@
 //! This module owns the locking and the order of operations; it must not
 //! move a stream's watermark before the entries below it are durable.
 
+mod checkpoint;
 mod codes;
 mod compact;
 mod holdings;
@@ -46,6 +49,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -68,6 +72,12 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Entries of one batch are split into records of at most this many bytes.
 const RECORD_TARGET: usize = 16 * 1024 * 1024;
 
+/// Log written since the last checkpoint before the next is taken, at the
+/// least; more once checkpoints are large (twice the last one's size), so
+/// that checkpoints never write more than half what the log does. Start-up
+/// replays at most this much of the log beyond the checkpoint.
+const CHECKPOINT_EVERY: u64 = 16 * 1024 * 1024;
+
 /// How often `sync = "never"` syncs in the background: what a power loss can
 /// take (a `kill -9` takes nothing: written records are in the page cache).
 const NEVER_SYNC_EVERY: Duration = Duration::from_millis(200);
@@ -86,6 +96,10 @@ struct Inner {
     files: HashMap<SegmentNo, Arc<File>>,
     /// Reused encoding buffer.
     buf: Vec<u8>,
+    /// Log bytes written since the last checkpoint's cut.
+    since_checkpoint: u64,
+    /// The last checkpoint's size.
+    checkpoint_bytes: u64,
 }
 
 pub struct Journal {
@@ -102,6 +116,17 @@ pub struct Journal {
     sync_file: Arc<SyncFile>,
     /// The bound on retained streams (`retire.rs`).
     bound: retire::Bound,
+    /// Set while a checkpoint is being published (one at a time).
+    checkpointing: Arc<AtomicBool>,
+    /// [`CHECKPOINT_EVERY`]; tests take them sooner.
+    checkpoint_every: AtomicU64,
+    /// Log bytes replayed at start-up (those after the checkpoint's cut).
+    #[cfg(test)]
+    replayed: u64,
+    /// Tests take a checkpoint after every change, published at once, so
+    /// that the store contract's restarts start from one.
+    #[cfg(test)]
+    eager_checkpoints: AtomicBool,
     /// Tests retire every stream the moment its finish is durable, so that
     /// the store contract runs against retired streams too.
     #[cfg(test)]
@@ -145,7 +170,15 @@ impl Journal {
         let dir = data_dir.join("journal");
         std::fs::create_dir_all(&dir).map_err(io)?;
         let dir_lock = lock_dir(&dir)?;
+        let started = std::time::Instant::now();
         let recovered = recover::recover(&dir)?;
+        tracing::info!(
+            streams = recovered.index.streams.len(),
+            retired = recovered.index.retired.len(),
+            replayed_bytes = recovered.replayed,
+            ms = started.elapsed().as_millis() as u64,
+            "journal recovered"
+        );
         // Every open starts a new segment: a torn tail stays behind in the
         // old one, and the new one is written from a known length.
         let writer = Writer::create(&dir, recovered.last + 1).map_err(io)?;
@@ -168,6 +201,9 @@ impl Journal {
                 index: recovered.index,
                 files,
                 buf: Vec::new(),
+                // What this start replayed is what the next one would.
+                since_checkpoint: recovered.replayed,
+                checkpoint_bytes: 0,
             }),
             active,
             commit,
@@ -176,6 +212,12 @@ impl Journal {
             orphans: OrphansOnce::default(),
             sync_file,
             bound: retire::Bound::default(),
+            checkpointing: Arc::default(),
+            checkpoint_every: AtomicU64::new(CHECKPOINT_EVERY),
+            #[cfg(test)]
+            replayed: recovered.replayed,
+            #[cfg(test)]
+            eager_checkpoints: Default::default(),
             #[cfg(test)]
             eager: Default::default(),
         });
@@ -183,6 +225,9 @@ impl Journal {
             let mut inner = journal.lock();
             journal.copy_forward(&mut inner)?;
             journal.drop_unused_segments(&mut inner)?;
+            // A long replay now is a long one at the next start too, even
+            // if nothing is written before it.
+            journal.checkpoint_if_due(&mut inner);
         }
         if sync == SyncMode::Never {
             spawn_background_sync(Arc::downgrade(&journal));
@@ -279,6 +324,7 @@ impl Journal {
             return Err(stopped.into());
         }
         let written = inner.writer.append(&inner.buf);
+        inner.since_checkpoint += inner.buf.len() as u64;
         // Cleared either way: records whose write failed were never
         // acknowledged, and must not ride along with the next write.
         inner.buf.clear();
@@ -300,6 +346,67 @@ impl Journal {
                 tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
             }
         }
+        #[cfg(test)]
+        if self.eager_checkpoints.load(Ordering::Relaxed) {
+            if let Some(publish) = self.checkpoint(inner) {
+                publish();
+            }
+            return;
+        }
+        self.checkpoint_if_due(inner);
+    }
+
+    /// Takes a checkpoint once the log written since the last one (or
+    /// replayed at start-up) reaches [`CHECKPOINT_EVERY`], or twice the last
+    /// checkpoint's size; publishes it on a thread of its own.
+    fn checkpoint_if_due(&self, inner: &mut Inner) {
+        let every = self.checkpoint_every.load(Ordering::Relaxed);
+        if inner.since_checkpoint < every.max(2 * inner.checkpoint_bytes) {
+            return;
+        }
+        let Some(publish) = self.checkpoint(inner) else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("journal-checkpoint".into())
+            .spawn(publish);
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "journal checkpoint not started");
+            self.checkpointing.store(false, Ordering::Release);
+        }
+    }
+
+    /// Takes a checkpoint of the index as every record written so far left
+    /// it (`checkpoint.rs`): encoded here, under the lock, where the index
+    /// and the log agree (every change updates the index in the lock hold
+    /// that wrote its record). Gives back what publishes it once the log up
+    /// to the cut is durable, to run outside the lock. One at a time; none
+    /// once the log stopped.
+    fn checkpoint(&self, inner: &mut Inner) -> Option<impl FnOnce() + Send + 'static> {
+        if !inner.buf.is_empty()
+            || self.commit.writable().is_err()
+            || self.checkpointing.swap(true, Ordering::AcqRel)
+        {
+            return None;
+        }
+        let cut = checkpoint::Cut {
+            segment: inner.writer.no,
+            offset: inner.writer.len,
+            at_ms: super::now_ms(),
+        };
+        let mut bytes = Vec::with_capacity(inner.checkpoint_bytes as usize + 4096);
+        checkpoint::encode(&inner.index, cut, &mut bytes);
+        inner.since_checkpoint = 0;
+        inner.checkpoint_bytes = bytes.len() as u64;
+        let (dir, file) = (self.dir.clone(), inner.writer.file.clone());
+        let (sync_file, busy) = (self.sync_file.clone(), self.checkpointing.clone());
+        Some(move || {
+            let published = sync_file(&file).and_then(|()| checkpoint::publish(&dir, &bytes));
+            if let Err(e) = published {
+                tracing::warn!(error = %e, "journal checkpoint not written; start-up replays more of the log");
+            }
+            busy.store(false, Ordering::Release);
+        })
     }
 
     /// Starts the next segment and seals the active one, then copies
@@ -581,6 +688,31 @@ impl Journal {
         }
         self.durable().await?;
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+impl Journal {
+    /// Takes a checkpoint now, published before this returns.
+    fn checkpoint_now(&self) {
+        let mut inner = self.lock();
+        if let Some(publish) = self.checkpoint(&mut inner) {
+            publish();
+        }
+    }
+
+    /// From now on, a checkpoint after every change.
+    fn checkpoint_eagerly(&self) {
+        self.eager_checkpoints.store(true, Ordering::Relaxed);
+    }
+
+    fn checkpoint_every(&self, bytes: u64) {
+        self.checkpoint_every.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Log bytes replayed at start-up.
+    fn replayed(&self) -> u64 {
+        self.replayed
     }
 }
 

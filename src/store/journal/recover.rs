@@ -1,5 +1,10 @@
 //! Rebuilding the index from the segment files at start.
 //!
+//! It starts from the checkpoint (`checkpoint.rs`) when there is a usable
+//! one, as if every record before its cut had been replayed, and replays
+//! the records after the cut; without one, from the first segment. What
+//! follows is how records replay either way.
+//!
 //! Metadata comes from replaying every segment's records in order: an object
 //! lives from its full record (created, or written again whole when its
 //! segment was compacted) through the changes after it to its tombstone.
@@ -22,6 +27,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::checkpoint::{self, Cut};
 use super::holdings::Object;
 use super::index::{Index, StreamState};
 use super::record::{self, Record, Scan};
@@ -39,6 +45,9 @@ pub struct Recovered {
     pub files: HashMap<SegmentNo, Arc<File>>,
     /// The highest segment number in use (0 for an empty journal).
     pub last: SegmentNo,
+    /// Bytes of records replayed: those after the checkpoint's cut, or
+    /// every segment's without one.
+    pub replayed: u64,
 }
 
 /// Sessions, tasks and streams as the metadata records replayed so far
@@ -58,6 +67,9 @@ pub struct Metadata {
     /// When each retired stream was created, while recovery runs: the
     /// newest stream answering a reused request id wins.
     retired_created: IdMap<StreamId, u64>,
+    /// When the checkpoint recovery started from was taken (0: none): what
+    /// its retired streams count as created at (see [`Cut::at_ms`]).
+    cut_ms: u64,
 }
 
 impl Metadata {
@@ -148,7 +160,7 @@ impl Metadata {
     fn add_retired(&mut self, head: &SummaryHead, place: Place) {
         let (retired, created) = (&self.retired, &self.retired_created);
         let newer = |request: &&RequestId| match retired.answering(head.session, request) {
-            Some(other) => created.get(&other).is_none_or(|&c| c <= head.created_ms),
+            Some(other) => created.get(&other).copied().unwrap_or(self.cut_ms) <= head.created_ms,
             None => true,
         };
         let requests: Vec<&RequestId> = head.request_ids.iter().filter(newer).collect();
@@ -192,13 +204,28 @@ fn io(e: std::io::Error) -> StoreError {
 
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
-    let mut entries = Slots::default();
-    let mut metadata = Metadata::default();
+    checkpoint::remove_leftover(dir).map_err(io)?;
+    let (mut metadata, mut entries, cut) = match from_checkpoint(dir, &numbers) {
+        Some((metadata, entries, cut)) => (metadata, entries, Some(cut)),
+        None => (Metadata::default(), Slots::default(), None),
+    };
     let mut files = HashMap::new();
     let mut last = 0;
+    let mut replayed = 0;
     let mut bytes = Vec::new();
     for (i, &no) in numbers.iter().enumerate() {
         let is_last = i + 1 == numbers.len();
+        let from = match cut {
+            // Its records are in the checkpoint: only its entries are read,
+            // when a stream is.
+            Some(cut) if no < cut.segment => {
+                files.insert(no, segment::open_read(dir, no).map_err(io)?);
+                last = no;
+                continue;
+            }
+            Some(cut) if no == cut.segment => cut.offset as usize,
+            _ => MAGIC.len(),
+        };
         if !segment::read_all(dir, no, &mut bytes).map_err(io)? {
             if is_last {
                 // Created, then the crash: it holds nothing.
@@ -207,7 +234,8 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             }
             return Err(corrupt(dir, no, 0, "segment shorter than its header"));
         }
-        let scanned = scan_segment(&bytes, no, &mut entries, &mut metadata);
+        let scanned = scan_segment(&bytes, no, from, &mut entries, &mut metadata);
+        replayed += scanned.end.saturating_sub(from) as u64;
         if let Some(why) = &scanned.torn {
             let at = scanned.end;
             if !(is_last && only_zeros_after(&bytes[at..])) {
@@ -246,7 +274,64 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
     }
     drop(metadata.retired_created);
     index.adopt_retired(metadata.retired);
-    Ok(Recovered { index, files, last })
+    Ok(Recovered {
+        index,
+        files,
+        last,
+        replayed,
+    })
+}
+
+/// The metadata and entries the checkpoint in `dir` holds, and its cut;
+/// `None` (every segment is replayed) when there is none, or one that
+/// cannot be used: damaged, or not of these segments.
+fn from_checkpoint(dir: &Path, numbers: &[SegmentNo]) -> Option<(Metadata, Slots, Cut)> {
+    let unusable = |why: &str| {
+        tracing::warn!(why, "journal checkpoint ignored; replaying every segment");
+    };
+    let checkpoint = match checkpoint::read(dir) {
+        Ok(found) => found?,
+        Err(why) => {
+            unusable(&why);
+            return None;
+        }
+    };
+    let cut = checkpoint.cut;
+    if numbers.last().is_none_or(|&last| last < cut.segment) {
+        unusable("its cut is past the last segment");
+        return None;
+    }
+    if numbers.contains(&cut.segment) {
+        let len = std::fs::metadata(segment::path(dir, cut.segment)).map(|m| m.len());
+        if len.map_or(true, |len| len < cut.offset) {
+            unusable("its cut is past the end of its segment");
+            return None;
+        }
+    }
+    let mut metadata = Metadata {
+        retired: RetiredStreams::with_key(checkpoint.key),
+        cut_ms: cut.at_ms,
+        ..Metadata::default()
+    };
+    let mut entries = Slots::default();
+    for whole in checkpoint.wholes() {
+        match whole {
+            Ok((home, Record::Thawed(summary))) => metadata.thaw(*summary, home, &mut entries),
+            Ok((home, record)) => metadata.apply(record, home),
+            Err(why) => {
+                unusable(&why);
+                return None;
+            }
+        }
+    }
+    metadata.retired.reserve(checkpoint.retired_count());
+    for (id, retired, abandon_at) in checkpoint.retired() {
+        metadata.retired.insert_kept(id, retired, abandon_at);
+    }
+    for (hash, id) in checkpoint.requests() {
+        metadata.retired.index_hashed(hash, id);
+    }
+    Some((metadata, entries, cut))
 }
 
 /// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments
@@ -262,21 +347,23 @@ pub struct SegmentScan {
     pub torn: Option<String>,
 }
 
-/// Reads the records of segment `no` (all of it, `MAGIC` included), placing
-/// its entries in `entries` and replaying its metadata records onto
+/// Reads the records of segment `no` (all of it, `MAGIC` included) from
+/// offset `from` (a record's start: `MAGIC.len()` for the whole segment),
+/// placing its entries in `entries` and replaying its metadata records onto
 /// `metadata`. Shared by recovery and the read-only [`super::inspect`], so
 /// both read the log the same way.
 pub fn scan_segment(
     bytes: &[u8],
     no: SegmentNo,
+    from: usize,
     entries: &mut Slots,
     metadata: &mut Metadata,
 ) -> SegmentScan {
     let mut scanned = SegmentScan {
-        end: MAGIC.len(),
+        end: from,
         torn: None,
     };
-    let Some(mut rest) = bytes.get(MAGIC.len()..) else {
+    let Some(mut rest) = bytes.get(from..) else {
         return scanned;
     };
     loop {

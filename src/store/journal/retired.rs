@@ -12,9 +12,10 @@
 //! This module keeps those three collections in step; it performs no I/O
 //! and knows nothing of segments' accounting (`index.rs` does that).
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault};
+
+use siphasher::sip::SipHasher13;
 
 use super::segment::{Loc, SegmentNo};
 use super::summary::{self, SummaryHead};
@@ -110,6 +111,32 @@ impl Retired {
     }
 }
 
+/// The secret key of the request index's hash. Drawn at random for a new
+/// index; a checkpoint (`checkpoint.rs`) keeps it with the hashes it made,
+/// so that they still find their streams after a restart.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RequestKey(pub [u8; 16]);
+
+impl Default for RequestKey {
+    fn default() -> Self {
+        Self(crate::id::random_key())
+    }
+}
+
+impl BuildHasher for RequestKey {
+    type Hasher = SipHasher13;
+
+    fn build_hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_key(&self.0)
+    }
+}
+
+impl std::fmt::Debug for RequestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestKey(..)")
+    }
+}
+
 /// The retired streams, the order they retired in (finish order, within the
 /// few milliseconds a finish takes to become durable), and which request
 /// each answers.
@@ -126,13 +153,25 @@ pub struct RetiredStreams {
     requests: HashMap<u64, StreamId, BuildHasherDefault<IdHasher>>,
     /// Request entries (at most) left pointing at removed streams.
     stale: usize,
-    key: RandomState,
+    key: RequestKey,
     /// The abandonment deadlines of those that have one (few: only the
     /// dialects that negotiate abandonment set them).
     abandons: IdMap<StreamId, u64>,
 }
 
 impl RetiredStreams {
+    /// An empty tier hashing requests with `key` (a checkpoint's).
+    pub fn with_key(key: RequestKey) -> Self {
+        Self {
+            key,
+            ..Self::default()
+        }
+    }
+
+    pub fn key(&self) -> RequestKey {
+        self.key
+    }
+
     pub fn get(&self, id: &StreamId) -> Option<&Retired> {
         self.streams.get(id)
     }
@@ -176,6 +215,47 @@ impl RetiredStreams {
         retired.requests = requests.len().min(u16::MAX as usize) as u16;
         self.order.push_back(id);
         self.streams.insert(id, retired);
+    }
+
+    /// Adds a retired stream as a checkpoint kept it, its `requests` count
+    /// included; its request hashes come separately
+    /// ([`RetiredStreams::index_hashed`]).
+    pub fn insert_kept(&mut self, id: StreamId, retired: Retired, abandon_at: Option<u64>) {
+        if let Some(at) = abandon_at {
+            self.abandons.insert(id, at);
+        }
+        self.order.push_back(id);
+        self.streams.insert(id, retired);
+    }
+
+    /// Indexes a request hash a checkpoint kept (made with this tier's key).
+    pub fn index_hashed(&mut self, hash: u64, id: StreamId) {
+        self.requests.insert(hash, id);
+    }
+
+    /// Room for `n` more streams, as a checkpoint says it holds.
+    pub fn reserve(&mut self, n: usize) {
+        self.streams.reserve(n);
+        self.requests.reserve(n);
+        self.order.reserve(n);
+    }
+
+    /// Every retired stream in retirement order, with its abandonment
+    /// deadline (one that retired twice may come twice: as the order has
+    /// it).
+    pub fn in_order(&self) -> impl Iterator<Item = (&StreamId, &Retired, Option<u64>)> {
+        self.order.iter().filter_map(|id| {
+            let retired = self.streams.get(id)?;
+            Some((id, retired, self.abandons.get(id).copied()))
+        })
+    }
+
+    /// The request index's live entries: (hash, stream).
+    pub fn request_hashes(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
+        self.requests
+            .iter()
+            .filter(|(_, id)| self.streams.contains_key(id))
+            .map(|(hash, id)| (*hash, *id))
     }
 
     /// Removes a retired stream; gives it back with its abandonment

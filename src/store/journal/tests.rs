@@ -11,6 +11,19 @@ crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
     Journal::open(dir, sync).unwrap()
 });
 
+/// The contract again, a checkpoint taken after every change: every
+/// restart starts from one.
+mod checkpointed {
+    use super::*;
+
+    crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
+        let journal = Journal::open(dir, sync).unwrap();
+        journal.retire_eagerly();
+        journal.checkpoint_eagerly();
+        journal
+    });
+}
+
 /// The contract again, every finished stream retired the moment it can be.
 mod retired {
     use super::*;
