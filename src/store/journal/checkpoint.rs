@@ -84,7 +84,9 @@ pub fn encode(index: &Index, cut: Cut, out: &mut Vec<u8>) {
     }
     let wholes = out.len() - wholes;
     let mut retired = 0u64;
-    for (id, stream, abandon_at) in index.retired.in_order() {
+    // In the map's own order (one pass over its memory, not a lookup per
+    // stream in the retirement order): recovery sorts them by finish.
+    for (id, stream, abandon_at) in index.retired.iter() {
         put_retired(out, id, stream, abandon_at);
         retired += 1;
     }
@@ -227,8 +229,7 @@ impl Checkpoint {
         self.retired.len() / RETIRED
     }
 
-    /// Each retired stream, in retirement order, with its abandonment
-    /// deadline.
+    /// Each retired stream, with its abandonment deadline (in no order).
     pub fn retired(&self) -> impl Iterator<Item = (StreamId, Retired, Option<u64>)> + '_ {
         self.bytes[self.retired.clone()]
             .chunks_exact(RETIRED)
