@@ -9,6 +9,8 @@
 //! - `tasks`: task id → JSON `TaskRecord`
 //! - `task_expiry`: `expires_ms` (big-endian) ‖ task id → () (the index
 //!   `tasks_expired_by` reads; written in one transaction with `tasks`)
+//! - `requests`, `deadlines`: which stream answers a request, and when
+//!   streams are due (`indexes.rs`)
 //!
 //! sled keeps recent inserts in process memory until a flush, so durability is
 //! the group commit's job (`commit.rs`). Appends to one stream are serialized
@@ -16,13 +18,15 @@
 //! never shown an entry that `kill -9` could take back (except in
 //! `sync = "never"`, which says so).
 //!
-//! The lookups the journal indexes (request ids, stream deadlines) are scans
-//! here: sled is kept for comparison and old data directories, not for
-//! scale. Task expiry has its index tree all the same: the trait promises
-//! no scan there.
+//! A finished stream's tail (its watermark and append lock) leaves memory
+//! once nobody holds it, and reading about a finished stream (its metadata,
+//! a replay, a subscription) does not bring it back: what the proxy retains
+//! costs sled's page cache, which is bounded, and the disk.
 //!
 //! Task legs (`StreamMeta::task`) are never due for retention: they are
 //! deleted with their task.
+
+mod indexes;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +38,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 use tokio::sync::{watch, Mutex};
 
+use self::indexes::{Deadline, Indexes};
 use super::commit::{FlushObserver, GroupCommit, SyncMode};
 use super::{
     Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
@@ -60,6 +65,7 @@ pub struct SledStore {
     entries: sled::Tree,
     tasks: sled::Tree,
     task_expiry: sled::Tree,
+    indexes: Indexes,
     commit: GroupCommit,
     tails: Arc<DashMap<StreamId, Arc<Tail>>>,
     orphans: OrphansOnce,
@@ -165,9 +171,11 @@ impl SledStore {
                 tail.watermark.send_modify(|_| {});
             }
         });
+        let streams = db.open_tree("streams").map_err(backend)?;
         Ok(Self {
+            indexes: Indexes::open(&db, &streams)?,
             sessions: db.open_tree("sessions").map_err(backend)?,
-            streams: db.open_tree("streams").map_err(backend)?,
+            streams,
             session_streams: db.open_tree("session_streams").map_err(backend)?,
             entries: db.open_tree("entries").map_err(backend)?,
             tasks: db.open_tree("tasks").map_err(backend)?,
@@ -196,11 +204,15 @@ impl SledStore {
         }
     }
 
-    /// The stream's tail; `None` for a stream that does not exist (so that
-    /// asking about a deleted stream does not bring its tail back).
-    fn tail(&self, stream: StreamId) -> Result<Option<Arc<Tail>>> {
+    /// Where a stream stands (its watermark and the bytes of its entries)
+    /// without making it a tail: from its tail if it has one, else from the
+    /// trees. `None` for a stream that does not exist.
+    fn standing(&self, stream: StreamId) -> Result<Option<(Watermark, u64)>> {
         if let Some(tail) = self.tails.get(&stream) {
-            return Ok(Some(tail.clone()));
+            return Ok(Some((
+                *tail.watermark.borrow(),
+                tail.bytes.load(Ordering::Relaxed),
+            )));
         }
         let Some(meta) = self.streams.get(stream.as_bytes()).map_err(backend)? else {
             return Ok(None);
@@ -215,6 +227,19 @@ impl SledStore {
         for value in self.entries.scan_prefix(stream.as_bytes()).values() {
             bytes += value.map_err(backend)?.len() as u64;
         }
+        Ok(Some((mark, bytes)))
+    }
+
+    /// The stream's tail, made if it has none (for a writer or a reader
+    /// waiting on it); `None` for a stream that does not exist (so that
+    /// asking about a deleted stream does not bring its tail back).
+    fn tail(&self, stream: StreamId) -> Result<Option<Arc<Tail>>> {
+        if let Some(tail) = self.tails.get(&stream) {
+            return Ok(Some(tail.clone()));
+        }
+        let Some((mark, bytes)) = self.standing(stream)? else {
+            return Ok(None);
+        };
         Ok(Some(
             self.tails
                 .entry(stream)
@@ -295,44 +320,49 @@ impl SledStore {
         });
     }
 
-    /// Rewrites a stream's metadata record; callers hold the tail's lock.
+    /// Rewrites a stream's metadata record, its deadlines' index entries
+    /// around it (`indexes.rs`); callers hold the tail's lock.
     fn edit_meta(&self, stream: StreamId, edit: impl FnOnce(&mut StreamMeta)) -> Result<()> {
-        let mut meta: StreamMeta = match self.streams.get(stream.as_bytes()).map_err(backend)? {
+        let before: StreamMeta = match self.streams.get(stream.as_bytes()).map_err(backend)? {
             Some(bytes) => decode("stream", &bytes)?,
             None => return Err(StoreError::NoSuchStream(stream)),
         };
-        edit(&mut meta);
+        let mut after = before.clone();
+        edit(&mut after);
+        self.indexes.add_deadlines(&after)?;
         self.streams
-            .insert(stream.as_bytes(), encode(&meta)?)
+            .insert(stream.as_bytes(), encode(&after)?)
             .map_err(backend)?;
-        Ok(())
+        self.indexes.drop_old_deadlines(&before, &after)
     }
 
     /// Fills in the counts the store keeps outside the record.
     fn counted(&self, mut meta: StreamMeta) -> Result<StreamMeta> {
-        if let Some(tail) = self.tail(meta.id)? {
-            let durable = *tail.watermark.borrow();
+        if let Some((durable, bytes)) = self.standing(meta.id)? {
             meta.entries = durable.seq;
-            meta.bytes = tail.bytes.load(Ordering::Relaxed);
+            meta.bytes = bytes;
             meta = meta.as_of(&durable);
         }
         Ok(meta)
     }
 
-    /// Streams whose deadline (as `deadline` reads it) is at or before `at`:
-    /// a scan, where the journal keeps an index.
-    async fn due(
-        &self,
-        at: u64,
-        deadline: fn(&StreamMeta) -> Option<u64>,
-    ) -> Result<Vec<StreamId>> {
-        Ok(self
-            .list_streams()
-            .await?
-            .into_iter()
-            .filter(|m| deadline(m).is_some_and(|d| d <= at))
-            .map(|m| m.id)
-            .collect())
+    /// Streams whose `kind` deadline is at or before `at`, from its index:
+    /// an entry the metadata no longer agrees with (a crash between the two
+    /// writes) is dropped, not returned.
+    fn due(&self, kind: Deadline, at: u64) -> Result<Vec<StreamId>> {
+        let mut due = Vec::new();
+        for (ms, id) in self.indexes.due(kind, at)? {
+            let meta = match self.streams.get(id.as_bytes()).map_err(backend)? {
+                Some(bytes) => Some(decode::<StreamMeta>("stream", &bytes)?),
+                None => None,
+            };
+            if meta.is_some_and(|m| kind.of(&m) == Some(ms)) {
+                due.push(id);
+            } else {
+                self.indexes.forget_deadline(kind, ms, id)?;
+            }
+        }
+        Ok(due)
     }
 
     /// Replaces a task record (and its expiry key) if `admit` accepts the
@@ -398,10 +428,13 @@ impl SledStore {
             batch.remove(key.map_err(backend)?);
         }
         self.entries.apply_batch(batch).map_err(backend)?;
-        self.streams.remove(stream.as_bytes()).map_err(backend)?;
+        let removed = self.streams.remove(stream.as_bytes()).map_err(backend)?;
         self.session_streams
             .remove(pair_key(session, stream))
             .map_err(backend)?;
+        if let Some(bytes) = removed {
+            self.indexes.removed(&decode("stream", &bytes)?)?;
+        }
         self.finish_tail(stream);
         Ok(())
     }
@@ -456,6 +489,7 @@ impl Store for SledStore {
         self.commit.writable()?;
         // Not flushed on its own: the first append's flush covers it, and a
         // stream without entries that a crash loses was never shown to anyone.
+        self.indexes.created(meta)?;
         self.streams
             .insert(meta.id.as_bytes(), encode(meta)?)
             .map_err(backend)?;
@@ -527,22 +561,20 @@ impl Store for SledStore {
         session: SessionId,
         id: &RequestId,
     ) -> Result<Option<StreamId>> {
-        Ok(self
-            .streams_of_session(session)
-            .await?
-            .into_iter()
-            .filter(|m| m.origin_ids.contains(id))
-            .max_by_key(|m| m.created_ms)
-            .map(|m| m.id))
+        let Some(stream) = self.indexes.answering(session, id)? else {
+            return Ok(None);
+        };
+        // Gone since (deleted streams' entries are removed after them).
+        let exists = self.streams.contains_key(stream.as_bytes());
+        Ok(exists.map_err(backend)?.then_some(stream))
     }
 
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
-        self.due(now_ms, |m| m.abandon_at_ms).await
+        self.due(Deadline::Abandon, now_ms)
     }
 
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
-        self.due(at_ms, |m| m.finished_ms.filter(|_| m.task.is_none()))
-            .await
+        self.due(Deadline::Finished, at_ms)
     }
 
     async fn delete_stream(&self, id: StreamId) -> Result<()> {
@@ -646,8 +678,17 @@ impl Store for SledStore {
     }
 
     async fn subscribe(&self, stream: StreamId) -> Subscription {
-        match self.tail(stream) {
-            Ok(Some(tail)) => tail.watermark.subscribe(),
+        if let Some(tail) = self.tails.get(&stream) {
+            return tail.watermark.subscribe();
+        }
+        match self.standing(stream) {
+            // Nothing will move: a closed channel saying where it ended, and
+            // no tail kept in memory for it.
+            Ok(Some((mark, _))) if mark.finished => watch::Sender::new(mark).subscribe(),
+            Ok(Some(_)) => match self.tail(stream) {
+                Ok(Some(tail)) => tail.watermark.subscribe(),
+                _ => super::no_such_stream(),
+            },
             // No such stream (or a broken tree): the reader's next look at
             // the store tells which.
             _ => super::no_such_stream(),
@@ -655,8 +696,8 @@ impl Store for SledStore {
     }
 
     fn peek(&self, stream: StreamId) -> Option<Watermark> {
-        let tail = self.tail(stream).ok().flatten();
-        Some(tail.map_or(super::NO_SUCH_STREAM, |t| *t.watermark.borrow()))
+        let standing = self.standing(stream).ok().flatten();
+        Some(standing.map_or(super::NO_SUCH_STREAM, |(mark, _)| mark))
     }
 
     fn observe_flushes(&self, observer: FlushObserver) {
@@ -700,5 +741,80 @@ mod tests {
             sizes[4] <= sizes[1] + allowance,
             "log kept growing: {sizes:?}"
         );
+    }
+
+    fn finished_call(session: SessionId, request: &str) -> StreamMeta {
+        StreamMeta {
+            origin_ids: vec![RequestId(request.into())],
+            ..crate::store::contract::meta(session)
+        }
+    }
+
+    fn done() -> Finish {
+        Finish::new(
+            crate::store::StreamStatus::Completed,
+            Some(crate::store::Outcome::Result),
+        )
+    }
+
+    #[tokio::test]
+    async fn reading_about_a_finished_stream_keeps_no_tail_of_it_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
+        let m = finished_call(SessionId::random(), "1");
+        store.create_stream(&m).await.unwrap();
+        let message = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+        store.append_final(m.id, &[message], done()).await.unwrap();
+        assert!(!store.tails.contains_key(&m.id), "let go once finished");
+        assert_eq!(store.stream_meta(m.id).await.unwrap().unwrap().entries, 1);
+        assert_eq!(store.read_after(m.id, 0, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            store
+                .stream_of_request(m.session, &m.origin_ids[0])
+                .await
+                .unwrap(),
+            Some(m.id)
+        );
+        assert!(store.peek(m.id).unwrap().finished);
+        assert!(store.subscribe(m.id).await.borrow().finished);
+        assert!(store.tails.is_empty(), "nothing brought a tail back");
+    }
+
+    #[tokio::test]
+    async fn a_deadline_entry_the_metadata_disagrees_with_is_dropped_not_returned() {
+        // As a crash between the index's write and the metadata's leaves it.
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
+        let m = finished_call(SessionId::random(), "1");
+        store.create_stream(&m).await.unwrap();
+        let ahead = StreamMeta {
+            finished_ms: Some(5),
+            ..m.clone()
+        };
+        store.indexes.add_deadlines(&ahead).unwrap();
+        assert_eq!(store.finished_by(10).await.unwrap(), vec![]);
+        assert_eq!(store.indexes.due(Deadline::Finished, 10).unwrap(), vec![]);
+    }
+
+    #[tokio::test]
+    async fn a_data_directory_from_before_the_index_trees_is_indexed_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = finished_call(SessionId::random(), "7");
+        {
+            let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
+            store.create_stream(&m).await.unwrap();
+            store.set_status(m.id, done()).await.unwrap();
+            for tree in ["requests", "deadlines", "layout"] {
+                store.db.drop_tree(tree).unwrap();
+            }
+            store.flush().await.unwrap();
+        }
+        let store = SledStore::open(dir.path(), SyncMode::Batch).unwrap();
+        let request = &m.origin_ids[0];
+        assert_eq!(
+            store.stream_of_request(m.session, request).await.unwrap(),
+            Some(m.id)
+        );
+        assert_eq!(store.finished_by(u64::MAX).await.unwrap(), vec![m.id]);
     }
 }
