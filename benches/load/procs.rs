@@ -99,6 +99,34 @@ impl Proc {
     }
 }
 
+/// Has the proxy log what its journal does at `debug` (checkpoints taken,
+/// segments deleted: a few lines a minute), the rest at `info`, unless the
+/// harness was given `RUST_LOG` itself: `scale` reads its recovery and
+/// checkpoint figures from there.
+fn journal_logs(cmd: &mut Command) {
+    if std::env::var_os("RUST_LOG").is_none() {
+        cmd.env("RUST_LOG", "info,mcp_resume_proxy::store::journal=debug");
+    }
+}
+
+/// The numbers `key=` takes in the lines of `log` that contain `event`
+/// (the proxy's text log: `key=value` fields).
+pub fn logged_numbers(log: &Path, event: &str, key: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let field = format!("{key}=");
+    text.lines()
+        .filter(|line| line.contains(event))
+        .filter_map(|line| {
+            let at = line.find(&field)? + field.len();
+            let digits: String = line[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
 /// Starts the proxy again on the directory a killed one left (see
 /// [`start_proxy_with`]'s layout), on the same port; returns it and how
 /// long it took from spawn to answering `GET /healthz`: the recovery time.
@@ -115,6 +143,7 @@ pub async fn restart_proxy(
         .arg(dir.path().join("proxy.toml"))
         .stdout(Stdio::null())
         .stderr(log);
+    journal_logs(&mut cmd);
     let t0 = Instant::now();
     let (p, _) = Proc::spawn_listening(
         "proxy (restarted)",
@@ -425,6 +454,7 @@ pub async fn spawn_proxy(
         .arg(&path)
         .stdout(Stdio::null())
         .stderr(log);
+    journal_logs(&mut cmd);
     let listening =
         Proc::spawn_listening(name, cmd, Some(dir), port, Duration::from_secs(20)).await;
     let (p, addr) = listening.map_err(|e| {

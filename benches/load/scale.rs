@@ -7,7 +7,10 @@
 //! id, before and after the proxy is killed with SIGKILL and started again on
 //! the same data (once per round): the median time from spawn to answering
 //! `GET /healthz` is its recovery, and its memory before and after is the
-//! index's cost per retained stream. Then the `small` load runs against the
+//! index's cost per retained stream. The proxy's own log adds the journal's
+//! recovery time and how much log it replayed after its checkpoint, and the
+//! largest checkpoint taken during the fill with the longest time it held
+//! the journal's lock. Then the `small` load runs against the
 //! restarted proxy beside the upstream reached directly, rounds interleaved
 //! (after the restarts, so that its own calls, retained too, do not swell
 //! the log recovery reads).
@@ -21,7 +24,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 
 use crate::client::{call, connect_many, open_session, Target};
-use crate::procs::{dir_bytes, restart_proxy, rss_kib, start_proxy, start_upstream, Proc};
+use crate::procs::{
+    dir_bytes, logged_numbers, restart_proxy, rss_kib, start_proxy, start_upstream, Proc,
+};
 use crate::replay::Logged;
 use crate::small::{measure, write_table};
 use crate::Opts;
@@ -33,6 +38,14 @@ struct Restarted {
     recovery: Duration,
     /// The data directory's size at the last kill.
     log_bytes: u64,
+    /// What the journal said of its last recovery: its own time (ms) and
+    /// the log bytes it replayed (those after its checkpoint's cut).
+    journal_ms: u64,
+    replayed: u64,
+    /// The largest checkpoint the first proxy took while it was filled, and
+    /// the longest it held the journal's lock encoding one (µs).
+    checkpoint_bytes: u64,
+    checkpoint_held_us: u64,
 }
 
 /// Kills the proxy with SIGKILL and starts it again on the same data,
@@ -45,13 +58,24 @@ async fn kill_and_restart(
 ) -> Result<Restarted> {
     let mut running = proxy;
     let mut recoveries = Vec::with_capacity(times);
-    let mut log_bytes = 0;
-    for _ in 0..times {
+    let (mut log_bytes, mut journal_ms, mut replayed) = (0, 0, 0);
+    let (mut checkpoint_bytes, mut checkpoint_held_us) = (0, 0);
+    for i in 0..times {
         let dir = running
             .kill_keeping_dir()
             .ok_or_else(|| anyhow!("the proxy has no directory"))?;
+        if i == 0 {
+            let filled = dir.path().join("proxy.log");
+            let max = |key| logged_numbers(&filled, "journal checkpoint taken", key);
+            checkpoint_bytes = max("bytes").into_iter().max().unwrap_or(0);
+            checkpoint_held_us = max("held_us").into_iter().max().unwrap_or(0);
+        }
         log_bytes = dir_bytes(&dir.path().join("data"));
+        let log = dir.path().join("proxy-restarted.log");
         let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
+        let last = |key| logged_numbers(&log, "journal recovered", key).pop();
+        journal_ms = last("ms").unwrap_or(0);
+        replayed = last("replayed_bytes").unwrap_or(0);
         recoveries.push(recovery);
         running = restarted;
     }
@@ -60,6 +84,10 @@ async fn kill_and_restart(
         running,
         recovery: recoveries[recoveries.len() / 2],
         log_bytes,
+        journal_ms,
+        replayed,
+        checkpoint_bytes,
+        checkpoint_held_us,
     })
 }
 
@@ -84,6 +112,10 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             running,
             recovery,
             log_bytes,
+            journal_ms,
+            replayed,
+            checkpoint_bytes,
+            checkpoint_held_us,
         } = kill_and_restart(o.rounds.max(1), proxy, bin, &target).await?;
         let rss_after = rss_kib(running.pid())?;
         let replay_after = replay_rate(&logged, &target, o.rounds).await?;
@@ -93,11 +125,15 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             let title = format!("scale, {retained} retained streams, after a restart");
             write_table(&mut out, &title, c, o, &rows)?;
         }
+        let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
         writeln!(
             summary,
-            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {replay_before:>15.0} {replay_after:>15.0}",
-            log_bytes as f64 / 1_048_576.0,
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>12.1} {:>15.1} {:>12.1} {replay_before:>13.0} {replay_after:>14.0}",
+            mib(log_bytes),
             recovery.as_secs_f64() * 1000.0,
+            mib(replayed),
+            mib(checkpoint_bytes),
+            checkpoint_held_us as f64 / 1000.0,
         )?;
     }
     writeln!(
@@ -106,7 +142,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  replay msg/s  after restart"
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  replayed MiB  checkpoint MiB  its lock ms  replay msg/s  after restart"
     )?;
     out.push_str(&summary);
     writeln!(out)?;

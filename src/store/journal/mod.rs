@@ -394,8 +394,16 @@ impl Journal {
             offset: inner.writer.len,
             at_ms: super::now_ms(),
         };
+        let started = std::time::Instant::now();
         let mut bytes = Vec::with_capacity(inner.checkpoint_bytes as usize + 4096);
         checkpoint::encode(&inner.index, cut, &mut bytes);
+        tracing::debug!(
+            bytes = bytes.len(),
+            retired = inner.index.retired.len(),
+            whole = inner.index.streams.len(),
+            held_us = started.elapsed().as_micros() as u64,
+            "journal checkpoint taken"
+        );
         inner.since_checkpoint = 0;
         inner.checkpoint_bytes = bytes.len() as u64;
         let (dir, file) = (self.dir.clone(), inner.writer.file.clone());
