@@ -10,12 +10,11 @@ use serde_json::{json, Value};
 
 use super::fetched::{as_result_of, Fetched};
 use super::{show, Task, CANCELLED, MIN_TTL_MS, NO_ANSWER};
-use crate::dialect::tasks::TaskStatus;
 use crate::dialect::{response, string_param, Answer, Context, Refusal, Replay};
 use crate::id::{StreamId, TaskId};
 use crate::jsonrpc::{self, Needle, RequestId};
 use crate::store::{now_ms, rfc3339, TaskRecord};
-use crate::task::{self, Leg};
+use crate::task::{self, Leg, TaskStatus};
 
 /// `tools/call` with `params.task`: becomes a task at once.
 #[derive(Debug)]

@@ -35,7 +35,6 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::tasks::{Answer as Outcome, TaskStatus};
 use super::{Context, Refusal};
 use crate::config::TasksConfig;
 use crate::id::TaskId;
@@ -44,7 +43,7 @@ use crate::metrics::TaskEnd;
 use crate::session::Session;
 use crate::store::{rfc3339, StoreError};
 use crate::stream::Log;
-use crate::task::{self, Leg, Seen};
+use crate::task::{self, Answer as Outcome, Leg, Seen, TaskStatus};
 use crate::token::Keyring;
 
 pub const GET: &str = "tasks/get";

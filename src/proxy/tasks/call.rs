@@ -26,7 +26,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::{check_header, view, Modern, Tasks};
-use crate::dialect::tasks::{self as wire, Answer};
+use crate::dialect::tasks as wire;
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::TaskEnd;
@@ -36,7 +36,7 @@ use crate::store::{
     now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, Watermark,
 };
 use crate::stream::Log;
-use crate::task;
+use crate::task::{self, Answer};
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;

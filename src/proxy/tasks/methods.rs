@@ -12,13 +12,13 @@ use serde_json::value::RawValue;
 use super::call::{leg_meta, Call};
 use super::view;
 use super::{check_header, Modern};
-use crate::dialect::tasks::{self as wire, Answer, TaskStatus};
+use crate::dialect::tasks as wire;
 use crate::id::TaskId;
 use crate::jsonrpc::RequestId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::store::now_ms;
-use crate::task::{self, Seen};
+use crate::task::{self, Answer, Seen, TaskStatus};
 use crate::upstream::Upstream;
 
 /// The params of a `tasks/*` request.

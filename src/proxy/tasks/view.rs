@@ -6,10 +6,10 @@
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::dialect::tasks::{Answer, Detailed, TaskStatus};
+use crate::dialect::tasks::Detailed;
 use crate::jsonrpc::RequestId;
 use crate::store::TaskRecord;
-use crate::task::Seen;
+use crate::task::{Answer, Seen, TaskStatus};
 use crate::token::Keyring;
 
 impl Seen {

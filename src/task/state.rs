@@ -6,7 +6,7 @@
 //! when another writer (another instance) came first. How a status is shown
 //! on the wire is each dialect's own.
 
-use crate::dialect::tasks::{Answer, TaskStatus};
+use super::status::{Answer, TaskStatus};
 use crate::id::{StreamId, TaskId};
 use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
 use crate::stream::Log;

@@ -1,0 +1,16 @@
+//! Tasks: a long `tools/call` made durable — for modern clients (the
+//! 2026-07-28 extension, served over HTTP by `proxy::tasks`) and for
+//! 2025-11-25 sessions (the experimental tasks, served on the session path
+//! by `dialect::legacy_tasks`). This folder owns what both share and what
+//! each shows on its wire; it does no HTTP and routes nothing, and imports
+//! neither `proxy` nor `dialect` (they import it).
+//!
+//! Layout: `status` (where a task stands, what its answer was); `state`
+//! (a task read from its record and current leg, changed by
+//! compare-and-set, cancelled).
+
+mod state;
+mod status;
+
+pub use state::{belongs, cancel, change, read, Leg, Seen};
+pub use status::{Answer, TaskStatus};
