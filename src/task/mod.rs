@@ -5,12 +5,15 @@
 //! each shows on its wire; it does no HTTP and routes nothing, and imports
 //! neither `proxy` nor `dialect` (they import it).
 //!
-//! Layout: `status` (where a task stands, what its answer was); `state`
-//! (a task read from its record and current leg, changed by
-//! compare-and-set, cancelled).
+//! Layout: `record` (what the store keeps of a task, the store contract's
+//! type); `status` (where a task stands, what its answer was); `state` (a
+//! task read from its record and current leg, changed by compare-and-set,
+//! cancelled).
 
+pub mod record;
 mod state;
 mod status;
 
+pub use record::{PendingInput, TaskRecord};
 pub use state::{belongs, cancel, change, read, Leg, Seen};
 pub use status::{Answer, TaskStatus};

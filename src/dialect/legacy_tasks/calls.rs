@@ -13,8 +13,8 @@ use super::{show, Task, CANCELLED, MIN_TTL_MS, NO_ANSWER};
 use crate::dialect::{response, string_param, Answer, Context, Refusal, Replay};
 use crate::id::{StreamId, TaskId};
 use crate::jsonrpc::{self, Needle, RequestId};
-use crate::store::{now_ms, rfc3339, TaskRecord};
-use crate::task::{self, Leg, TaskStatus};
+use crate::store::{now_ms, rfc3339};
+use crate::task::{self, Leg, TaskRecord, TaskStatus};
 
 /// `tools/call` with `params.task`: becomes a task at once.
 #[derive(Debug)]

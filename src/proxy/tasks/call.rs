@@ -33,10 +33,10 @@ use crate::metrics::TaskEnd;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body, BoxError};
 use crate::store::{
-    now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, Watermark,
+    now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, Watermark,
 };
 use crate::stream::Log;
-use crate::task::{self, Answer};
+use crate::task::{self, Answer, TaskRecord};
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;

@@ -18,7 +18,7 @@ use crate::jsonrpc::RequestId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::store::now_ms;
-use crate::task::{self, Answer, Seen, TaskStatus};
+use crate::task::{self, Answer, Seen, TaskRecord, TaskStatus};
 use crate::upstream::Upstream;
 
 /// The params of a `tasks/*` request.
@@ -158,7 +158,7 @@ async fn update(
 async fn reissue(
     route: &Route,
     request: &Modern<'_>,
-    record: &crate::store::TaskRecord,
+    record: &TaskRecord,
     request_state: Option<&str>,
 ) -> Result<(), Rejection> {
     let Upstream::Http(upstream) = &route.upstream else {
@@ -217,7 +217,7 @@ async fn reissue(
 
 /// The headers of a re-issue: the update's own (its credentials), routed
 /// as the original call was.
-fn reissue_headers(update: &HeaderMap, record: &crate::store::TaskRecord) -> HeaderMap {
+fn reissue_headers(update: &HeaderMap, record: &TaskRecord) -> HeaderMap {
     let mut headers = update.clone();
     crate::headers::drop_routing(&mut headers);
     headers.insert(

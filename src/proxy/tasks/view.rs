@@ -8,8 +8,7 @@ use serde_json::value::RawValue;
 
 use crate::dialect::tasks::Detailed;
 use crate::jsonrpc::RequestId;
-use crate::store::TaskRecord;
-use crate::task::{Answer, Seen, TaskStatus};
+use crate::task::{Answer, Seen, TaskRecord, TaskStatus};
 use crate::token::Keyring;
 
 impl Seen {

@@ -7,7 +7,9 @@
 //!
 //! The record knows nothing of JSON-RPC: requests and answers are kept as
 //! the raw JSON text they arrived as. What a task's status is comes from the
-//! record and its current leg (`dialect::tasks`), never stored twice.
+//! record and its current leg (`state`), never stored twice. This is the
+//! store contract's type for a task: it imports nothing of the store (the
+//! store imports it), so it stays a leaf.
 
 use std::collections::BTreeMap;
 
