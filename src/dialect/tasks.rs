@@ -14,8 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::jsonrpc::RequestId;
-use crate::store::rfc3339;
-use crate::task::TaskStatus;
+use crate::task::wire::{Revision, Task};
 
 /// The extension's identifier, in `_meta` declarations and capabilities.
 pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
@@ -45,46 +44,6 @@ pub fn declared(message: &[u8]) -> bool {
         .is_some()
 }
 
-/// Everything `tasks/get` shows of a task.
-pub struct Detailed<'a> {
-    pub task_id: &'a str,
-    pub status: TaskStatus,
-    pub created_ms: u64,
-    pub updated_ms: u64,
-    pub ttl_ms: u64,
-    pub poll_interval_ms: u64,
-    pub status_message: Option<&'a str>,
-    pub result: Option<&'a RawValue>,
-    pub error: Option<&'a RawValue>,
-    /// The input requests still unanswered (raw JSON object).
-    pub input_requests: Option<&'a RawValue>,
-}
-
-#[derive(Serialize)]
-struct Task<'a> {
-    #[serde(rename = "taskId")]
-    task_id: &'a str,
-    status: &'static str,
-    #[serde(rename = "statusMessage", skip_serializing_if = "Option::is_none")]
-    status_message: Option<&'a str>,
-    #[serde(rename = "createdAt")]
-    created_at: String,
-    #[serde(rename = "lastUpdatedAt")]
-    last_updated_at: String,
-    #[serde(rename = "ttlMs")]
-    ttl_ms: u64,
-    #[serde(rename = "pollIntervalMs")]
-    poll_interval_ms: u64,
-    #[serde(rename = "resultType")]
-    result_type: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<&'a RawValue>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a RawValue>,
-    #[serde(rename = "inputRequests", skip_serializing_if = "Option::is_none")]
-    input_requests: Option<&'a RawValue>,
-}
-
 #[derive(Serialize)]
 struct Reply<'a, T: Serialize> {
     jsonrpc: &'static str,
@@ -104,38 +63,33 @@ fn reply<T: Serialize>(id: &RequestId, result: T) -> Vec<u8> {
     serde_json::to_vec(&reply).unwrap_or_default()
 }
 
-impl Detailed<'_> {
-    fn task(&self, result_type: &'static str) -> Task<'_> {
+/// The answer to the `tools/call` that became `task`: the flat
+/// `CreateTaskResult` — only what identifies and times the task.
+pub fn create_result(task: Task<'_>, id: &RequestId) -> Vec<u8> {
+    reply(
+        id,
         Task {
-            task_id: self.task_id,
-            status: self.status.as_str(),
-            status_message: self.status_message,
-            created_at: rfc3339(self.created_ms),
-            last_updated_at: rfc3339(self.updated_ms),
-            ttl_ms: self.ttl_ms,
-            poll_interval_ms: self.poll_interval_ms,
-            result_type,
-            result: self.result,
-            error: self.error,
-            input_requests: self.input_requests,
-        }
-    }
+            revision: Revision::Modern,
+            result_type: Some("task"),
+            status_message: None,
+            result: None,
+            error: None,
+            input_requests: None,
+            ..task
+        },
+    )
+}
 
-    /// The answer to the `tools/call` that became this task: the flat
-    /// `CreateTaskResult` — only what identifies and times the task.
-    pub fn create_result(&self, id: &RequestId) -> Vec<u8> {
-        let mut task = self.task("task");
-        task.result = None;
-        task.error = None;
-        task.input_requests = None;
-        task.status_message = None;
-        reply(id, task)
-    }
-
-    /// The answer to `tasks/get`: the whole `DetailedTask`.
-    pub fn get_result(&self, id: &RequestId) -> Vec<u8> {
-        reply(id, self.task("complete"))
-    }
+/// The answer to `tasks/get`: the whole `DetailedTask`.
+pub fn get_result(task: Task<'_>, id: &RequestId) -> Vec<u8> {
+    reply(
+        id,
+        Task {
+            revision: Revision::Modern,
+            result_type: Some("complete"),
+            ..task
+        },
+    )
 }
 
 /// The empty answer of `tasks/cancel` and `tasks/update`.
@@ -211,9 +165,10 @@ mod tests {
     #[test]
     fn a_create_result_is_flat_and_carries_no_outcome() {
         let raw = RawValue::from_string("{\"x\":1}".into()).unwrap();
-        let detailed = Detailed {
+        let task = Task {
+            revision: Revision::Modern,
             task_id: "T",
-            status: TaskStatus::Working,
+            status: crate::task::TaskStatus::Working,
             created_ms: 0,
             updated_ms: 0,
             ttl_ms: 60_000,
@@ -222,9 +177,9 @@ mod tests {
             result: Some(&raw),
             error: None,
             input_requests: None,
+            result_type: None,
         };
-        let v: Value =
-            serde_json::from_slice(&detailed.create_result(&RequestId("5".into()))).unwrap();
+        let v: Value = serde_json::from_slice(&create_result(task, &RequestId("5".into()))).unwrap();
         assert_eq!(v["id"], 5);
         assert_eq!(v["result"]["resultType"], "task");
         assert_eq!(v["result"]["taskId"], "T");

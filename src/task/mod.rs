@@ -8,11 +8,13 @@
 //! Layout: `record` (what the store keeps of a task, the store contract's
 //! type); `status` (where a task stands, what its answer was); `state` (a
 //! task read from its record and current leg, changed by compare-and-set,
-//! cancelled).
+//! cancelled); `wire` (a task as either revision shows it: one shape, two
+//! names).
 
 pub mod record;
 mod state;
 mod status;
+pub mod wire;
 
 pub use record::{PendingInput, TaskRecord};
 pub use state::{belongs, cancel, change, read, Leg, Seen};

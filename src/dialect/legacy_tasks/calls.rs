@@ -9,11 +9,12 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::fetched::{as_result_of, Fetched};
-use super::{show, Task, CANCELLED, MIN_TTL_MS, NO_ANSWER};
+use super::{show, CANCELLED, MIN_TTL_MS, NO_ANSWER};
 use crate::dialect::{response, string_param, Answer, Context, Refusal, Replay};
 use crate::id::{StreamId, TaskId};
 use crate::jsonrpc::{self, Needle, RequestId};
-use crate::store::{now_ms, rfc3339};
+use crate::store::now_ms;
+use crate::task::wire::{Revision, Task};
 use crate::task::{self, Leg, TaskRecord, TaskStatus};
 
 /// `tools/call` with `params.task`: becomes a task at once.
@@ -125,15 +126,13 @@ impl Create {
         let handle = cx
             .keyring
             .task_handle(&record.route, &record.principal, record.id);
-        let task = Task {
-            task_id: &handle,
-            status: TaskStatus::Working.as_str(),
-            status_message: None,
-            created_at: rfc3339(now),
-            last_updated_at: rfc3339(now),
-            ttl: record.ttl_ms,
-            poll_interval: record.poll_interval_ms,
-        };
+        let task = Task::of(
+            Revision::Legacy,
+            &handle,
+            TaskStatus::Working,
+            &record,
+            now,
+        );
         Ok(Answer::Start(Box::new(Start {
             leg: Leg {
                 task: record.id,

@@ -32,7 +32,6 @@ pub use fetched::{Fetched, Waiters};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::{Context, Refusal};
@@ -41,8 +40,9 @@ use crate::id::TaskId;
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::metrics::TaskEnd;
 use crate::session::Session;
-use crate::store::{rfc3339, StoreError};
+use crate::store::StoreError;
 use crate::stream::Log;
+use crate::task::wire::{Revision, Task};
 use crate::task::{self, Answer as Outcome, Leg, Seen, TaskStatus};
 use crate::token::Keyring;
 
@@ -114,23 +114,6 @@ pub fn tools_offered(message: &[u8]) -> Option<Bytes> {
         .flatten()
 }
 
-/// A task as the wire of this revision shows it.
-#[derive(Serialize)]
-struct Task<'a> {
-    #[serde(rename = "taskId")]
-    task_id: &'a str,
-    status: &'static str,
-    #[serde(rename = "statusMessage", skip_serializing_if = "Option::is_none")]
-    status_message: Option<&'a str>,
-    #[serde(rename = "createdAt")]
-    created_at: String,
-    #[serde(rename = "lastUpdatedAt")]
-    last_updated_at: String,
-    ttl: u64,
-    #[serde(rename = "pollInterval")]
-    poll_interval: u64,
-}
-
 /// A task with the status this revision gives it.
 struct Shown {
     handle: String,
@@ -141,15 +124,15 @@ struct Shown {
 
 impl Shown {
     fn task(&self) -> Task<'_> {
-        let record = &self.seen.record;
         Task {
-            task_id: &self.handle,
-            status: self.status.as_str(),
             status_message: self.message.as_deref(),
-            created_at: rfc3339(record.created_ms),
-            last_updated_at: rfc3339(self.seen.updated_ms),
-            ttl: record.ttl_ms,
-            poll_interval: record.poll_interval_ms,
+            ..Task::of(
+                Revision::Legacy,
+                &self.handle,
+                self.status,
+                &self.seen.record,
+                self.seen.updated_ms,
+            )
         }
     }
 

@@ -6,8 +6,9 @@
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use crate::dialect::tasks::Detailed;
+use crate::dialect::tasks as wire;
 use crate::jsonrpc::RequestId;
+use crate::task::wire::{Revision, Task};
 use crate::task::{Answer, Seen, TaskRecord, TaskStatus};
 use crate::token::Keyring;
 
@@ -50,13 +51,7 @@ impl Seen {
         };
         let failed_unread = self.status == TaskStatus::Failed && error.is_none();
         let unreadable = unreadable_error();
-        Detailed {
-            task_id: &handle,
-            status: self.status,
-            created_ms: self.record.created_ms,
-            updated_ms: self.updated_ms,
-            ttl_ms: self.record.ttl_ms,
-            poll_interval_ms: self.record.poll_interval_ms,
+        let task = Task {
             status_message: message,
             result,
             error: if failed_unread {
@@ -65,8 +60,15 @@ impl Seen {
                 error
             },
             input_requests: open.as_deref(),
-        }
-        .get_result(id)
+            ..Task::of(
+                Revision::Modern,
+                &handle,
+                self.status,
+                &self.record,
+                self.updated_ms,
+            )
+        };
+        wire::get_result(task, id)
     }
 }
 
@@ -97,19 +99,14 @@ pub fn handle(keyring: &Keyring, record: &TaskRecord) -> String {
 /// The `CreateTaskResult` of a task just made.
 pub fn create_result(keyring: &Keyring, record: &TaskRecord, id: &RequestId) -> Vec<u8> {
     let handle = handle(keyring, record);
-    Detailed {
-        task_id: &handle,
-        status: TaskStatus::Working,
-        created_ms: record.created_ms,
-        updated_ms: record.updated_ms,
-        ttl_ms: record.ttl_ms,
-        poll_interval_ms: record.poll_interval_ms,
-        status_message: None,
-        result: None,
-        error: None,
-        input_requests: None,
-    }
-    .create_result(id)
+    let task = Task::of(
+        Revision::Modern,
+        &handle,
+        TaskStatus::Working,
+        record,
+        record.updated_ms,
+    );
+    wire::create_result(task, id)
 }
 
 /// The raw JSON of an MRTR re-issue's params: the original params with the
