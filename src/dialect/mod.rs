@@ -32,7 +32,6 @@ mod presenter;
 pub mod resumable_request;
 pub mod resume_token;
 pub mod streams;
-pub mod tasks;
 
 pub use negotiation::{kept_after_initialize, negotiate};
 pub use presenter::Presenter;

@@ -25,8 +25,8 @@ use hyper::body::Incoming;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::{check_header, view, Modern, Tasks};
-use crate::dialect::tasks as wire;
+use super::{check_header, Modern, Tasks};
+use crate::task::modern as wire;
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::TaskEnd;
@@ -227,7 +227,7 @@ impl Call {
             }
         };
         let (handed, handing) = oneshot::channel();
-        let created = view::create_result(&self.keyring, &record, &self.id);
+        let created = wire::create_result(&self.keyring, &record, &self.id);
         if decide.send(Decision::Task(created, handed)).is_err() {
             return self.cancelled_before_answer(&record, &leg).await;
         }

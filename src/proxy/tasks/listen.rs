@@ -15,7 +15,7 @@ use http::Response;
 use serde_json::Value;
 
 use super::Modern;
-use crate::dialect::tasks as wire;
+use crate::task::modern as wire;
 use crate::id::TaskId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
