@@ -74,7 +74,8 @@
 //! - [`task`]: what a task is, for both revisions' tasks — its record (the
 //!   store keeps it), read with its current leg, changed by compare-and-set,
 //!   cancelled — and how each revision shows it: one wire `Task`,
-//!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes).
+//!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
+//!   [`task::legacy`] (the 2025-11-25 experimental tasks').
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`outbound`]: the HTTPS client (connector, one-line errors) that

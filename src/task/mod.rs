@@ -9,8 +9,10 @@
 //! type); `status` (where a task stands, what its answer was); `state` (a
 //! task read from its record and current leg, changed by compare-and-set,
 //! cancelled); `wire` (a task as either revision shows it: one shape, two
-//! names); `modern` (the 2026-07-28 extension's wire shapes).
+//! names); `modern` (the 2026-07-28 extension's wire shapes); `legacy`
+//! (the 2025-11-25 experimental tasks' wire shapes).
 
+pub mod legacy;
 pub mod modern;
 pub mod record;
 mod state;

@@ -131,8 +131,14 @@ mod tests {
     fn the_revisions_differ_in_the_names_of_ttl_and_poll_interval_only() {
         let legacy = shown(Revision::Legacy);
         let modern = shown(Revision::Modern);
-        assert!(legacy.contains(r#""ttl":60000,"pollInterval":"#), "{legacy}");
-        assert!(modern.contains(r#""ttlMs":60000,"pollIntervalMs":"#), "{modern}");
+        assert!(
+            legacy.contains(r#""ttl":60000,"pollInterval":"#),
+            "{legacy}"
+        );
+        assert!(
+            modern.contains(r#""ttlMs":60000,"pollIntervalMs":"#),
+            "{modern}"
+        );
         let renamed = legacy
             .replace(r#""ttl":"#, r#""ttlMs":"#)
             .replace(r#""pollInterval":"#, r#""pollIntervalMs":"#);

@@ -26,16 +26,14 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::{check_header, Modern, Tasks};
-use crate::task::modern as wire;
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::TaskEnd;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body, BoxError};
-use crate::store::{
-    now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, Watermark,
-};
+use crate::store::{now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, Watermark};
 use crate::stream::Log;
+use crate::task::modern as wire;
 use crate::task::{self, Answer, TaskRecord};
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};

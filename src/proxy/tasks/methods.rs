@@ -11,12 +11,12 @@ use serde_json::value::RawValue;
 
 use super::call::{leg_meta, Call};
 use super::{check_header, Modern};
-use crate::task::modern as wire;
 use crate::id::TaskId;
 use crate::jsonrpc::RequestId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::store::now_ms;
+use crate::task::modern as wire;
 use crate::task::{self, Answer, Seen, TaskRecord, TaskStatus};
 use crate::upstream::Upstream;
 

@@ -23,9 +23,9 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
 use super::{Rejection, Route};
-use crate::task::modern as wire;
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::reply::{self, Body};
+use crate::task::modern as wire;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 
 /// What a route knows of its upstream and its tasks.
