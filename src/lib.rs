@@ -72,7 +72,7 @@
 //!   (seed 003), [`dialect::legacy_tasks`] (the 2025-11-25 experimental
 //!   tasks, served on the session path).
 //! - [`task`]: what a task is, for both revisions' tasks — its record (the
-//!   store keeps it), read with its current leg, changed by compare-and-set,
+//!   store contract's), read with its current leg, changed by compare-and-set,
 //!   cancelled — and how each revision shows it: one wire `Task`,
 //!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
 //!   [`task::legacy`] (the 2025-11-25 experimental tasks').

@@ -16,6 +16,7 @@ pub(crate) mod contract;
 pub mod journal;
 pub mod redis;
 pub mod sled;
+pub mod task;
 
 use std::sync::Arc;
 
@@ -25,9 +26,7 @@ use tokio::sync::watch;
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
-// A task's record is defined with the rest of tasks; every backend keeps
-// it as it is (raw JSON text it does not read), under this name.
-pub use crate::task::record::{PendingInput, TaskRecord};
+pub use task::{PendingInput, TaskRecord};
 
 /// Errors are the backend's (I/O, corruption); "not found" is `Ok(None)`.
 #[derive(Debug, thiserror::Error)]

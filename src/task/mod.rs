@@ -5,8 +5,11 @@
 //! each shows on its wire; it does no HTTP and routes nothing, and imports
 //! neither `proxy` nor `dialect` (they import it).
 //!
-//! Layout: `record` (what the store keeps of a task, the store contract's
-//! type); `status` (where a task stands, what its answer was); `state` (a
+//! A task's record is the store contract's (`store::task`, re-exported
+//! here): the store keeps it and must not import this folder, which reads
+//! the log.
+//!
+//! Layout: `status` (where a task stands, what its answer was); `state` (a
 //! task read from its record and current leg, changed by compare-and-set,
 //! cancelled); `wire` (a task as either revision shows it: one shape, two
 //! names); `modern` (the 2026-07-28 extension's wire shapes); `legacy`
@@ -14,11 +17,10 @@
 
 pub mod legacy;
 pub mod modern;
-pub mod record;
 mod state;
 mod status;
 pub mod wire;
 
-pub use record::{PendingInput, TaskRecord};
+pub use crate::store::{PendingInput, TaskRecord};
 pub use state::{belongs, cancel, change, read, Leg, Seen};
 pub use status::{Answer, TaskStatus};

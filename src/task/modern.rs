@@ -17,11 +17,11 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::record::TaskRecord;
 use super::state::Seen;
 use super::status::{Answer, TaskStatus};
 use super::wire::{Revision, Task};
 use crate::jsonrpc::RequestId;
+use crate::store::TaskRecord;
 use crate::token::Keyring;
 
 /// The extension's identifier, in `_meta` declarations and capabilities.

@@ -6,10 +6,9 @@
 //! when another writer (another instance) came first. How a status is shown
 //! on the wire is each dialect's own.
 
-use super::record::TaskRecord;
 use super::status::{Answer, TaskStatus};
 use crate::id::{StreamId, TaskId};
-use crate::store::{now_ms, Result, StoreError, StreamStatus};
+use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
 use crate::stream::Log;
 
 /// A leg about to be opened: the task it serves, and the stream id its

@@ -11,9 +11,8 @@ use serde::ser::SerializeStruct;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use super::record::TaskRecord;
 use super::status::TaskStatus;
-use crate::store::rfc3339;
+use crate::store::{rfc3339, TaskRecord};
 
 /// The revision a task is shown to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
