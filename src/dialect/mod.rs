@@ -242,13 +242,20 @@ pub fn authored_by_proxy(method: &str) -> bool {
     method.starts_with("notifications/requests/") || method.starts_with("notifications/stream/")
 }
 
+/// Every method a dialect answers itself, with the dialect that must be
+/// negotiated for the proxy to claim it. `Command::parse` claims nothing
+/// else, and has one arm for each (a test holds the two together).
+const METHODS: [(Dialect, &[&str]); 3] = [
+    (Dialect::ResumableRequests, resumable_request::METHODS),
+    (Dialect::Streams, streams::METHODS),
+    (Dialect::Tasks, &legacy_tasks::METHODS),
+];
+
 /// Whether `method` is one the proxy answers itself.
 fn is_dialect_method(method: &str) -> bool {
     // (A `tools/call` with a resume token is a call first: see
     // `Command::parse`.)
-    resumable_request::METHODS.contains(&method)
-        || streams::METHODS.contains(&method)
-        || legacy_tasks::METHODS.contains(&method)
+    METHODS.iter().any(|(_, methods)| methods.contains(&method))
 }
 
 /// What a dialect needs to answer from the log.
@@ -438,10 +445,9 @@ impl Command {
         last_event_id: Option<&str>,
     ) -> Result<Option<Command>, Refusal> {
         let claimed = |method: &str| {
-            (resumable_request::METHODS.contains(&method)
-                && negotiated.has(Dialect::ResumableRequests))
-                || (streams::METHODS.contains(&method) && negotiated.has(Dialect::Streams))
-                || (legacy_tasks::METHODS.contains(&method) && negotiated.has(Dialect::Tasks))
+            METHODS
+                .iter()
+                .any(|(dialect, methods)| methods.contains(&method) && negotiated.has(*dialect))
         };
         match message {
             Message::Batch(items) => {
@@ -484,32 +490,40 @@ impl Command {
                 if !claimed(method) {
                     return Ok(None);
                 }
-                let params = params(bytes);
-                let id = id.clone();
                 let position = Position::of(last_event_id);
-                Ok(Some(match method {
-                    resumable_request::GET_STATUS => {
-                        Command::GetStatus(resumable_request::GetStatus::parse(id, &params)?)
-                    }
-                    resumable_request::RESUME => Command::ResumeRequest(
-                        resumable_request::Resume::parse(id, &params, position)?,
-                    ),
-                    streams::RESUME => {
-                        Command::ResumeStream(streams::Resume::parse(id, &params, position)?)
-                    }
-                    streams::POLL => Command::Poll(streams::Poll::parse(id, &params)?),
-                    streams::POLL_ALL => Command::PollAll(streams::PollAll::parse(id, &params)?),
-                    legacy_tasks::GET => Command::GetTask(legacy_tasks::Named::parse(id, &params)?),
-                    legacy_tasks::RESULT => {
-                        Command::TaskResult(legacy_tasks::Named::parse(id, &params)?)
-                    }
-                    legacy_tasks::LIST => {
-                        Command::ListTasks(legacy_tasks::List::parse(id, &params)?)
-                    }
-                    _ => Command::CancelTask(legacy_tasks::Named::parse(id, &params)?),
-                }))
+                Command::of_method(method, id.clone(), &params(bytes), position).transpose()
             }
         }
+    }
+
+    /// The command dialect method `method` asks for: one arm per method of
+    /// every dialect's `METHODS`. `None` for any other method — it goes
+    /// upstream as it came, never taken for another command.
+    fn of_method(
+        method: &str,
+        id: RequestId,
+        params: &Value,
+        position: Position,
+    ) -> Option<Result<Command, Refusal>> {
+        let command = match method {
+            resumable_request::GET_STATUS => {
+                resumable_request::GetStatus::parse(id, params).map(Command::GetStatus)
+            }
+            resumable_request::RESUME => {
+                resumable_request::Resume::parse(id, params, position).map(Command::ResumeRequest)
+            }
+            streams::RESUME => {
+                streams::Resume::parse(id, params, position).map(Command::ResumeStream)
+            }
+            streams::POLL => streams::Poll::parse(id, params).map(Command::Poll),
+            streams::POLL_ALL => streams::PollAll::parse(id, params).map(Command::PollAll),
+            legacy_tasks::GET => legacy_tasks::Named::parse(id, params).map(Command::GetTask),
+            legacy_tasks::RESULT => legacy_tasks::Named::parse(id, params).map(Command::TaskResult),
+            legacy_tasks::LIST => legacy_tasks::List::parse(id, params).map(Command::ListTasks),
+            legacy_tasks::CANCEL => legacy_tasks::Named::parse(id, params).map(Command::CancelTask),
+            _ => return None,
+        };
+        Some(command)
     }
 
     pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
@@ -629,6 +643,55 @@ mod tests {
         assert!(matches!(
             Command::parse(bytes, &body, &negotiated, &DialectsConfig::default(), None),
             Err(Refusal::Batched)
+        ));
+    }
+
+    #[test]
+    fn every_dialect_method_has_its_own_arm() {
+        for (dialect, methods) in METHODS {
+            for method in methods {
+                let parsed = Command::of_method(
+                    method,
+                    RequestId("1".into()),
+                    &json!({}),
+                    Position::default(),
+                );
+                assert!(
+                    parsed.is_some(),
+                    "{method} ({dialect:?}) has no arm in Command::parse"
+                );
+            }
+        }
+        assert!(Command::of_method(
+            "tasks/unknown",
+            RequestId("1".into()),
+            &json!({}),
+            Position::default()
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn each_tasks_method_becomes_its_own_command() {
+        let params = json!({"taskId": "T"});
+        let parsed = |method| {
+            Command::of_method(method, RequestId("1".into()), &params, Position::default())
+        };
+        assert!(matches!(
+            parsed(legacy_tasks::GET),
+            Some(Ok(Command::GetTask(_)))
+        ));
+        assert!(matches!(
+            parsed(legacy_tasks::RESULT),
+            Some(Ok(Command::TaskResult(_)))
+        ));
+        assert!(matches!(
+            parsed(legacy_tasks::LIST),
+            Some(Ok(Command::ListTasks(_)))
+        ));
+        assert!(matches!(
+            parsed(legacy_tasks::CANCEL),
+            Some(Ok(Command::CancelTask(_)))
         ));
     }
 
