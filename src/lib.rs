@@ -69,11 +69,13 @@
 //!   (negotiation, command router, presentation);
 //!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
 //!   [`dialect::resumable_request`] (seed 002), [`dialect::streams`]
-//!   (seed 003), [`dialect::tasks`] (the 2026-07-28 tasks extension's wire
-//!   shapes), [`dialect::legacy_tasks`] (the 2025-11-25 experimental tasks,
-//!   served on the session path).
-//! - [`task`]: what a task is, for both revisions' tasks — read from its
-//!   record and current leg, changed by compare-and-set, cancelled.
+//!   (seed 003), [`dialect::legacy_tasks`] (the 2025-11-25 experimental
+//!   tasks, served on the session path).
+//! - [`task`]: what a task is, for both revisions' tasks — its record (the
+//!   store contract's), read with its current leg, changed by compare-and-set,
+//!   cancelled — and how each revision shows it: one wire `Task`,
+//!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
+//!   [`task::legacy`] (the 2025-11-25 experimental tasks').
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`outbound`]: the HTTPS client (connector, one-line errors) that

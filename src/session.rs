@@ -420,6 +420,11 @@ impl Session {
     }
 }
 
+/// What an upstream's `initialize` result leaves of the dialects a session
+/// negotiated (drops those the answer rules out). Decided by the dialects
+/// and handed down, so an upstream carries the answer without knowing them.
+pub type Settle = fn(&[u8], &mut Vec<String>);
+
 /// Every session of this process, backed by the store.
 pub struct Sessions {
     store: SharedStore,
@@ -587,7 +592,7 @@ impl Sessions {
         &self,
         session: &Session,
         initialize_result: &[u8],
-        settle: fn(&[u8], &mut Vec<String>),
+        settle: Settle,
     ) {
         let Some(version) = crate::jsonrpc::protocol_version(initialize_result) else {
             return;

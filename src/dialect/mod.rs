@@ -4,9 +4,9 @@
 //! belongs in the core or in this file, never in both dialect files.
 //!
 //! The seam has three places a dialect acts, in the order of a request:
-//! - **router** — [`Command::parse`] claims a message the proxy answers
-//!   itself, from the log ([`Command::apply`]): one type per thing a client
-//!   can ask, parsed once, applied in one place;
+//! - **router** — [`Command::parse`] (`router.rs`) claims a message the
+//!   proxy answers itself, from the log ([`Command::apply`]): one type per
+//!   thing a client can ask, parsed once, applied in one place;
 //! - **exchange** — [`Negotiated::opening`] authors the stream's first entries
 //!   (the policy, `stream/create`), written before the request goes upstream
 //!   and shown once durable, so a client holds an event id before any cut
@@ -31,11 +31,12 @@ mod negotiation;
 mod presenter;
 pub mod resumable_request;
 pub mod resume_token;
+mod router;
 pub mod streams;
-pub mod tasks;
 
 pub use negotiation::{kept_after_initialize, negotiate};
 pub use presenter::Presenter;
+pub use router::Command;
 
 use std::sync::Arc;
 
@@ -44,8 +45,7 @@ use serde_json::{json, Value};
 
 use crate::config::{DialectsConfig, ResumeTokensMode};
 use crate::id::{Seq, StreamId};
-use crate::jsonrpc::{self, code, Body as Message, RequestId};
-use crate::metrics::Replayed;
+use crate::jsonrpc::{code, RequestId};
 use crate::session::Session;
 use crate::store::{StoreError, StreamKind, StreamMeta};
 use crate::stream::{Log, Reader};
@@ -243,15 +243,6 @@ pub fn authored_by_proxy(method: &str) -> bool {
     method.starts_with("notifications/requests/") || method.starts_with("notifications/stream/")
 }
 
-/// Whether `method` is one the proxy answers itself.
-fn is_dialect_method(method: &str) -> bool {
-    // (A `tools/call` with a resume token is a call first: see
-    // `Command::parse`.)
-    resumable_request::METHODS.contains(&method)
-        || streams::METHODS.contains(&method)
-        || legacy_tasks::METHODS.contains(&method)
-}
-
 /// What a dialect needs to answer from the log.
 pub struct Context<'a> {
     pub log: &'a Arc<Log>,
@@ -411,160 +402,6 @@ impl Refusal {
     }
 }
 
-/// Something a client asked the proxy itself, parsed once.
-#[derive(Debug)]
-pub enum Command {
-    GetStatus(resumable_request::GetStatus),
-    ResumeRequest(resumable_request::Resume),
-    ResumeStream(streams::Resume),
-    Poll(streams::Poll),
-    PollAll(streams::PollAll),
-    Continue(resume_token::Continue),
-    CreateTask(legacy_tasks::Create),
-    GetTask(legacy_tasks::Named),
-    TaskResult(legacy_tasks::Named),
-    ListTasks(legacy_tasks::List),
-    CancelTask(legacy_tasks::Named),
-}
-
-impl Command {
-    /// Claims a message for a negotiated dialect. `Ok(None)`: not a dialect
-    /// method of this session, it goes upstream as it is. `last_event_id` is
-    /// the header the message came with: a resume starts after it.
-    pub fn parse(
-        bytes: &[u8],
-        message: &Message,
-        negotiated: &Negotiated,
-        config: &DialectsConfig,
-        last_event_id: Option<&str>,
-    ) -> Result<Option<Command>, Refusal> {
-        let claimed = |method: &str| {
-            (resumable_request::METHODS.contains(&method)
-                && negotiated.has(Dialect::ResumableRequests))
-                || (streams::METHODS.contains(&method) && negotiated.has(Dialect::Streams))
-                || (legacy_tasks::METHODS.contains(&method) && negotiated.has(Dialect::Tasks))
-        };
-        match message {
-            Message::Batch(items) => {
-                let batched = items
-                    .iter()
-                    .filter_map(|e| e.method.as_deref())
-                    .any(|m| claimed(m) || (is_dialect_method(m) && !negotiated.is_empty()));
-                if batched {
-                    return Err(Refusal::Batched);
-                }
-                Ok(None)
-            }
-            Message::Single(envelope) => {
-                let (Some(method), Some(id)) = (envelope.method.as_deref(), &envelope.id) else {
-                    return Ok(None);
-                };
-                if !envelope.is_request() {
-                    return Ok(None);
-                }
-                if method == "tools/call"
-                    && negotiated.has(Dialect::Tasks)
-                    && legacy_tasks::asks_for_task(bytes)
-                {
-                    let create = legacy_tasks::Create::parse(id.clone(), bytes)?;
-                    return Ok(Some(Command::CreateTask(create)));
-                }
-                if method == "tools/call" {
-                    let Some(token) = jsonrpc::resume_token(bytes) else {
-                        return Ok(None);
-                    };
-                    let tool = resume_token::tool_name(bytes);
-                    if !resume_token::applies(&config.resume_tokens, negotiated, tool.as_deref()) {
-                        return Ok(None);
-                    }
-                    let id = id.clone();
-                    return Ok(Some(Command::Continue(resume_token::Continue::parse(
-                        id, bytes, token,
-                    ))));
-                }
-                if !claimed(method) {
-                    return Ok(None);
-                }
-                let params = params(bytes);
-                let id = id.clone();
-                let position = Position::of(last_event_id);
-                Ok(Some(match method {
-                    resumable_request::GET_STATUS => {
-                        Command::GetStatus(resumable_request::GetStatus::parse(id, &params)?)
-                    }
-                    resumable_request::RESUME => Command::ResumeRequest(
-                        resumable_request::Resume::parse(id, &params, position)?,
-                    ),
-                    streams::RESUME => {
-                        Command::ResumeStream(streams::Resume::parse(id, &params, position)?)
-                    }
-                    streams::POLL => Command::Poll(streams::Poll::parse(id, &params)?),
-                    streams::POLL_ALL => Command::PollAll(streams::PollAll::parse(id, &params)?),
-                    legacy_tasks::GET => Command::GetTask(legacy_tasks::Named::parse(id, &params)?),
-                    legacy_tasks::RESULT => {
-                        Command::TaskResult(legacy_tasks::Named::parse(id, &params)?)
-                    }
-                    legacy_tasks::LIST => {
-                        Command::ListTasks(legacy_tasks::List::parse(id, &params)?)
-                    }
-                    _ => Command::CancelTask(legacy_tasks::Named::parse(id, &params)?),
-                }))
-            }
-        }
-    }
-
-    pub async fn apply(self, cx: &Context<'_>) -> Result<Answer, Refusal> {
-        let replay = self.replayed();
-        let answer = match self {
-            Command::GetStatus(c) => c.apply(cx).await,
-            Command::ResumeRequest(c) => c.apply(cx).await,
-            Command::ResumeStream(c) => c.apply(cx).await,
-            Command::Poll(c) => c.apply(cx).await,
-            Command::PollAll(c) => c.apply(cx).await,
-            Command::Continue(c) => c.apply(cx).await,
-            Command::CreateTask(c) => c.apply(cx).await,
-            Command::GetTask(c) => c.get(cx).await,
-            Command::TaskResult(c) => c.result(cx).await,
-            Command::ListTasks(c) => c.apply(cx).await,
-            Command::CancelTask(c) => c.cancel(cx).await,
-        };
-        if let (Some(dialect), Ok(Answer::Replay(_))) = (replay, &answer) {
-            cx.log.metrics().replayed(dialect);
-        }
-        answer
-    }
-
-    /// The dialect a command resumes in, if it replays a stream (a status
-    /// or poll answers with a response, not a replay).
-    fn replayed(&self) -> Option<Replayed> {
-        match self {
-            Command::ResumeRequest(_) => Some(Replayed::ResumableRequests),
-            Command::ResumeStream(_) => Some(Replayed::Streams),
-            Command::Continue(_) => Some(Replayed::ResumeTokens),
-            Command::TaskResult(_) => Some(Replayed::Tasks),
-            Command::GetStatus(_)
-            | Command::Poll(_)
-            | Command::PollAll(_)
-            | Command::CreateTask(_)
-            | Command::GetTask(_)
-            | Command::ListTasks(_)
-            | Command::CancelTask(_) => None,
-        }
-    }
-}
-
-/// A command's `params`, or an empty object.
-fn params(bytes: &[u8]) -> Value {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        #[serde(default)]
-        params: Value,
-    }
-    serde_json::from_slice::<Envelope>(bytes)
-        .map(|e| e.params)
-        .unwrap_or(Value::Null)
-}
-
 /// How the proxy answers a command.
 pub enum Answer {
     /// One JSON-RPC response, whole.
@@ -620,31 +457,5 @@ mod tests {
         assert!(authored_by_proxy("notifications/stream/end"));
         assert!(!authored_by_proxy("notifications/progress"));
         assert!(!authored_by_proxy("requests/getStatus"));
-    }
-
-    #[test]
-    fn dialect_methods_in_a_batch_are_refused() {
-        let bytes = br#"[{"jsonrpc":"2.0","id":1,"method":"stream/poll","params":{}}]"#;
-        let body = crate::jsonrpc::parse_body(bytes).unwrap();
-        let negotiated = Negotiated(vec![Dialect::Streams]);
-        assert!(matches!(
-            Command::parse(bytes, &body, &negotiated, &DialectsConfig::default(), None),
-            Err(Refusal::Batched)
-        ));
-    }
-
-    #[test]
-    fn dialect_methods_of_a_session_that_did_not_negotiate_go_upstream() {
-        let bytes = br#"{"jsonrpc":"2.0","id":1,"method":"stream/poll","params":{}}"#;
-        let body = crate::jsonrpc::parse_body(bytes).unwrap();
-        assert!(Command::parse(
-            bytes,
-            &body,
-            &Negotiated::default(),
-            &DialectsConfig::default(),
-            None
-        )
-        .unwrap()
-        .is_none());
     }
 }

@@ -129,7 +129,12 @@ async fn open_upstream(
     let shared = &route.shared;
     if let Upstream::Stdio(stdio) = &route.upstream {
         let spawned = stdio
-            .spawn(session.clone(), shared.log.clone(), shared.sessions.clone())
+            .spawn(
+                session.clone(),
+                shared.log.clone(),
+                shared.sessions.clone(),
+                dialect::kept_after_initialize,
+            )
             .await;
         if let Err(e) = spawned {
             shared.log.metrics().upstream_error(&e);

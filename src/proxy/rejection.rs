@@ -250,10 +250,10 @@ impl Rejection {
     pub fn tasks_not_declared(id: Option<RequestId>) -> Self {
         Self {
             id,
-            data: Some(crate::dialect::tasks::missing_capability_data()),
+            data: Some(crate::task::modern::missing_capability_data()),
             ..Self::new(
                 StatusCode::BAD_REQUEST,
-                crate::dialect::tasks::code::MISSING_CAPABILITY,
+                crate::task::modern::code::MISSING_CAPABILITY,
                 "This request targets the tasks extension (io.modelcontextprotocol/tasks); \
                  the client did not declare it for this request",
             )
@@ -266,7 +266,7 @@ impl Rejection {
             id,
             ..Self::new(
                 StatusCode::BAD_REQUEST,
-                crate::dialect::tasks::code::HEADER_MISMATCH,
+                crate::task::modern::code::HEADER_MISMATCH,
                 format!("{header} header does not match the request body's {param}"),
             )
         }

@@ -7,7 +7,11 @@
 //!
 //! The record knows nothing of JSON-RPC: requests and answers are kept as
 //! the raw JSON text they arrived as. What a task's status is comes from the
-//! record and its current leg (`dialect::tasks`), never stored twice.
+//! record and its current leg (`crate::task`), never stored twice.
+//!
+//! The record is the store contract's, as a session's record and a stream's
+//! meta are: every backend keeps it, so it lives below `crate::task` (which
+//! reads the log) and is named from there as `task::TaskRecord`.
 
 use std::collections::BTreeMap;
 

@@ -5,6 +5,10 @@
 //! HTTP upstream code sends and decodes and never touches the log (the relay
 //! does); a stdio child has a single output pipe for every request, so its
 //! demultiplexer appends to the streams it routes to.
+//!
+//! An upstream carries messages and must not know the dialects: what a
+//! session keeps of them once the upstream answered `initialize` is decided
+//! above (`dialect`) and handed down to a stdio child as a function.
 
 pub mod http;
 pub mod stdio;

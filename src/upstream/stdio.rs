@@ -30,11 +30,10 @@ use tokio_util::codec::{AnyDelimiterCodec, FramedRead};
 use super::http::MAX_MESSAGE;
 use super::UpstreamError;
 use crate::config::{LimitsConfig, UpstreamConfig};
-use crate::dialect;
 use crate::id::{SessionId, StreamId};
 use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, Kind, RequestId};
-use crate::session::{Session, Sessions};
+use crate::session::{Session, Sessions, Settle};
 use crate::store::{StreamMeta, StreamStatus};
 use crate::stream::Log;
 
@@ -85,12 +84,15 @@ impl StdioUpstream {
         self.children.get(&session).map(|c| c.clone())
     }
 
-    /// Starts the child for a new session.
+    /// Starts the child for a new session. `settle` is what the caller's
+    /// dialects make of the child's `initialize` result (which of them the
+    /// session keeps): the child only carries it to the session record.
     pub async fn spawn(
         self: &Arc<Self>,
         session: Arc<Session>,
         log: Arc<Log>,
         sessions: Arc<Sessions>,
+        settle: Settle,
     ) -> Result<Arc<Child>, UpstreamError> {
         if self.children.len() >= self.config.max_children {
             return Err(UpstreamError::Busy(format!(
@@ -154,6 +156,7 @@ impl StdioUpstream {
             log.clone(),
             sessions.clone(),
             self.limits.clone(),
+            settle,
         ));
         let grace = Duration::from_secs(self.config.kill_grace_secs);
         let upstream = self.clone();
@@ -248,6 +251,7 @@ async fn demux(
     log: Arc<Log>,
     sessions: Arc<Sessions>,
     limits: LimitsConfig,
+    settle: Settle,
 ) {
     let codec = AnyDelimiterCodec::new_with_max_length(b"\n".to_vec(), Vec::new(), MAX_MESSAGE);
     let mut lines = FramedRead::new(stdout, codec);
@@ -282,7 +286,7 @@ async fn demux(
                 .is_some_and(|d| d.method.as_deref() == Some("initialize"))
             {
                 sessions
-                    .learn_initialize(&child.session, &line, dialect::kept_after_initialize)
+                    .learn_initialize(&child.session, &line, settle)
                     .await;
             }
             let at = match groups.iter().position(|g| g.stream == stream) {

@@ -1,21 +1,22 @@
 //! The commands a client of the 2025-11-25 tasks sends: a `tools/call`
 //! with `params.task` (the task is made, its leg handed to the exchange),
 //! `tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/list`. How a task
-//! reads and shows is the parent's; how a leg reads as a `tasks/result`
-//! answer is `fetched`'s.
+//! reads and shows is `task::legacy`'s; how a leg is replayed as a
+//! `tasks/result` answer is `fetched`'s.
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::fetched::{as_result_of, Fetched};
-use super::{show, Task, CANCELLED, MIN_TTL_MS, NO_ANSWER};
-use crate::dialect::tasks::TaskStatus;
+use super::fetched::Fetched;
+use super::{CANCELLED, MIN_TTL_MS, NO_ANSWER};
 use crate::dialect::{response, string_param, Answer, Context, Refusal, Replay};
 use crate::id::{StreamId, TaskId};
 use crate::jsonrpc::{self, Needle, RequestId};
-use crate::store::{now_ms, rfc3339, TaskRecord};
-use crate::task::{self, Leg};
+use crate::store::now_ms;
+use crate::task::legacy::{as_result_of, show, upstream_call};
+use crate::task::wire::{Revision, Task};
+use crate::task::{self, Leg, TaskRecord, TaskStatus};
 
 /// `tools/call` with `params.task`: becomes a task at once.
 #[derive(Debug)]
@@ -126,15 +127,7 @@ impl Create {
         let handle = cx
             .keyring
             .task_handle(&record.route, &record.principal, record.id);
-        let task = Task {
-            task_id: &handle,
-            status: TaskStatus::Working.as_str(),
-            status_message: None,
-            created_at: rfc3339(now),
-            last_updated_at: rfc3339(now),
-            ttl: record.ttl_ms,
-            poll_interval: record.poll_interval_ms,
-        };
+        let task = Task::of(Revision::Legacy, &handle, TaskStatus::Working, &record, now);
         Ok(Answer::Start(Box::new(Start {
             leg: Leg {
                 task: record.id,
@@ -144,21 +137,6 @@ impl Create {
             answer: response(&self.id, &json!({ "task": task })),
         })))
     }
-}
-
-/// The `tools/call` a task's leg sends upstream: the client's params
-/// without `task`, under the proxy's id.
-fn upstream_call(task: TaskId, params: &str) -> Bytes {
-    Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
-        upstream_id(task).as_json()
-    ))
-}
-
-/// The id a task's leg has upstream: the proxy's own, so the client may
-/// reuse the id of its `tools/call` once it has the task.
-pub(super) fn upstream_id(task: TaskId) -> RequestId {
-    RequestId(format!("\"mcp-resume-proxy-task-{task}\""))
 }
 
 /// A task to start: its leg goes upstream (the proxy's exchange), then the

@@ -1,6 +1,7 @@
-//! A task's leg shown as the answer of a `tasks/result`: its entries as
-//! logged, its answer under the `tasks/result` id and tagged with the task,
-//! and the cap on the `tasks/result` requests waiting at once.
+//! A task's leg replayed as the answer of a `tasks/result`: its entries as
+//! logged, its answer under the `tasks/result` id and tagged with the task
+//! (the shapes are `task::legacy`'s), and the cap on the `tasks/result`
+//! requests waiting at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use dashmap::DashSet;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::{CANCELLED, RELATED_TASK};
+use super::CANCELLED;
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::session::ReadAs;
 use crate::store::StreamMeta;
+use crate::task::legacy::{as_result_of, tag};
 
 /// How many `tasks/result` requests wait at once on this instance.
 #[derive(Debug, Default)]
@@ -38,29 +40,6 @@ pub(super) struct Waiter(Arc<AtomicUsize>);
 impl Drop for Waiter {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A leg's answer as the answer of `tasks/result` request `client`: its
-/// id, and the related task in the result's `_meta`.
-pub(super) fn as_result_of(message: &[u8], client: &RequestId, handle: &str) -> Option<Bytes> {
-    let mut value: Map<String, Value> = serde_json::from_slice(message).ok()?;
-    if !value.contains_key("result") && !value.contains_key("error") {
-        return None;
-    }
-    value.insert("id".into(), serde_json::from_str(client.as_json()).ok()?);
-    if let Some(result) = value.get_mut("result").and_then(Value::as_object_mut) {
-        tag(result, handle);
-    }
-    serde_json::to_vec(&value).ok().map(Bytes::from)
-}
-
-/// Ties `object` (a result, a request's params) to its task in its
-/// `_meta`, made when absent.
-fn tag(object: &mut Map<String, Value>, handle: &str) {
-    let meta = object.entry("_meta").or_insert_with(|| json!({}));
-    if let Some(meta) = meta.as_object_mut() {
-        meta.insert(RELATED_TASK.into(), json!({ "taskId": handle }));
     }
 }
 
@@ -163,9 +142,9 @@ impl Fetched {
 
 #[cfg(test)]
 mod tests {
-    use super::super::calls::upstream_id;
     use super::*;
     use crate::id::TaskId;
+    use crate::task::legacy::{upstream_id, RELATED_TASK};
 
     #[test]
     fn the_legs_answer_becomes_the_tasks_result_answer_tagged_with_its_task() {

@@ -18,10 +18,12 @@
 //! A task belongs to the session that made it: another session's task, an
 //! expired one and a forged id all read as unknown (-32602).
 //!
-//! Layout: this file has the offer (`initialize`, `tools/list`), a task as
-//! this revision shows it, and the end announcement; `calls` the commands
-//! a client sends (`tools/call` with `params.task`, `tasks/*`); `fetched`
-//! how a leg is shown as the answer of a `tasks/result`, and the waiters.
+//! Layout: this file has the offer (`initialize`, `tools/list`), the caller's
+//! own task, and the end announcement; `calls` the commands a client sends
+//! (`tools/call` with `params.task`, `tasks/*`); `fetched` the replay of a
+//! leg as the answer of a `tasks/result`, and the waiters. A task as this
+//! revision shows it, a leg's call and a leg's answer on the wire are
+//! `task::legacy`'s; this dialect imports them, never the other way.
 
 mod calls;
 mod fetched;
@@ -32,19 +34,16 @@ pub use fetched::{Fetched, Waiters};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::tasks::{Answer as Outcome, TaskStatus};
 use super::{Context, Refusal};
 use crate::config::TasksConfig;
-use crate::id::TaskId;
-use crate::jsonrpc::{self, Kind, RequestId};
+use crate::jsonrpc::{self, RequestId};
 use crate::metrics::TaskEnd;
 use crate::session::Session;
-use crate::store::{rfc3339, StoreError};
 use crate::stream::Log;
-use crate::task::{self, Leg, Seen};
+use crate::task::legacy::{show, Shown};
+use crate::task::{Leg, TaskStatus};
 use crate::token::Keyring;
 
 pub const GET: &str = "tasks/get";
@@ -55,9 +54,6 @@ pub const METHODS: [&str; 4] = [GET, RESULT, LIST, CANCEL];
 
 /// The revision that has these tasks.
 const REVISION: &str = "2025-11-25";
-
-/// The `_meta` key tying a message to its task.
-const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 const UNKNOWN_TASK: &str = "unknown or expired task";
 
@@ -113,116 +109,6 @@ pub fn tools_offered(message: &[u8]) -> Option<Bytes> {
     changed
         .then(|| serde_json::to_vec(&value).ok().map(Bytes::from))
         .flatten()
-}
-
-/// A task as the wire of this revision shows it.
-#[derive(Serialize)]
-struct Task<'a> {
-    #[serde(rename = "taskId")]
-    task_id: &'a str,
-    status: &'static str,
-    #[serde(rename = "statusMessage", skip_serializing_if = "Option::is_none")]
-    status_message: Option<&'a str>,
-    #[serde(rename = "createdAt")]
-    created_at: String,
-    #[serde(rename = "lastUpdatedAt")]
-    last_updated_at: String,
-    ttl: u64,
-    #[serde(rename = "pollInterval")]
-    poll_interval: u64,
-}
-
-/// A task with the status this revision gives it.
-struct Shown {
-    handle: String,
-    status: TaskStatus,
-    message: Option<String>,
-    seen: Seen,
-}
-
-impl Shown {
-    fn task(&self) -> Task<'_> {
-        let record = &self.seen.record;
-        Task {
-            task_id: &self.handle,
-            status: self.status.as_str(),
-            status_message: self.message.as_deref(),
-            created_at: rfc3339(record.created_ms),
-            last_updated_at: rfc3339(self.seen.updated_ms),
-            ttl: record.ttl_ms,
-            poll_interval: record.poll_interval_ms,
-        }
-    }
-
-    fn value(&self) -> Value {
-        serde_json::to_value(self.task()).unwrap_or(Value::Null)
-    }
-}
-
-/// Reads a task and gives it this revision's status: a live leg whose last
-/// entry is a request of the upstream to the client waits for the client's
-/// answer (`input_required`: the client should call `tasks/result`, which
-/// brings the request).
-async fn show(log: &Log, keyring: &Keyring, id: TaskId) -> Result<Option<Shown>, StoreError> {
-    let Some(seen) = task::read(log, id).await? else {
-        return Ok(None);
-    };
-    let mut status = seen.status;
-    let message = match &seen.answer {
-        Some(Outcome::Error(_, message)) => Some(message.clone()),
-        None if status == TaskStatus::Failed => Some("the upstream request was lost".to_owned()),
-        _ => None,
-    };
-    if status == TaskStatus::InputRequired {
-        // An MRTR answer is no question of this revision: the call ended.
-        status = TaskStatus::Completed;
-    }
-    if status == TaskStatus::Completed && seen.answer.as_ref().is_some_and(is_tool_error) {
-        // As native servers of this revision report a tool's error; its
-        // result is still what `tasks/result` answers.
-        status = TaskStatus::Failed;
-    }
-    if status == TaskStatus::Working && asks_the_client(log, &seen).await? {
-        status = TaskStatus::InputRequired;
-    }
-    let handle = keyring.task_handle(&seen.record.route, &seen.record.principal, seen.record.id);
-    Ok(Some(Shown {
-        handle,
-        status,
-        message,
-        seen,
-    }))
-}
-
-/// Whether an answer is a tool's result with `isError: true`.
-fn is_tool_error(answer: &Outcome) -> bool {
-    #[derive(serde::Deserialize)]
-    struct ToolResult {
-        #[serde(rename = "isError", default)]
-        is_error: bool,
-    }
-    let Outcome::Result(result) = answer else {
-        return false;
-    };
-    serde_json::from_str::<ToolResult>(result.get()).is_ok_and(|r| r.is_error)
-}
-
-/// Whether the task's current leg last logged a request to the client.
-async fn asks_the_client(log: &Log, seen: &Seen) -> Result<bool, StoreError> {
-    let Some(leg) = seen.record.current_leg() else {
-        return Ok(false);
-    };
-    let Some(meta) = log.meta(leg).await? else {
-        return Ok(false);
-    };
-    if meta.entries == 0 {
-        return Ok(false);
-    }
-    let last = log.store().read_after(leg, meta.entries - 1, 1).await?;
-    Ok(last
-        .first()
-        .and_then(|e| jsonrpc::classify(&e.message).ok())
-        .is_some_and(|e| e.kind == Kind::Request))
 }
 
 impl Context<'_> {

@@ -25,18 +25,16 @@ use hyper::body::Incoming;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::{check_header, view, Modern, Tasks};
-use crate::dialect::tasks::{self as wire, Answer};
+use super::{check_header, Modern, Tasks};
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::TaskEnd;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body, BoxError};
-use crate::store::{
-    now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, TaskRecord, Watermark,
-};
+use crate::store::{now_ms, Outcome, StoreError, StreamKind, StreamMeta, StreamStatus, Watermark};
 use crate::stream::Log;
-use crate::task;
+use crate::task::modern as wire;
+use crate::task::{self, Answer, TaskRecord};
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
@@ -227,7 +225,7 @@ impl Call {
             }
         };
         let (handed, handing) = oneshot::channel();
-        let created = view::create_result(&self.keyring, &record, &self.id);
+        let created = wire::create_result(&self.keyring, &record, &self.id);
         if decide.send(Decision::Task(created, handed)).is_err() {
             return self.cancelled_before_answer(&record, &leg).await;
         }

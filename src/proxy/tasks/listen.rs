@@ -15,10 +15,10 @@ use http::Response;
 use serde_json::Value;
 
 use super::Modern;
-use crate::dialect::tasks as wire;
 use crate::id::TaskId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
+use crate::task::modern as wire;
 
 /// The most tasks one listen watches.
 const MAX_WATCHED: usize = 64;

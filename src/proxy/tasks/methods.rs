@@ -10,15 +10,14 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
 
 use super::call::{leg_meta, Call};
-use super::view;
 use super::{check_header, Modern};
-use crate::dialect::tasks::{self as wire, Answer, TaskStatus};
 use crate::id::TaskId;
 use crate::jsonrpc::RequestId;
 use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::store::now_ms;
-use crate::task::{self, Seen};
+use crate::task::modern as wire;
+use crate::task::{self, Answer, Seen, TaskRecord, TaskStatus};
 use crate::upstream::Upstream;
 
 /// The params of a `tasks/*` request.
@@ -113,7 +112,7 @@ async fn update(
     let fresh: Vec<(String, String)> = answers
         .iter()
         .filter_map(|(surfaced, answer)| {
-            let key = view::upstream_key(round, surfaced)?;
+            let key = wire::upstream_key(round, surfaced)?;
             keys.iter()
                 .any(|k| k == key)
                 .then(|| (key.to_owned(), answer.get().to_owned()))
@@ -158,7 +157,7 @@ async fn update(
 async fn reissue(
     route: &Route,
     request: &Modern<'_>,
-    record: &crate::store::TaskRecord,
+    record: &TaskRecord,
     request_state: Option<&str>,
 ) -> Result<(), Rejection> {
     let Upstream::Http(upstream) = &route.upstream else {
@@ -171,7 +170,7 @@ async fn reissue(
         .as_ref()
         .map(|i| i.answered.clone())
         .unwrap_or_default();
-    let Some(params) = view::reissue_params(&record.request, &answers, request_state) else {
+    let Some(params) = wire::reissue_params(&record.request, &answers, request_state) else {
         tracing::error!(task = %record.id, "cannot build a task's next request");
         return Ok(());
     };
@@ -211,13 +210,13 @@ async fn reissue(
         id: id.clone(),
         params: record.request.clone(),
     };
-    tokio::spawn(call.run_leg(leg, view::reissue_body(&id, &params)));
+    tokio::spawn(call.run_leg(leg, wire::reissue_body(&id, &params)));
     Ok(())
 }
 
 /// The headers of a re-issue: the update's own (its credentials), routed
 /// as the original call was.
-fn reissue_headers(update: &HeaderMap, record: &crate::store::TaskRecord) -> HeaderMap {
+fn reissue_headers(update: &HeaderMap, record: &TaskRecord) -> HeaderMap {
     let mut headers = update.clone();
     crate::headers::drop_routing(&mut headers);
     headers.insert(

@@ -8,12 +8,11 @@
 //! `methods.rs` answers `tasks/get`, `tasks/update` and `tasks/cancel` from
 //! the log, so any instance sharing it answers any task; `listen.rs` serves
 //! `notifications/tasks` on `subscriptions/listen`. The wire shapes are
-//! `dialect::tasks`'; this module does the I/O.
+//! `task::modern`'s; this module does the I/O.
 
 mod call;
 mod listen;
 mod methods;
-mod view;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -24,9 +23,9 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, Response};
 
 use super::{Rejection, Route};
-use crate::dialect::tasks as wire;
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::reply::{self, Body};
+use crate::task::modern as wire;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
 
 /// What a route knows of its upstream and its tasks.

@@ -4,9 +4,9 @@
 //! status and answer — nothing about a task's outcome is stored twice — and
 //! the one place a task changes: compare-and-set on its record, retried
 //! when another writer (another instance) came first. How a status is shown
-//! on the wire is each dialect's own.
+//! on the wire is each revision's own (`modern`, `legacy`).
 
-use crate::dialect::tasks::{Answer, TaskStatus};
+use super::status::{Answer, TaskStatus};
 use crate::id::{StreamId, TaskId};
 use crate::store::{now_ms, Result, StoreError, StreamStatus, TaskRecord};
 use crate::stream::Log;
