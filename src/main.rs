@@ -165,8 +165,11 @@ fn config(cli: &Cli) -> Result<Config, String> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a terminal: a log file or journald gets plain text.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(terminal)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

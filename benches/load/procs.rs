@@ -112,7 +112,7 @@ fn journal_logs(cmd: &mut Command) {
 /// The numbers `key=` takes in the lines of `log` that contain `event`
 /// (the proxy's text log: `key=value` fields).
 pub fn logged_numbers(log: &Path, event: &str, key: &str) -> Vec<u64> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let text = strip_colours(&std::fs::read_to_string(log).unwrap_or_default());
     let field = format!("{key}=");
     text.lines()
         .filter(|line| line.contains(event))
@@ -125,6 +125,25 @@ pub fn logged_numbers(log: &Path, event: &str, key: &str) -> Vec<u64> {
             digits.parse().ok()
         })
         .collect()
+}
+
+/// `text` without ANSI escape sequences (a proxy that colours its log).
+fn strip_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Starts the proxy again on the directory a killed one left (see
