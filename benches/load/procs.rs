@@ -113,7 +113,8 @@ fn journal_logs(cmd: &mut Command) {
 /// (the proxy's text log: `key=value` fields).
 pub fn logged_numbers(log: &Path, event: &str, key: &str) -> Vec<u64> {
     let text = strip_colours(&std::fs::read_to_string(log).unwrap_or_default());
-    let field = format!("{key}=");
+    // A space before: `ms=` must not match the end of `streams=`.
+    let field = format!(" {key}=");
     text.lines()
         .filter(|line| line.contains(event))
         .filter_map(|line| {

@@ -228,9 +228,13 @@ impl RetiredStreams {
         self.streams.insert(id, retired);
     }
 
-    /// Indexes a request hash a checkpoint kept (made with this tier's key).
+    /// Indexes a request hash a checkpoint kept (made with this tier's
+    /// key), unless the stream it names is not here: the checkpoint keeps
+    /// stale entries, and its streams are added first.
     pub fn index_hashed(&mut self, hash: u64, id: StreamId) {
-        self.requests.insert(hash, id);
+        if self.streams.contains_key(&id) {
+            self.requests.insert(hash, id);
+        }
     }
 
     /// Room for `n` more streams, as a checkpoint says it holds.
@@ -239,12 +243,14 @@ impl RetiredStreams {
         self.requests.reserve(n);
     }
 
-    /// The request index's live entries: (hash, stream).
+    /// The request index's entries: (hash, stream), stale ones included.
     pub fn request_hashes(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
-        self.requests
-            .iter()
-            .filter(|(_, id)| self.streams.contains_key(id))
-            .map(|(hash, id)| (*hash, *id))
+        self.requests.iter().map(|(hash, id)| (*hash, *id))
+    }
+
+    /// How many entries the request index holds, stale ones included.
+    pub fn requests_len(&self) -> usize {
+        self.requests.len()
     }
 
     /// Removes a retired stream; gives it back with its abandonment
@@ -408,5 +414,16 @@ mod tests {
         assert!(tier.requests.len() <= 1025, "{}", tier.requests.len());
         assert!(tier.order.len() <= 1025, "{}", tier.order.len());
         assert!(tier.abandons.is_empty());
+    }
+
+    #[test]
+    fn a_kept_request_entry_naming_a_stream_not_kept_is_dropped() {
+        let mut tier = RetiredStreams::default();
+        let session = SessionId::random();
+        let (kept, gone) = (StreamId::random(), StreamId::random());
+        tier.insert_kept(kept, retired(session, 1), None);
+        tier.index_hashed(1, kept);
+        tier.index_hashed(2, gone);
+        assert_eq!(tier.requests_len(), 1);
     }
 }
