@@ -230,10 +230,20 @@ impl Keyring {
     /// The event id of entry `seq` of `stream` in `session` (seq 0 is the
     /// priming position, before the first entry).
     pub fn event_id(&self, session: SessionId, stream: StreamId, seq: Seq) -> String {
+        let mut text = String::with_capacity(text_len(16 + 8));
+        self.push_event_id(&mut text, session, stream, seq);
+        text
+    }
+
+    /// [`Keyring::event_id`], appended to `text`: a replay names every entry
+    /// it sends, and a caller that reuses one `String` for all of them
+    /// allocates nothing per id.
+    pub fn push_event_id(&self, text: &mut String, session: SessionId, stream: StreamId, seq: Seq) {
         let mut body = [0u8; 16 + 8];
         body[..16].copy_from_slice(stream.as_bytes());
         body[16..].copy_from_slice(&seq.to_be_bytes());
-        self.seal(&EVENT_ID, session, b"", &body)
+        let (raw, len) = self.seal_raw(&EVENT_ID, session, b"", &body);
+        URL_SAFE_NO_PAD.encode_string(&raw[..len], text);
     }
 
     /// Opens an event id presented in `session`. `None` for anything that was
@@ -370,16 +380,30 @@ impl Keyring {
         principal: &[u8],
         body: &[u8; N],
     ) -> String {
+        let (raw, len) = self.seal_raw(kind, session, principal, body);
+        URL_SAFE_NO_PAD.encode(&raw[..len])
+    }
+
+    /// The raw handle [`Keyring::seal`] encodes, on the stack (its first
+    /// `len` bytes).
+    fn seal_raw<const N: usize>(
+        &self,
+        kind: &Kind,
+        session: SessionId,
+        principal: &[u8],
+        body: &[u8; N],
+    ) -> ([u8; HEAD + TAG_LEN + MAX_BODY_LEN], usize) {
         const { assert!(N <= MAX_BODY_LEN) };
         let key = &self.0.current;
         let tag = tag(key, kind, session, principal, body);
-        let mut raw = Vec::with_capacity(HEAD + TAG_LEN + N);
-        raw.push(kind.byte);
-        raw.push(key.id);
-        raw.extend_from_slice(&tag);
-        raw.extend_from_slice(body);
-        apply_keystream(key, &tag, &mut raw[HEAD + TAG_LEN..]);
-        URL_SAFE_NO_PAD.encode(raw)
+        let mut raw = [0u8; HEAD + TAG_LEN + MAX_BODY_LEN];
+        raw[0] = kind.byte;
+        raw[1] = key.id;
+        raw[HEAD..HEAD + TAG_LEN].copy_from_slice(&tag);
+        let len = HEAD + TAG_LEN + N;
+        raw[HEAD + TAG_LEN..len].copy_from_slice(body);
+        apply_keystream(key, &tag, &mut raw[HEAD + TAG_LEN..len]);
+        (raw, len)
     }
 
     /// The keys that may have sealed a handle naming key `id`: the current
@@ -496,6 +520,17 @@ mod tests {
         let (session, stream) = (SessionId::random(), StreamId::random());
         let id = keyring().event_id(session, stream, 42);
         assert_eq!(keyring().open_event_id(session, &id), Some((stream, 42)));
+    }
+
+    #[test]
+    fn push_event_id_appends_the_id_event_id_gives() {
+        let (session, stream) = (SessionId::random(), StreamId::random());
+        let mut text = String::from("id: ");
+        keyring().push_event_id(&mut text, session, stream, 7);
+        assert_eq!(
+            text,
+            format!("id: {}", keyring().event_id(session, stream, 7))
+        );
     }
 
     #[test]
