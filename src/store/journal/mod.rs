@@ -34,6 +34,7 @@ mod compact;
 mod holdings;
 mod index;
 pub mod inspect;
+mod recent;
 mod record;
 mod recover;
 mod retire;
@@ -102,6 +103,8 @@ pub struct Journal {
     sync_file: Arc<SyncFile>,
     /// The bound on retained streams (`retire.rs`).
     bound: retire::Bound,
+    /// The summaries of the long retired streams read last (`recent.rs`).
+    recent: recent::Recent,
     /// Tests retire every stream the moment its finish is durable, so that
     /// the store contract runs against retired streams too.
     #[cfg(test)]
@@ -176,6 +179,7 @@ impl Journal {
             orphans: OrphansOnce::default(),
             sync_file,
             bound: retire::Bound::default(),
+            recent: recent::Recent::default(),
             #[cfg(test)]
             eager: Default::default(),
         });
@@ -515,7 +519,7 @@ impl Journal {
             }
         }
         for read in reads {
-            metas.push(read.summary()?.meta);
+            metas.push(read.meta(&self.recent)?);
         }
         Ok(metas)
     }
@@ -778,7 +782,7 @@ impl Store for Journal {
             }
             inner.retired_read(&id)
         };
-        read.map(|r| r.summary().map(|s| s.meta)).transpose()
+        read.map(|r| r.meta(&self.recent)).transpose()
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
@@ -955,7 +959,7 @@ impl Store for Journal {
                     return Ok(Vec::new());
                 };
                 drop(inner);
-                return read.entries(after, limit);
+                return read.entries(after, limit, &self.recent);
             };
             let durable = state.watermark.borrow().seq;
             if after >= durable {
