@@ -49,6 +49,7 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
+use crate::mac;
 
 /// One kind of sealed handle.
 struct Kind {
@@ -126,17 +127,20 @@ struct Key {
     /// Names the key inside every handle it seals.
     id: u8,
     /// Authenticates (and binds to a kind, a session and a principal).
-    mac: hmac::Key,
+    mac: mac::Key,
     /// Derives the keystream that hides the body.
-    enc: hmac::Key,
+    enc: mac::Key,
 }
 
 impl Key {
     fn new(secret: &[u8]) -> Self {
         // Independent subkeys, so the tag and the keystream never share a key.
         let master = hmac::Key::new(hmac::HMAC_SHA256, secret);
-        let derive =
-            |label: &[u8]| hmac::Key::new(hmac::HMAC_SHA256, hmac::sign(&master, label).as_ref());
+        let derive = |label: &[u8]| {
+            let mut key = [0u8; 32];
+            key.copy_from_slice(hmac::sign(&master, label).as_ref());
+            mac::Key::new(&key)
+        };
         Self {
             id: hmac::sign(&master, b"mcp-resume-proxy/key-id").as_ref()[0],
             mac: derive(b"mcp-resume-proxy/mac"),
@@ -147,7 +151,7 @@ impl Key {
 
 /// The keys handles are sealed and opened with: the current one, and the
 /// previous one while a rotation's window lasts. Shared, not copied: every
-/// SSE answer and resume-token call keeps one (by value it is 728 bytes, held
+/// SSE answer and resume-token call keeps one (by value it was 728 bytes, held
 /// for as long as the answer stays open).
 #[derive(Clone)]
 pub struct Keyring(Arc<Keys>);
@@ -472,20 +476,21 @@ fn task_binding(route: &str, principal: &str) -> Vec<u8> {
 }
 
 fn tag(key: &Key, kind: &Kind, session: SessionId, principal: &[u8], body: &[u8]) -> [u8; TAG_LEN] {
-    let mut ctx = hmac::Context::with_key(&key.mac);
-    ctx.update(kind.label);
-    ctx.update(session.as_bytes());
-    ctx.update(&[kind.byte, key.id]);
-    ctx.update(principal);
-    ctx.update(body);
+    let mac = key.mac.sign(&[
+        kind.label,
+        session.as_bytes(),
+        &[kind.byte, key.id],
+        principal,
+        body,
+    ]);
     let mut tag = [0u8; TAG_LEN];
-    tag.copy_from_slice(&ctx.sign().as_ref()[..TAG_LEN]);
+    tag.copy_from_slice(&mac[..TAG_LEN]);
     tag
 }
 
 fn apply_keystream(key: &Key, tag: &[u8; TAG_LEN], body: &mut [u8]) {
-    let stream = hmac::sign(&key.enc, tag);
-    for (b, k) in body.iter_mut().zip(stream.as_ref()) {
+    let stream = key.enc.sign(&[tag]);
+    for (b, k) in body.iter_mut().zip(stream) {
         *b ^= k;
     }
 }
