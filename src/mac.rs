@@ -48,6 +48,21 @@ impl Key {
 
     /// The MAC of the concatenation of `parts`.
     pub fn sign(&self, parts: &[&[u8]]) -> [u8; 32] {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len <= LAST_BLOCK_ROOM {
+            // An event id's message: built in place as its one padded block,
+            // with no buffering across parts.
+            let mut block = [0u8; BLOCK];
+            let mut at = 0;
+            for part in parts {
+                block[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            }
+            let digest = last_block(self.inner, block, len);
+            let mut block = [0u8; BLOCK];
+            block[..32].copy_from_slice(&digest);
+            return last_block(self.outer, block, 32);
+        }
         let mut inner = Hash::after_one_block(self.inner);
         for part in parts {
             inner.update(part);
@@ -57,6 +72,29 @@ impl Key {
         outer.update(&digest);
         outer.finish()
     }
+}
+
+/// The most message bytes one block holds with SHA-256's padding (a 1
+/// bit and the 64-bit length).
+const LAST_BLOCK_ROOM: usize = BLOCK - 1 - 8;
+
+/// The digest of a message of `len` bytes (at most [`LAST_BLOCK_ROOM`]),
+/// which `block` holds followed by zeros, hashed after one block (a padded
+/// key) whose state is `state`.
+fn last_block(mut state: [u32; 8], mut block: [u8; BLOCK], len: usize) -> [u8; 32] {
+    block[len] = 0x80;
+    let bits = (BLOCK + len) as u64 * 8;
+    block[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
+    compress(&mut state, &block);
+    digest(state)
+}
+
+fn digest(state: [u32; 8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (chunk, word) in out.chunks_exact_mut(4).zip(state) {
+        chunk.copy_from_slice(&word.to_be_bytes());
+    }
+    out
 }
 
 /// A SHA-256 computation that started from a state, not from its IV.
@@ -105,11 +143,7 @@ impl Hash {
         }
         self.block[BLOCK - 8..].copy_from_slice(&bits.to_be_bytes());
         compress(&mut self.state, &self.block);
-        let mut out = [0u8; 32];
-        for (chunk, word) in out.chunks_exact_mut(4).zip(self.state) {
-            chunk.copy_from_slice(&word.to_be_bytes());
-        }
-        out
+        digest(self.state)
     }
 }
 
