@@ -89,6 +89,8 @@
 //! - [`sse`]: SSE encoder and incremental decoder.
 //! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
 //!   poll cursors — each of its own kind, bound to session (and principal).
+//! - [`mac`]: the HMAC-SHA256 those handles are sealed with, over SHA-256's
+//!   block function.
 //! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
@@ -121,6 +123,7 @@ pub mod ingest;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
+pub mod mac;
 pub mod metrics;
 pub mod outbound;
 pub mod proxy;

@@ -49,6 +49,7 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
+use crate::mac;
 
 /// One kind of sealed handle.
 struct Kind {
@@ -126,17 +127,20 @@ struct Key {
     /// Names the key inside every handle it seals.
     id: u8,
     /// Authenticates (and binds to a kind, a session and a principal).
-    mac: hmac::Key,
+    mac: mac::Key,
     /// Derives the keystream that hides the body.
-    enc: hmac::Key,
+    enc: mac::Key,
 }
 
 impl Key {
     fn new(secret: &[u8]) -> Self {
         // Independent subkeys, so the tag and the keystream never share a key.
         let master = hmac::Key::new(hmac::HMAC_SHA256, secret);
-        let derive =
-            |label: &[u8]| hmac::Key::new(hmac::HMAC_SHA256, hmac::sign(&master, label).as_ref());
+        let derive = |label: &[u8]| {
+            let mut key = [0u8; 32];
+            key.copy_from_slice(hmac::sign(&master, label).as_ref());
+            mac::Key::new(&key)
+        };
         Self {
             id: hmac::sign(&master, b"mcp-resume-proxy/key-id").as_ref()[0],
             mac: derive(b"mcp-resume-proxy/mac"),
@@ -147,7 +151,7 @@ impl Key {
 
 /// The keys handles are sealed and opened with: the current one, and the
 /// previous one while a rotation's window lasts. Shared, not copied: every
-/// SSE answer and resume-token call keeps one (by value it is 728 bytes, held
+/// SSE answer and resume-token call keeps one (by value it was 728 bytes, held
 /// for as long as the answer stays open).
 #[derive(Clone)]
 pub struct Keyring(Arc<Keys>);
@@ -230,10 +234,20 @@ impl Keyring {
     /// The event id of entry `seq` of `stream` in `session` (seq 0 is the
     /// priming position, before the first entry).
     pub fn event_id(&self, session: SessionId, stream: StreamId, seq: Seq) -> String {
+        let mut text = String::with_capacity(text_len(16 + 8));
+        self.push_event_id(&mut text, session, stream, seq);
+        text
+    }
+
+    /// [`Keyring::event_id`], appended to `text`: a replay names every entry
+    /// it sends, and a caller that reuses one `String` for all of them
+    /// allocates nothing per id.
+    pub fn push_event_id(&self, text: &mut String, session: SessionId, stream: StreamId, seq: Seq) {
         let mut body = [0u8; 16 + 8];
         body[..16].copy_from_slice(stream.as_bytes());
         body[16..].copy_from_slice(&seq.to_be_bytes());
-        self.seal(&EVENT_ID, session, b"", &body)
+        let (raw, len) = self.seal_raw(&EVENT_ID, session, b"", &body);
+        URL_SAFE_NO_PAD.encode_string(&raw[..len], text);
     }
 
     /// Opens an event id presented in `session`. `None` for anything that was
@@ -370,16 +384,30 @@ impl Keyring {
         principal: &[u8],
         body: &[u8; N],
     ) -> String {
+        let (raw, len) = self.seal_raw(kind, session, principal, body);
+        URL_SAFE_NO_PAD.encode(&raw[..len])
+    }
+
+    /// The raw handle [`Keyring::seal`] encodes, on the stack (its first
+    /// `len` bytes).
+    fn seal_raw<const N: usize>(
+        &self,
+        kind: &Kind,
+        session: SessionId,
+        principal: &[u8],
+        body: &[u8; N],
+    ) -> ([u8; HEAD + TAG_LEN + MAX_BODY_LEN], usize) {
         const { assert!(N <= MAX_BODY_LEN) };
         let key = &self.0.current;
         let tag = tag(key, kind, session, principal, body);
-        let mut raw = Vec::with_capacity(HEAD + TAG_LEN + N);
-        raw.push(kind.byte);
-        raw.push(key.id);
-        raw.extend_from_slice(&tag);
-        raw.extend_from_slice(body);
-        apply_keystream(key, &tag, &mut raw[HEAD + TAG_LEN..]);
-        URL_SAFE_NO_PAD.encode(raw)
+        let mut raw = [0u8; HEAD + TAG_LEN + MAX_BODY_LEN];
+        raw[0] = kind.byte;
+        raw[1] = key.id;
+        raw[HEAD..HEAD + TAG_LEN].copy_from_slice(&tag);
+        let len = HEAD + TAG_LEN + N;
+        raw[HEAD + TAG_LEN..len].copy_from_slice(body);
+        apply_keystream(key, &tag, &mut raw[HEAD + TAG_LEN..len]);
+        (raw, len)
     }
 
     /// The keys that may have sealed a handle naming key `id`: the current
@@ -448,20 +476,21 @@ fn task_binding(route: &str, principal: &str) -> Vec<u8> {
 }
 
 fn tag(key: &Key, kind: &Kind, session: SessionId, principal: &[u8], body: &[u8]) -> [u8; TAG_LEN] {
-    let mut ctx = hmac::Context::with_key(&key.mac);
-    ctx.update(kind.label);
-    ctx.update(session.as_bytes());
-    ctx.update(&[kind.byte, key.id]);
-    ctx.update(principal);
-    ctx.update(body);
+    let mac = key.mac.sign(&[
+        kind.label,
+        session.as_bytes(),
+        &[kind.byte, key.id],
+        principal,
+        body,
+    ]);
     let mut tag = [0u8; TAG_LEN];
-    tag.copy_from_slice(&ctx.sign().as_ref()[..TAG_LEN]);
+    tag.copy_from_slice(&mac[..TAG_LEN]);
     tag
 }
 
 fn apply_keystream(key: &Key, tag: &[u8; TAG_LEN], body: &mut [u8]) {
-    let stream = hmac::sign(&key.enc, tag);
-    for (b, k) in body.iter_mut().zip(stream.as_ref()) {
+    let stream = key.enc.sign(&[tag]);
+    for (b, k) in body.iter_mut().zip(stream) {
         *b ^= k;
     }
 }
@@ -496,6 +525,17 @@ mod tests {
         let (session, stream) = (SessionId::random(), StreamId::random());
         let id = keyring().event_id(session, stream, 42);
         assert_eq!(keyring().open_event_id(session, &id), Some((stream, 42)));
+    }
+
+    #[test]
+    fn push_event_id_appends_the_id_event_id_gives() {
+        let (session, stream) = (SessionId::random(), StreamId::random());
+        let mut text = String::from("id: ");
+        keyring().push_event_id(&mut text, session, stream, 7);
+        assert_eq!(
+            text,
+            format!("id: {}", keyring().event_id(session, stream, 7))
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The `replay` scenario: one call logs a long SSE answer through the proxy,
 //! then a `GET` with `Last-Event-ID` set to its first event id replays the
 //! rest from the log — replay speed, against live delivery of the same call
-//! directly and through the proxy.
+//! directly and through the proxy, and against the client's own floor: the
+//! same bytes served from memory.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -74,7 +75,49 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             total,
         )?;
     }
+    // The client's own floor: the same replay's bytes served from memory,
+    // read by the same client. A replay cannot be faster than this here.
+    let body = logged.replay_bytes(&proxied).await?;
+    let memory = serve_from_memory(body).await?;
+    for round in 1..=o.rounds {
+        let (first, total) = logged.replay(&memory).await?;
+        row(
+            &mut out,
+            &format!("same bytes from memory {round}"),
+            logged.messages,
+            first,
+            total,
+        )?;
+    }
     Ok(out)
+}
+
+/// A server in this process answering every request with `body` as one
+/// SSE response: what the client needs to read a replay with no proxy
+/// behind it.
+async fn serve_from_memory(body: Bytes) -> Result<Target> {
+    use http_body_util::Full;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    let res = http::Response::builder()
+                        .header(http::header::CONTENT_TYPE, "text/event-stream")
+                        .body(Full::new(body.clone()));
+                    async move { res }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    Ok(Target::new("memory", addr, "/mcp", "echo", None))
 }
 
 /// A long answer in the proxy's log, ready to be replayed from its first
@@ -128,6 +171,23 @@ impl Logged {
             );
         }
         Ok((reply.first_message_at.map(|f| f - t0), total))
+    }
+}
+
+impl Logged {
+    /// The bytes of one replay, as the proxy sent them.
+    async fn replay_bytes(&self, proxied: &Target) -> Result<Bytes> {
+        use http_body_util::BodyExt;
+        let mut conn = connect(proxied.addr).await?;
+        let req = request(
+            proxied,
+            Method::GET,
+            Some(&self.session),
+            Some(&self.first_id),
+            Bytes::new(),
+        )?;
+        let res = send(&mut conn, req).await?;
+        Ok(res.into_body().collect().await?.to_bytes())
     }
 }
 

@@ -23,11 +23,15 @@ use crate::store::{StreamKind, StreamMeta};
 use crate::stream::{Next, Reader};
 use crate::token::Keyring;
 
-/// How a stream is presented on the wire.
 /// The reconnection delay a draining answer suggests once the configured
 /// one was sent: soon, since a restarted or another instance serves it.
 const DRAIN_RETRY_MS: u64 = 1_000;
 
+/// What an event adds to its message on the wire: `id: ` and the 51
+/// characters of an event id, `event: message`, `data: ` and the line ends.
+const FRAMING: usize = 4 + 51 + 1 + 15 + 6 + 2;
+
+/// How a stream is presented on the wire.
 pub struct Presentation {
     pub session: SessionId,
     pub keyring: Keyring,
@@ -71,6 +75,7 @@ pub fn serve(reader: Reader, how: Presentation) -> Body {
         reader,
         how,
         out: BytesMut::new(),
+        id: String::new(),
         primed: false,
         ended: false,
     };
@@ -84,6 +89,8 @@ struct Serving {
     reader: Reader,
     how: Presentation,
     out: BytesMut,
+    /// The event id being written, reused for every event of the answer.
+    id: String,
     primed: bool,
     ended: bool,
 }
@@ -120,16 +127,23 @@ impl Serving {
         };
         match next {
             Ok(Next::Entries(entries)) => {
+                // The whole page is one chunk in one buffer, sized once:
+                // grown event by event it was copied over again as it grew.
+                let room: usize = entries.iter().map(|e| e.message.len() + FRAMING).sum();
+                self.out.reserve(room);
                 for entry in entries {
                     let Some(message) = self.how.presenter.entry(entry.message) else {
                         continue;
                     };
                     self.retry_first();
-                    let id = self
-                        .how
-                        .keyring
-                        .event_id(self.how.session, stream, entry.seq);
-                    crate::sse::encode_event(&mut self.out, Some(&id), &message);
+                    self.id.clear();
+                    (self.how.keyring).push_event_id(
+                        &mut self.id,
+                        self.how.session,
+                        stream,
+                        entry.seq,
+                    );
+                    crate::sse::encode_event(&mut self.out, Some(&self.id), &message);
                 }
                 Some(self.out.split().freeze())
             }
@@ -186,5 +200,67 @@ impl Serving {
         if let Some(ms) = self.how.retry_ms.take() {
             crate::sse::encode_retry_field(&mut self.out, ms);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::Presenter;
+    use crate::sse::Decoder;
+    use crate::store::commit::SyncMode;
+    use crate::store::journal::Journal;
+    use crate::store::StreamStatus;
+    use crate::stream::Log;
+
+    #[tokio::test]
+    async fn a_replay_page_is_written_as_one_chunk_with_every_event_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Log::new(Journal::open(dir.path(), SyncMode::Never).unwrap());
+        let session = SessionId::random();
+        let meta = log
+            .open(crate::store::contract::meta(session))
+            .await
+            .unwrap();
+        let messages: Vec<Bytes> = (0..300)
+            .map(|i| Bytes::from(format!("{{\"n\":{i}}}")))
+            .collect();
+        log.append(meta.id, &messages).await.unwrap();
+        log.finish(meta.id, StreamStatus::Completed).await.unwrap();
+        let keyring = Keyring::from_secret(&[7; 32]);
+        let how = Presentation {
+            session,
+            keyring: keyring.clone(),
+            priming: false,
+            retry_ms: None,
+            keepalive: Duration::from_secs(5),
+            presenter: Presenter::plain(),
+            draining: tokio_util::sync::CancellationToken::new(),
+        };
+        let mut serving = Serving {
+            reader: log.attach(meta.id, 0),
+            how,
+            out: BytesMut::new(),
+            id: String::new(),
+            primed: false,
+            ended: false,
+        };
+        let mut per_chunk = Vec::new();
+        let mut seq = 0;
+        while let Some(chunk) = serving.next_chunk().await {
+            let mut decoder = Decoder::new();
+            decoder.push(&chunk);
+            let mut events = 0;
+            while let Some(event) = decoder.next_event() {
+                seq += 1;
+                events += 1;
+                assert_eq!(event.id, Some(keyring.event_id(session, meta.id, seq)));
+                assert_eq!(event.data, messages[seq as usize - 1]);
+            }
+            assert_eq!(decoder.buffered(), 0, "a chunk ends with a whole event");
+            per_chunk.push(events);
+        }
+        // Pages of 256 entries, one chunk each.
+        assert_eq!(per_chunk, [256, 44]);
     }
 }

@@ -37,6 +37,7 @@ mod compact;
 mod holdings;
 mod index;
 pub mod inspect;
+mod recent;
 mod record;
 mod recover;
 mod retire;
@@ -127,6 +128,8 @@ pub struct Journal {
     /// that the store contract's restarts start from one.
     #[cfg(test)]
     eager_checkpoints: AtomicBool,
+    /// The summaries of the long retired streams read last (`recent.rs`).
+    recent: recent::Recent,
     /// Tests retire every stream the moment its finish is durable, so that
     /// the store contract runs against retired streams too.
     #[cfg(test)]
@@ -218,6 +221,7 @@ impl Journal {
             replayed: recovered.replayed,
             #[cfg(test)]
             eager_checkpoints: Default::default(),
+            recent: recent::Recent::default(),
             #[cfg(test)]
             eager: Default::default(),
         });
@@ -630,7 +634,7 @@ impl Journal {
             }
         }
         for read in reads {
-            metas.push(read.summary()?.meta);
+            metas.push(read.meta(&self.recent)?);
         }
         Ok(metas)
     }
@@ -918,7 +922,7 @@ impl Store for Journal {
             }
             inner.retired_read(&id)
         };
-        read.map(|r| r.summary().map(|s| s.meta)).transpose()
+        read.map(|r| r.meta(&self.recent)).transpose()
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
@@ -1095,7 +1099,7 @@ impl Store for Journal {
                     return Ok(Vec::new());
                 };
                 drop(inner);
-                return read.entries(after, limit);
+                return read.entries(after, limit, &self.recent);
             };
             let durable = state.watermark.borrow().seq;
             if after >= durable {

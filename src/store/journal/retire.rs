@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
+use super::recent::Recent;
 use super::retired::{Place, Retired};
 use super::segment::SegmentNo;
 use super::summary::Summary;
@@ -95,6 +96,7 @@ pub(super) fn read_summary(file: &File, place: Place) -> Result<Summary> {
 /// What a read of a retired stream needs once the lock is let go: the
 /// stream as the index keeps it, and the files it is in.
 pub(super) struct RetiredRead {
+    pub stream: StreamId,
     pub retired: Retired,
     pub files: Vec<(SegmentNo, Arc<File>)>,
 }
@@ -109,20 +111,42 @@ impl RetiredRead {
 
     /// Entries `after + 1 ..` (at most `limit`), read at the summary's
     /// locations: all of them are durable.
-    pub fn entries(&self, after: Seq, limit: usize) -> Result<Vec<Entry>> {
+    pub fn entries(&self, after: Seq, limit: usize, recent: &Recent) -> Result<Vec<Entry>> {
         let entries = Seq::from(self.retired.entries);
         if after >= entries {
             return Ok(Vec::new());
         }
-        let summary = self.summary()?;
+        let summary = self.summary(recent)?;
         let end = entries.min(after.saturating_add(limit as Seq)) as usize;
         let locs = summary.locs.get(after as usize..end).unwrap_or_default();
         read_locs(|no| self.file(no), after + 1, locs)
     }
 
     /// The summary (outside the lock: a file whose segment was deleted
-    /// meanwhile still reads).
-    pub fn summary(&self) -> Result<Summary> {
+    /// meanwhile still reads), from `recent` when a page of the same
+    /// replay read it just before.
+    pub fn summary(&self, recent: &Recent) -> Result<Arc<Summary>> {
+        let place = self.retired.summary;
+        let stream = self.stream;
+        if let Some(summary) = recent.get(stream, place) {
+            return Ok(summary);
+        }
+        let summary = Arc::new(self.read()?);
+        recent.keep(stream, place, &summary);
+        Ok(summary)
+    }
+
+    /// The stream's metadata: from `recent` if a replay keeps its summary,
+    /// else read (and not kept: a listing of many streams must not push out
+    /// the summaries replays are paging through).
+    pub fn meta(&self, recent: &Recent) -> Result<StreamMeta> {
+        match recent.get(self.stream, self.retired.summary) {
+            Some(summary) => Ok(summary.meta.clone()),
+            None => Ok(self.read()?.meta),
+        }
+    }
+
+    fn read(&self) -> Result<Summary> {
         let place = self.retired.summary;
         let file = self
             .file(place.segment)
@@ -139,7 +163,11 @@ impl Inner {
             .segments()
             .filter_map(|no| self.files.get(&no).map(|f| (no, f.clone())))
             .collect();
-        Some(RetiredRead { retired, files })
+        Some(RetiredRead {
+            stream: *id,
+            retired,
+            files,
+        })
     }
 
     /// A retired stream's summary, read under the lock (a change to it).

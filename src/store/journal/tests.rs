@@ -676,3 +676,33 @@ async fn a_failed_sync_outside_the_group_commit_stops_the_journal_too() {
     assert!(disk.store.flush_failed());
     assert!(matches!(disk.append(2).await, Err(StoreError::Stopped)));
 }
+
+#[tokio::test]
+async fn a_long_retired_stream_read_in_pages_decodes_its_summary_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Journal::open(dir.path(), SyncMode::Never).unwrap();
+    let m = meta(SessionId::random());
+    store.create_stream(&m).await.unwrap();
+    let want: Vec<Bytes> = (0..1000).map(progress).collect();
+    store.append(m.id, &want).await.unwrap();
+    store
+        .set_status(
+            m.id,
+            Finish::new(crate::store::StreamStatus::Completed, None),
+        )
+        .await
+        .unwrap();
+    store.retire_now();
+    assert!(store.is_retired(m.id));
+    let mut got = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.read_after(m.id, after, 256).await.unwrap();
+        let Some(last) = page.last() else { break };
+        assert_eq!(page[0].seq, after + 1);
+        after = last.seq;
+        got.extend(page.into_iter().map(|e| e.message));
+    }
+    assert_eq!(got, want);
+    assert_eq!(store.recent.len(), 1);
+}
