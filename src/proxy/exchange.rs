@@ -32,6 +32,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
+use super::post::Post;
 use super::{present, quota, renew};
 use super::{Rejection, Route};
 use crate::dialect::resume_token::{self, Call};
@@ -44,48 +45,12 @@ use crate::reply::Body;
 use crate::session::Session;
 use crate::store::{now_ms, Prior, StreamKind, StreamMeta};
 use crate::stream::Reader;
-use crate::task::Leg;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Largest upstream error body quoted into a JSON-RPC error entry.
 const QUOTED_BODY: usize = 2048;
-
-/// A client POST that carries requests, checked and classified.
-pub struct Post {
-    pub session: Arc<Session>,
-    /// An `initialize` that minted `session`: it is persisted only once the
-    /// upstream took it.
-    pub opens_session: bool,
-    pub headers: HeaderMap,
-    pub bytes: Bytes,
-    pub message: Message,
-    /// The task this request is a leg of (2025-11-25 tasks): its stream is
-    /// the one the task's record names, and the task answers the client.
-    pub leg: Option<Leg>,
-}
-
-impl Post {
-    /// Whether this may re-send a call of the session under the id of a
-    /// live or retained stream (a client retrying after a cut): the same
-    /// call — same params digest — is then not executed again, the client
-    /// gets the existing stream from its start; other params under that id
-    /// are refused (see [`create`] and [`Prior`]). A new id is never
-    /// deduplicated; neither is a call carrying a resume token (its dialect,
-    /// or the upstream in passthrough, continues it), an `initialize` that
-    /// opens its session, or a task's leg.
-    fn may_repeat(&self) -> bool {
-        let Message::Single(envelope) = &self.message else {
-            return false;
-        };
-        !self.opens_session
-            && self.leg.is_none()
-            && envelope.is_request()
-            && envelope.id.is_some()
-            && jsonrpc::resume_token(&self.bytes).is_none()
-    }
-}
 
 /// The upstream side of a session.
 pub enum Target<'a> {
@@ -174,16 +139,12 @@ async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
     let started = Instant::now();
     let session = &post.session;
     let log = &route.shared.log;
-    let single_id = match &post.message {
-        Message::Single(_) => post.message.request_ids().into_iter().next(),
-        Message::Batch(_) => None,
-    };
     let admitted = quota::admit(
         &route.shared.config.limits,
         &route.shared.sessions,
         log.store().as_ref(),
         session,
-        single_id,
+        post.single_id(),
     );
     let negotiated = Negotiated::of(session);
     let mut meta = StreamMeta::new(

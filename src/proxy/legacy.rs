@@ -14,7 +14,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use super::exchange::{self, Post, Target};
+use super::exchange::{self, Target};
+use super::post::Post;
 use super::present::{self, Showing};
 use super::{read_body, rebind, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
