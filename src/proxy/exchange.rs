@@ -1,14 +1,10 @@
 //! Exchanges: how a client POST carrying requests reaches the upstream and
 //! how its answer gets into the log, for each kind of upstream.
 //!
-//! Every exchange first opens the request's stream with the first entries
-//! the session's dialects author (the resume policy, `stream/create`),
-//! written with the stream, in one step, before the request goes upstream,
-//! and shown once a flush covers them: the answer's, for a call answered
-//! within a few milliseconds, or else one of their own. (They used to be
-//! flushed before the request went upstream: a second flush per call for a
-//! client that negotiated dialects; and then written on their own: a second
-//! write, and a second Redis round trip.)
+//! Every exchange first opens the request's stream ([`opening`]), before
+//! the request goes upstream.
+//!
+//! [`opening`]: super::opening
 //!
 //! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
 //! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
@@ -32,18 +28,15 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
+use super::opening::{self, Opened, RequestStream};
 use super::post::Post;
-use super::{present, quota, renew};
+use super::{present, renew};
 use super::{Rejection, Route};
-use crate::dialect::resume_token::{self, Call};
-use crate::dialect::Negotiated;
 use crate::headers::{self, SESSION_ID};
-use crate::id::StreamId;
-use crate::jsonrpc::{self, Body as Message};
 use crate::relay::Relay;
 use crate::reply::Body;
 use crate::session::Session;
-use crate::store::{now_ms, Prior, StreamKind, StreamMeta};
+use crate::store::StreamMeta;
 use crate::stream::Reader;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 use crate::upstream::stdio::Child;
@@ -82,7 +75,11 @@ pub async fn run(
 
 /// Answers the client from `stream`, persisting a session the POST opened
 /// first, so the session exists before the client learns its id.
-async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<Body>, Rejection> {
+async fn answer(
+    route: &Route,
+    post: &Post,
+    opened: RequestStream,
+) -> Result<Response<Body>, Rejection> {
     if post.opens_session {
         route.shared.sessions.persist(&post.session).await?;
     }
@@ -90,155 +87,24 @@ async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<B
         .answer(
             &post.session,
             &post.headers,
-            &opened.stream,
+            &opened.meta,
             opened.call,
             opened.reader,
         )
         .await
 }
 
-/// How a POST's stream opened.
-// Returned once per call and taken apart at once: boxing `New` would cost
-// every call an allocation to save stack space on the rare `Repeat`.
-#[allow(clippy::large_enum_variant)]
-enum Opening {
-    New(Opened),
-    /// The call repeats one the session has a stream for: the client gets
-    /// that stream from its start, and nothing goes upstream.
-    Repeat(StreamMeta),
-}
-
-/// Answers a call the client re-sent from its prior stream, from the start.
-async fn answer_again(
-    route: &Route,
-    post: &Post,
-    prior: &StreamMeta,
-) -> Result<Response<Body>, Rejection> {
-    route
-        .answer_again(&post.session, &post.headers, prior)
-        .await
-}
-
-/// A request stream, opened.
-struct Opened {
-    /// Shared with the exchange's relay: one copy of the meta per call.
-    stream: Arc<StreamMeta>,
-    /// How a tool call that gets resume tokens is answered.
-    call: Option<Call>,
-    /// The answer's reader, attached when the stream opened: a resume the
-    /// client sends while this request still waits on the upstream attaches
-    /// later and takes the stream over, never the other way round.
-    reader: Reader,
-}
-
-/// Opens the request stream of a POST: armed for abandonment and opened
-/// with the entries the session's dialects author (written now, shown once
-/// durable); its requests and progress tokens tracked. A call the session
-/// has a stream for already opens nothing ([`Opening::Repeat`]).
-async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
-    let started = Instant::now();
-    let session = &post.session;
-    let log = &route.shared.log;
-    let admitted = quota::admit(
-        &route.shared.config.limits,
-        &route.shared.sessions,
-        log.store().as_ref(),
-        session,
-        post.single_id(),
-    );
-    let negotiated = Negotiated::of(session);
-    let mut meta = StreamMeta::new(
-        post.leg.map_or_else(StreamId::random, |leg| leg.stream),
-        session.id,
-        StreamKind::Request,
-        post.message.request_ids(),
-        post.message.single_method().map(str::to_owned),
-        now_ms(),
-    );
-    let cx = route.context(session);
-    meta.task = post.leg.map(|leg| leg.task);
-    // A leg is answered by its task, never with resume tokens.
-    let tool = (post.leg.is_none()
-        && resume_token::possible(&cx.config.resume_tokens, &negotiated))
-    .then(|| resume_token::tool_name(&post.bytes))
-    .flatten();
-    let tokens = resume_token::applies(&cx.config.resume_tokens, &negotiated, tool.as_deref());
-    negotiated.arm(&mut meta, cx.config, tokens);
-    if matches!(post.message, Message::Single(_)) {
-        meta.params_digest = jsonrpc::params_digest(&post.bytes);
-    }
-    meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    // Written with the stream, shown once durable like every entry; the
-    // request does not wait for their flush (see the module docs).
-    let opening = negotiated.opening(&cx, &meta);
-    // Attached before the stream is created with its opening entries: the
-    // log hands what it writes only to a reader already attached, and one
-    // attached after would read them back from the store (two `pread`s per
-    // dialect call). A call that opens nothing drops it again.
-    let reader = log.attach(meta.id, 0);
-    if let Some(prior) = create(route, &meta, &opening, post.may_repeat(), admitted).await? {
-        return Ok(Opening::Repeat(prior));
-    }
-    let call = Call::start(&cx, &meta, tool.as_deref(), started);
-    session.track(&meta);
-    session.remember_headers(&post.headers);
-    Ok(Opening::New(Opened {
-        stream: Arc::new(meta),
-        call,
-        reader,
-    }))
-}
-
-/// Creates the stream of an admitted POST, with the entries the session's
-/// dialects open it with. A call the client may be
-/// re-sending finds its prior stream instead, which it returns: the same
-/// call is not executed twice, even at the quota (it opens nothing), and
-/// another call under its id is refused. Found through the log, so it
-/// holds after a restart.
-async fn create(
-    route: &Route,
-    meta: &StreamMeta,
-    opening: &[Bytes],
-    may_repeat: bool,
-    admitted: Result<(), Rejection>,
-) -> Result<Option<StreamMeta>, Rejection> {
-    let log = &route.shared.log;
-    if !may_repeat {
-        admitted?;
-        log.create(meta, opening).await?;
-        return Ok(None);
-    }
-    let refused = admitted.err();
-    let prior = match refused {
-        None => log.open_call(meta, opening).await?,
-        Some(_) => log.store().prior_call(meta).await?,
-    };
-    let stream = match prior {
-        Some(Prior::Same(stream)) => stream,
-        Some(Prior::Other) => return Err(Rejection::reused_id(meta.call_id().cloned())),
-        None => return refused.map_or(Ok(None), Err),
-    };
-    match (log.meta(stream).await?, refused) {
-        (Some(prior), _) => {
-            tracing::debug!(%stream, "re-sent call attached to its stream");
-            Ok(Some(prior))
-        }
-        (None, Some(refused)) => Err(refused),
-        // Gone since (retention ran out in between): a new call after all.
-        (None, None) => {
-            log.create(meta, opening).await?;
-            Ok(None)
-        }
-    }
-}
-
 /// Sends a POST to a stdio child and answers from the log.
 async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
-    let opened = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened,
-        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
+    let opened = match opening::open(route, &post).await? {
+        Opened::New(opened) => opened,
+        Opened::Repeat(prior) => {
+            return route
+                .answer_again(&post.session, &post.headers, &prior)
+                .await
+        }
     };
-    write_to_child(route, child, &post, &opened.stream).await?;
+    write_to_child(route, child, &post, &opened.meta).await?;
     answer(route, &post, opened).await
 }
 
@@ -273,10 +139,10 @@ pub async fn start_leg(
     target: Target<'_>,
     post: Post,
 ) -> Result<StreamMeta, Rejection> {
-    let stream = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened.stream,
+    let stream = match opening::open(route, &post).await? {
+        Opened::New(opened) => opened.meta,
         // Never: a leg's stream is the task's, not a call the client re-sends.
-        Opening::Repeat(prior) => return Ok(prior),
+        Opened::Repeat(prior) => return Ok(prior),
     };
     match target {
         Target::Http(up) => {
@@ -350,9 +216,13 @@ async fn http(
     post: Post,
 ) -> Result<Response<Body>, Rejection> {
     let (session, opens_session) = (&post.session, post.opens_session);
-    let opened = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened,
-        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
+    let opened = match opening::open(route, &post).await? {
+        Opened::New(opened) => opened,
+        Opened::Repeat(prior) => {
+            return route
+                .answer_again(&post.session, &post.headers, &prior)
+                .await
+        }
     };
     let orphaned = Arc::new(AtomicBool::new(false));
     let mut inline = Inline {
@@ -361,7 +231,7 @@ async fn http(
                 route,
                 upstream,
                 session.clone(),
-                opened.stream.clone(),
+                opened.meta.clone(),
                 post.headers.clone(),
             ),
             opens_session,
@@ -385,14 +255,14 @@ async fn http(
     };
     match outcome {
         Some(Outcome::Refused(res)) => {
-            forget(route, session, opens_session, &opened.stream).await;
+            forget(route, session, opens_session, &opened.meta).await;
             Ok(present::pass_through(
                 res,
                 (!opens_session).then_some(session.id),
             ))
         }
         Some(Outcome::Unreachable(e)) => {
-            forget(route, session, opens_session, &opened.stream).await;
+            forget(route, session, opens_session, &opened.meta).await;
             Err(e.into())
         }
         // Persisting here is idempotent with the exchange's update and

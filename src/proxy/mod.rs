@@ -7,6 +7,7 @@
 mod exchange;
 pub mod legacy;
 pub mod modern;
+mod opening;
 mod post;
 mod present;
 mod quota;
