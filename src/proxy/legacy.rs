@@ -14,9 +14,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use super::exchange::{self, Target};
+use super::exchange;
 use super::post::Post;
 use super::present::{self, Showing};
+use super::send::Target;
 use super::{read_body, rebind, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::headers::{self, SESSION_ID};
@@ -353,8 +354,7 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
         },
         None => {
             let target = Target::of(route, &session).ok_or_else(Rejection::session_not_found)?;
-            let reader = match exchange::standalone(route, &target, &session, &parts.headers).await
-            {
+            let reader = match target.standalone(route, &session, &parts.headers).await {
                 Ok(reader) => reader,
                 Err(refused) => return Ok(*refused),
             };

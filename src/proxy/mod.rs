@@ -14,6 +14,7 @@ mod quota;
 mod rebind;
 mod rejection;
 mod renew;
+mod send;
 pub mod tasks;
 
 use std::sync::Arc;
@@ -189,7 +190,7 @@ impl Route {
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
         let stream = Arc::new(stream.clone());
-        let relay = exchange::relay(self, upstream, session, stream, HeaderMap::new());
+        let relay = send::relay(self, upstream, session, stream, HeaderMap::new());
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }
