@@ -295,19 +295,7 @@ async fn notify(
             cancelled(route, target, session, &id).await;
         }
     }
-    match target {
-        Target::Http(up) => {
-            let upstream_session = session.upstream_session();
-            let res = up
-                .send(Method::POST, headers, bytes, upstream_session.as_deref())
-                .await?;
-            Ok(present::pass_through(res, Some(session.id)))
-        }
-        Target::Stdio(child) => {
-            child.write(&bytes).await?;
-            Ok(present::accepted(session.id))
-        }
-    }
+    target.notify(session, headers, bytes).await
 }
 
 /// Marks the stream of a request the client cancelled — found through the
@@ -324,9 +312,7 @@ async fn cancelled(route: &Route, target: &Target<'_>, session: &Session, id: &R
             .flatten(),
     };
     let Some(stream) = stream else { return };
-    if let Target::Stdio(child) = target {
-        child.forget(stream);
-    }
+    target.forget(stream);
     let live = matches!(log.meta(stream).await, Ok(Some(m)) if m.status.is_live());
     if live {
         if let Err(e) = log.finish(stream, StreamStatus::Cancelled).await {

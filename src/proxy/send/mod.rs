@@ -1,10 +1,11 @@
 //! The upstream side of a session, as the request path sees it: one
-//! [`Target::send`] for a request whose stream is open, and the session's
+//! [`Target::send`] for a request whose stream is open, one
+//! [`Target::notify`] for what opens no stream, and the session's
 //! standalone stream. Everything that differs between an HTTP upstream and
 //! a stdio child is decided here and in [`http`] — the inline wait, the
 //! timeout and the detach for HTTP; the write to the child's stdin — so the
-//! pipeline never asks which one it has. It must not open, deduplicate or present a
-//! request stream: it is handed one open.
+//! pipeline never asks which one it has. It must not open, deduplicate or
+//! present a request stream: it is handed one open.
 //!
 //! stdio: the stream is registered with the child's demultiplexer and the
 //! message written to its stdin; the answer comes into the log through the
@@ -16,12 +17,14 @@ mod http;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ::http::{HeaderMap, Response};
+use ::http::{HeaderMap, Method, Response};
+use bytes::Bytes;
 use hyper::body::Incoming;
 
 pub(super) use self::http::relay;
 use super::post::Post;
-use super::{Rejection, Route};
+use super::{present, Rejection, Route};
+use crate::id::StreamId;
 use crate::reply::Body;
 use crate::session::Session;
 use crate::store::StreamMeta;
@@ -81,6 +84,37 @@ impl<'a> Target<'a> {
                 write(route, child, post, stream).await?;
                 Ok(Sent::Logged)
             }
+        }
+    }
+
+    /// Forwards notifications and responses, answered with the upstream's
+    /// own status (202 normally).
+    pub async fn notify(
+        &self,
+        session: &Session,
+        headers: &HeaderMap,
+        bytes: Bytes,
+    ) -> Result<Response<Body>, Rejection> {
+        match self {
+            Target::Http(up) => {
+                let upstream_session = session.upstream_session();
+                let res = up
+                    .send(Method::POST, headers, bytes, upstream_session.as_deref())
+                    .await?;
+                Ok(present::pass_through(res, Some(session.id)))
+            }
+            Target::Stdio(child) => {
+                child.write(&bytes).await?;
+                Ok(present::accepted(session.id))
+            }
+        }
+    }
+
+    /// Stops routing the messages of a stream the client cancelled to it:
+    /// only a stdio child routes them (an HTTP answer carries its own).
+    pub fn forget(&self, stream: StreamId) {
+        if let Target::Stdio(child) = self {
+            child.forget(stream);
         }
     }
 
