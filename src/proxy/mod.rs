@@ -13,7 +13,6 @@ mod present;
 mod quota;
 mod rebind;
 mod rejection;
-mod renew;
 mod send;
 pub mod tasks;
 

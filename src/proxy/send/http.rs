@@ -20,14 +20,14 @@ use hyper::body::Incoming;
 use super::{Sent, Waiting};
 use crate::headers::{self, SESSION_ID};
 use crate::proxy::post::Post;
-use crate::proxy::{present, renew, Rejection, Route};
+use crate::proxy::{present, Rejection, Route};
 use crate::relay::Relay;
 use crate::reply::Body;
 use crate::session::Session;
 use crate::store::StreamMeta;
 use crate::stream::{Log, Reader};
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
-use crate::upstream::UpstreamError;
+use crate::upstream::{renew, UpstreamError};
 
 /// Largest upstream error body quoted into a JSON-RPC error entry.
 const QUOTED_BODY: usize = 2048;
