@@ -2,10 +2,10 @@
 //! streams, the standalone GET stream, resumes, DELETE.
 //!
 //! A POST is a pipeline: parse → session → **router** (a negotiated dialect
-//! may claim the message and answer it from the log) → **exchange** (open
-//! the stream, let the dialects author its first entries, go upstream;
-//! `exchange.rs`) → **present** (the client is answered from the log;
-//! `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
+//! may claim the message and answer it from the log) → **exchange**
+//! (`exchange.rs`: open the stream, with the first entries the dialects
+//! author, `opening.rs` → send it to the target, `send/` → **present**, the
+//! client answered from the log, `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
 //! response in one place.
 
 use std::sync::Arc;
