@@ -189,7 +189,7 @@ impl Route {
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
         let stream = Arc::new(stream.clone());
-        let relay = send::relay(self, upstream, session, stream, HeaderMap::new());
+        let relay = send::http::relay(self, upstream, session, stream, HeaderMap::new());
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }

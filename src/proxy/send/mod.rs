@@ -12,7 +12,7 @@
 //! child's reader, and a child that cannot take the message ends the stream
 //! with an error entry.
 
-mod http;
+pub(super) mod http;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,7 +21,6 @@ use ::http::{HeaderMap, Method, Response};
 use bytes::Bytes;
 use hyper::body::Incoming;
 
-pub(super) use self::http::relay;
 use super::post::Post;
 use super::{present, Rejection, Route};
 use crate::id::StreamId;
