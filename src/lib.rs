@@ -29,13 +29,12 @@
 //!   limits on request heads, the client certificate's principal.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
 //!   roots) and the principal of a client certificate.
-//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (the request
-//!   pipeline: parse → session → dialect router → no double execution →
-//!   exchange → present), its
-//!   exchanges with HTTP and stdio upstreams (renewing an upstream session
-//!   the upstream lost; admitting new streams under the session, principal
-//!   and disk caps), answers from the log, the one error type
-//!   [`proxy::Rejection`], [`proxy::modern`] (stateless pass-through) and
+//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (parse →
+//!   session → dialect router → exchange), the exchange as a pipeline (open
+//!   the stream: admitted under the session, principal and disk caps, no
+//!   double execution, logged with its opening entries → send to the
+//!   target, an HTTP upstream or a stdio child → present the answer from
+//!   the log), the one error type [`proxy::Rejection`], [`proxy::modern`] (stateless pass-through) and
 //!   [`proxy::tasks`] (durable tasks for modern clients of task-unaware
 //!   upstreams: the call that becomes a task, the `tasks/*` methods).
 //! - [`auth`]: who a request speaks for — the principal from a credential
@@ -77,7 +76,8 @@
 //!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
 //!   [`task::legacy`] (the 2025-11-25 experimental tasks').
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
-//!   HTTP) and [`upstream::stdio`] (a child per session, demultiplexed).
+//!   HTTP; [`upstream::renew`] when it forgot a session) and
+//!   [`upstream::stdio`] (a child per session, demultiplexed).
 //! - [`outbound`]: the HTTPS client (connector, one-line errors) that
 //!   upstreams and authorization servers are reached with.
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its

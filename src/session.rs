@@ -121,7 +121,7 @@ pub struct Session {
     /// Orders writes of the record, so an older snapshot never overwrites a
     /// newer one in the store.
     write: tokio::sync::Mutex<()>,
-    /// Held while the upstream session is renewed (see `proxy::renew`).
+    /// Held while the upstream session is renewed (see `upstream::renew`).
     renewing: tokio::sync::Mutex<()>,
     /// The request streams tracked now (the per-session cap counts them).
     streams: Table<StreamId, (), ById>,

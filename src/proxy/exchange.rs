@@ -1,123 +1,84 @@
-//! Exchanges: how a client POST carrying requests reaches the upstream and
-//! how its answer gets into the log, for each kind of upstream.
+//! The exchange of a client POST that carries requests — the request path's
+//! pipeline once the session is settled: open the stream (admitted,
+//! deduplicated, written with its opening entries; [`opening`]) → send to the
+//! target (an HTTP upstream, a stdio child; [`Target::send`]) → present the
+//! answer from the log (`present.rs`). Owns the order of the steps and what
+//! a refused exchange leaves behind; it must not know which kind of upstream
+//! it talks to, nor how a stream is admitted or shown.
 //!
-//! Every exchange first opens the request's stream with the first entries
-//! the session's dialects author (the resume policy, `stream/create`),
-//! written with the stream, in one step, before the request goes upstream,
-//! and shown once a flush covers them: the answer's, for a call answered
-//! within a few milliseconds, or else one of their own. (They used to be
-//! flushed before the request went upstream: a second flush per call for a
-//! client that negotiated dialects; and then written on their own: a second
-//! write, and a second Redis round trip.)
-//!
-//! HTTP: the handler itself forwards the POST and, for a JSON answer, logs it
-//! — for up to `answer_wait_ms`; an SSE answer is relayed into the log by a
-//! task of its own. A head that carries messages means the client gets the
-//! stream as SSE from the log; any other status passes through unchanged
-//! (clients detect protocol eras from 4xx bodies). An exchange not done by
-//! then (or whose client left) continues in a task of its own, the client
-//! gets the SSE stream anyway — so it holds an event id to resume with — and
-//! a late refusal becomes a JSON-RPC error entry.
-//!
-//! stdio: the stream is registered with the child's demultiplexer, the
-//! message written to its stdin, and the client answered from the log.
+//! [`opening`]: super::opening
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, Response};
-use hyper::body::Incoming;
+use http::Response;
 
-use super::{present, quota, renew};
-use super::{Rejection, Route};
-use crate::dialect::resume_token::{self, Call};
-use crate::dialect::Negotiated;
-use crate::headers::{self, SESSION_ID};
-use crate::id::StreamId;
-use crate::jsonrpc::{self, Body as Message};
-use crate::relay::Relay;
+use super::opening::{self, Opened, RequestStream};
+use super::post::Post;
+use super::send::{Sent, Target, Waiting};
+use super::{present, Rejection, Route};
+use crate::dialect::resume_token::Call;
 use crate::reply::Body;
-use crate::session::Session;
-use crate::store::{now_ms, Prior, StreamKind, StreamMeta};
-use crate::stream::Reader;
-use crate::task::Leg;
-use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
-use crate::upstream::stdio::Child;
-use crate::upstream::{Upstream, UpstreamError};
+use crate::store::StreamMeta;
 
-/// Largest upstream error body quoted into a JSON-RPC error entry.
-const QUOTED_BODY: usize = 2048;
-
-/// A client POST that carries requests, checked and classified.
-pub struct Post {
-    pub session: Arc<Session>,
-    /// An `initialize` that minted `session`: it is persisted only once the
-    /// upstream took it.
-    pub opens_session: bool,
-    pub headers: HeaderMap,
-    pub bytes: Bytes,
-    pub message: Message,
-    /// The task this request is a leg of (2025-11-25 tasks): its stream is
-    /// the one the task's record names, and the task answers the client.
-    pub leg: Option<Leg>,
-}
-
-impl Post {
-    /// Whether this may re-send a call of the session under the id of a
-    /// live or retained stream (a client retrying after a cut): the same
-    /// call — same params digest — is then not executed again, the client
-    /// gets the existing stream from its start; other params under that id
-    /// are refused (see [`create`] and [`Prior`]). A new id is never
-    /// deduplicated; neither is a call carrying a resume token (its dialect,
-    /// or the upstream in passthrough, continues it), an `initialize` that
-    /// opens its session, or a task's leg.
-    fn may_repeat(&self) -> bool {
-        let Message::Single(envelope) = &self.message else {
-            return false;
-        };
-        !self.opens_session
-            && self.leg.is_none()
-            && envelope.is_request()
-            && envelope.id.is_some()
-            && jsonrpc::resume_token(&self.bytes).is_none()
-    }
-}
-
-/// The upstream side of a session.
-pub enum Target<'a> {
-    Http(&'a Arc<HttpUpstream>),
-    Stdio(Arc<Child>),
-}
-
-impl<'a> Target<'a> {
-    /// A stdio session whose child is gone is gone too.
-    pub fn of(route: &'a Route, session: &Session) -> Option<Target<'a>> {
-        match &route.upstream {
-            Upstream::Http(up) => Some(Target::Http(up)),
-            Upstream::Stdio(stdio) => stdio.child(session.id).map(Target::Stdio),
-        }
-    }
-}
-
-/// Exchanges a POST carrying requests with the session's upstream.
+/// Exchanges a POST carrying requests with the session's upstream, and
+/// answers the client from the request's stream.
 pub async fn run(
     route: &Route,
     target: Target<'_>,
     post: Post,
 ) -> Result<Response<Body>, Rejection> {
-    match target {
-        Target::Http(up) => http(route, up, post).await,
-        Target::Stdio(child) => stdio(route, &child, post).await,
+    let stream = match opening::open(route, &post).await? {
+        Opened::New(stream) => stream,
+        Opened::Repeat(prior) => {
+            return route
+                .answer_again(&post.session, &post.headers, &prior)
+                .await
+        }
+    };
+    let waiting = Waiting::Client {
+        deadline: stream.call.as_ref().map(Call::deadline),
+    };
+    match target.send(route, &post, &stream.meta, waiting).await? {
+        Sent::Logged => answer(route, &post, stream).await,
+        Sent::Refused(res) => {
+            withdraw(route, &post, &stream.meta).await;
+            let session = (!post.opens_session).then_some(post.session.id);
+            Ok(present::pass_through(res, session))
+        }
+        Sent::Unreachable(e) => {
+            withdraw(route, &post, &stream.meta).await;
+            Err(e.into())
+        }
     }
 }
 
-/// Answers the client from `stream`, persisting a session the POST opened
-/// first, so the session exists before the client learns its id.
-async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<Body>, Rejection> {
+/// Starts a task's leg: its stream opened (durable, and named by its task
+/// already) and its request on its way upstream, in an exchange nobody
+/// waits for — the task answers the client.
+pub async fn start_leg(
+    route: &Route,
+    target: Target<'_>,
+    post: Post,
+) -> Result<StreamMeta, Rejection> {
+    let stream = match opening::open(route, &post).await? {
+        Opened::New(stream) => stream.meta,
+        // Never: a leg's stream is the task's, not a call the client re-sends.
+        Opened::Repeat(prior) => return Ok(prior),
+    };
+    // Nobody waits: whatever the upstream says ends up in the leg's stream.
+    target.send(route, &post, &stream, Waiting::Nobody).await?;
+    Ok(Arc::unwrap_or_clone(stream))
+}
+
+/// Answers the client from its stream, persisting a session the POST opened
+/// first, so the session exists before the client learns its id. Persisting
+/// here is idempotent with the exchange's update and covers a head that
+/// came late.
+async fn answer(
+    route: &Route,
+    post: &Post,
+    stream: RequestStream,
+) -> Result<Response<Body>, Rejection> {
     if post.opens_session {
         route.shared.sessions.persist(&post.session).await?;
     }
@@ -125,508 +86,22 @@ async fn answer(route: &Route, post: &Post, opened: Opened) -> Result<Response<B
         .answer(
             &post.session,
             &post.headers,
-            &opened.stream,
-            opened.call,
-            opened.reader,
+            &stream.meta,
+            stream.call,
+            stream.reader,
         )
         .await
 }
 
-/// How a POST's stream opened.
-// Returned once per call and taken apart at once: boxing `New` would cost
-// every call an allocation to save stack space on the rare `Repeat`.
-#[allow(clippy::large_enum_variant)]
-enum Opening {
-    New(Opened),
-    /// The call repeats one the session has a stream for: the client gets
-    /// that stream from its start, and nothing goes upstream.
-    Repeat(StreamMeta),
-}
-
-/// Answers a call the client re-sent from its prior stream, from the start.
-async fn answer_again(
-    route: &Route,
-    post: &Post,
-    prior: &StreamMeta,
-) -> Result<Response<Body>, Rejection> {
-    route
-        .answer_again(&post.session, &post.headers, prior)
-        .await
-}
-
-/// A request stream, opened.
-struct Opened {
-    /// Shared with the exchange's relay: one copy of the meta per call.
-    stream: Arc<StreamMeta>,
-    /// How a tool call that gets resume tokens is answered.
-    call: Option<Call>,
-    /// The answer's reader, attached when the stream opened: a resume the
-    /// client sends while this request still waits on the upstream attaches
-    /// later and takes the stream over, never the other way round.
-    reader: Reader,
-}
-
-/// Opens the request stream of a POST: armed for abandonment and opened
-/// with the entries the session's dialects author (written now, shown once
-/// durable); its requests and progress tokens tracked. A call the session
-/// has a stream for already opens nothing ([`Opening::Repeat`]).
-async fn open_stream(route: &Route, post: &Post) -> Result<Opening, Rejection> {
-    let started = Instant::now();
+/// Removes what an exchange created when its upstream refused it: the
+/// client is told, so nothing may remain to resume.
+async fn withdraw(route: &Route, post: &Post, stream: &StreamMeta) {
     let session = &post.session;
-    let log = &route.shared.log;
-    let single_id = match &post.message {
-        Message::Single(_) => post.message.request_ids().into_iter().next(),
-        Message::Batch(_) => None,
-    };
-    let admitted = quota::admit(
-        &route.shared.config.limits,
-        &route.shared.sessions,
-        log.store().as_ref(),
-        session,
-        single_id,
-    );
-    let negotiated = Negotiated::of(session);
-    let mut meta = StreamMeta::new(
-        post.leg.map_or_else(StreamId::random, |leg| leg.stream),
-        session.id,
-        StreamKind::Request,
-        post.message.request_ids(),
-        post.message.single_method().map(str::to_owned),
-        now_ms(),
-    );
-    let cx = route.context(session);
-    meta.task = post.leg.map(|leg| leg.task);
-    // A leg is answered by its task, never with resume tokens.
-    let tool = (post.leg.is_none()
-        && resume_token::possible(&cx.config.resume_tokens, &negotiated))
-    .then(|| resume_token::tool_name(&post.bytes))
-    .flatten();
-    let tokens = resume_token::applies(&cx.config.resume_tokens, &negotiated, tool.as_deref());
-    negotiated.arm(&mut meta, cx.config, tokens);
-    if matches!(post.message, Message::Single(_)) {
-        meta.params_digest = jsonrpc::params_digest(&post.bytes);
-    }
-    meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
-    // Written with the stream, shown once durable like every entry; the
-    // request does not wait for their flush (see the module docs).
-    let opening = negotiated.opening(&cx, &meta);
-    // Attached before the stream is created with its opening entries: the
-    // log hands what it writes only to a reader already attached, and one
-    // attached after would read them back from the store (two `pread`s per
-    // dialect call). A call that opens nothing drops it again.
-    let reader = log.attach(meta.id, 0);
-    if let Some(prior) = create(route, &meta, &opening, post.may_repeat(), admitted).await? {
-        return Ok(Opening::Repeat(prior));
-    }
-    let call = Call::start(&cx, &meta, tool.as_deref(), started);
-    session.track(&meta);
-    session.remember_headers(&post.headers);
-    Ok(Opening::New(Opened {
-        stream: Arc::new(meta),
-        call,
-        reader,
-    }))
-}
-
-/// Creates the stream of an admitted POST, with the entries the session's
-/// dialects open it with. A call the client may be
-/// re-sending finds its prior stream instead, which it returns: the same
-/// call is not executed twice, even at the quota (it opens nothing), and
-/// another call under its id is refused. Found through the log, so it
-/// holds after a restart.
-async fn create(
-    route: &Route,
-    meta: &StreamMeta,
-    opening: &[Bytes],
-    may_repeat: bool,
-    admitted: Result<(), Rejection>,
-) -> Result<Option<StreamMeta>, Rejection> {
-    let log = &route.shared.log;
-    if !may_repeat {
-        admitted?;
-        log.create(meta, opening).await?;
-        return Ok(None);
-    }
-    let refused = admitted.err();
-    let prior = match refused {
-        None => log.open_call(meta, opening).await?,
-        Some(_) => log.store().prior_call(meta).await?,
-    };
-    let stream = match prior {
-        Some(Prior::Same(stream)) => stream,
-        Some(Prior::Other) => return Err(Rejection::reused_id(meta.call_id().cloned())),
-        None => return refused.map_or(Ok(None), Err),
-    };
-    match (log.meta(stream).await?, refused) {
-        (Some(prior), _) => {
-            tracing::debug!(%stream, "re-sent call attached to its stream");
-            Ok(Some(prior))
-        }
-        (None, Some(refused)) => Err(refused),
-        // Gone since (retention ran out in between): a new call after all.
-        (None, None) => {
-            log.create(meta, opening).await?;
-            Ok(None)
-        }
-    }
-}
-
-/// Sends a POST to a stdio child and answers from the log.
-async fn stdio(route: &Route, child: &Child, post: Post) -> Result<Response<Body>, Rejection> {
-    let opened = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened,
-        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
-    };
-    write_to_child(route, child, &post, &opened.stream).await?;
-    answer(route, &post, opened).await
-}
-
-/// Hands a request to a stdio child for `stream`; a child that cannot take
-/// it ends the stream with an error entry.
-async fn write_to_child(
-    route: &Route,
-    child: &Child,
-    post: &Post,
-    stream: &StreamMeta,
-) -> Result<(), Rejection> {
-    child.expect(stream, stream.progress.clone());
-    if let Err(e) = child.write(&post.bytes).await {
-        route.shared.log.metrics().upstream_error(&e);
-        child.forget(stream.id);
-        post.session.release(stream);
-        route
-            .shared
-            .log
-            .fail(stream, &stream.origin_ids, &e.to_string())
-            .await?;
-    }
-    Ok(())
-}
-
-/// Starts a task's leg: its stream opened (durable, and named by its task
-/// already) and its request on its way upstream, in an exchange nobody
-/// waits for — the task answers the client, and a refusal becomes the
-/// leg's error entry, which the task reports as its failure.
-pub async fn start_leg(
-    route: &Route,
-    target: Target<'_>,
-    post: Post,
-) -> Result<StreamMeta, Rejection> {
-    let stream = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened.stream,
-        // Never: a leg's stream is the task's, not a call the client re-sends.
-        Opening::Repeat(prior) => return Ok(prior),
-    };
-    match target {
-        Target::Http(up) => {
-            let relay = relay(
-                route,
-                up,
-                post.session.clone(),
-                stream.clone(),
-                post.headers.clone(),
-            );
-            let orphaned = Arc::new(AtomicBool::new(true));
-            tokio::spawn(exchange(relay, false, post.bytes, orphaned));
-        }
-        Target::Stdio(child) => write_to_child(route, &child, &post, &stream).await?,
-    }
-    Ok(Arc::unwrap_or_clone(stream))
-}
-
-/// How an exchange ended for the handler that drove it.
-enum Outcome {
-    /// The whole answer is in the log (a JSON answer read inline).
-    Logged,
-    /// The answer is an SSE stream, relayed into the log by its own task.
-    Relaying,
-    /// The upstream answered with something to pass through unchanged.
-    Refused(Response<Incoming>),
-    Unreachable(UpstreamError),
-}
-
-/// An exchange the handler polls itself — one task, no hand-offs, for the
-/// common call that completes within `answer_wait_ms` — and that is handed
-/// to a task of its own when the handler stops polling it (the wait ran out,
-/// or the client went away: under the legacy protocols a disconnect is not
-/// cancellation, so the exchange must run to its end either way).
-struct Inline {
-    exchange: Option<Pin<Box<dyn Future<Output = Outcome> + Send>>>,
-    /// Tells the exchange nobody waits for its outcome, so it logs a late
-    /// refusal as an error entry instead of returning it.
-    orphaned: Arc<AtomicBool>,
-}
-
-impl Inline {
-    async fn outcome(&mut self) -> Option<Outcome> {
-        let outcome = self.exchange.as_mut()?.await;
-        self.exchange = None;
-        Some(outcome)
-    }
-
-    fn detach(&mut self) {
-        if let Some(exchange) = self.exchange.take() {
-            self.orphaned.store(true, Ordering::Release);
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(exchange);
-                }
-                Err(_) => tracing::error!("no runtime to finish a detached exchange"),
-            }
-        }
-    }
-}
-
-impl Drop for Inline {
-    fn drop(&mut self) {
-        self.detach();
-    }
-}
-
-async fn http(
-    route: &Route,
-    upstream: &Arc<HttpUpstream>,
-    post: Post,
-) -> Result<Response<Body>, Rejection> {
-    let (session, opens_session) = (&post.session, post.opens_session);
-    let opened = match open_stream(route, &post).await? {
-        Opening::New(opened) => opened,
-        Opening::Repeat(prior) => return answer_again(route, &post, &prior).await,
-    };
-    let orphaned = Arc::new(AtomicBool::new(false));
-    let mut inline = Inline {
-        exchange: Some(Box::pin(exchange(
-            relay(
-                route,
-                upstream,
-                session.clone(),
-                opened.stream.clone(),
-                post.headers.clone(),
-            ),
-            opens_session,
-            post.bytes.clone(),
-            orphaned.clone(),
-        ))),
-        orphaned,
-    };
-    // A call that gets resume tokens is answered by its deadline at the
-    // latest: with its result, or with an interim.
-    let mut wait = Duration::from_millis(upstream.config.answer_wait_ms);
-    if let Some(call) = &opened.call {
-        wait = wait.min(call.deadline().saturating_duration_since(Instant::now()));
-    }
-    let outcome = match tokio::time::timeout(wait, inline.outcome()).await {
-        Ok(outcome) => outcome,
-        Err(_) => {
-            inline.detach();
-            None
-        }
-    };
-    match outcome {
-        Some(Outcome::Refused(res)) => {
-            forget(route, session, opens_session, &opened.stream).await;
-            Ok(present::pass_through(
-                res,
-                (!opens_session).then_some(session.id),
-            ))
-        }
-        Some(Outcome::Unreachable(e)) => {
-            forget(route, session, opens_session, &opened.stream).await;
-            Err(e.into())
-        }
-        // Persisting here is idempotent with the exchange's update and
-        // covers a head that came late.
-        Some(Outcome::Logged | Outcome::Relaying) | None => answer(route, &post, opened).await,
-    }
-}
-
-/// Removes what an exchange created when its upstream refused it.
-async fn forget(route: &Route, session: &Session, opens_session: bool, stream: &StreamMeta) {
     session.release(stream);
     if let Err(e) = route.shared.log.delete(stream.id).await {
         tracing::warn!(stream = %stream.id, error = %e, "cannot delete refused stream");
     }
-    if opens_session {
+    if post.opens_session {
         route.shared.sessions.discard(session.id);
-    }
-}
-
-/// Forwards the POST, learns the upstream's session id, and relays the
-/// answer into the log: inline for a JSON answer (one message, usually
-/// already read with the head), in a task of its own for an SSE stream (the
-/// client must be answered while it runs).
-async fn exchange(
-    relay: Relay,
-    opens_session: bool,
-    bytes: Bytes,
-    orphaned: Arc<AtomicBool>,
-) -> Outcome {
-    let patience = relay
-        .upstream
-        .patience(relay.stream.created_ms, Duration::ZERO);
-    let sending = renew::send(
-        &relay.sessions,
-        &relay.upstream,
-        &relay.session,
-        Method::POST,
-        &relay.client_headers,
-        bytes,
-    );
-    let sent = match within(patience, sending).await {
-        Ok(sent) => sent,
-        Err(why) => {
-            // The upstream may be working on it: tell it to stop.
-            relay.cancel_upstream(why).await;
-            Err(UpstreamError::TimedOut(why))
-        }
-    };
-    relay.log.metrics().upstream_answer(&sent);
-    let res = match sent {
-        Ok(res) if carries_messages(&res) => res,
-        Ok(res) if orphaned.load(Ordering::Acquire) => {
-            // The client was already answered with the stream.
-            let why = refusal_text(res).await;
-            fail(&relay, &why).await;
-            return Outcome::Relaying;
-        }
-        Ok(res) => return Outcome::Refused(res),
-        Err(e) if orphaned.load(Ordering::Acquire) => {
-            fail(&relay, &e.to_string()).await;
-            return Outcome::Relaying;
-        }
-        Err(e) => return Outcome::Unreachable(e),
-    };
-    if opens_session {
-        let upstream_id = headers::get_str(res.headers(), &SESSION_ID).map(str::to_owned);
-        let update = relay
-            .sessions
-            .update(&relay.session, |r| r.upstream_session = upstream_id);
-        if let Err(e) = update.await {
-            tracing::error!(session = %relay.session.id, error = %e, "cannot persist session");
-        }
-    }
-    let messages = Messages::new(res);
-    if messages.is_sse() {
-        tokio::spawn(relay.run(messages));
-        Outcome::Relaying
-    } else {
-        relay.run(messages).await;
-        Outcome::Logged
-    }
-}
-
-async fn refusal_text(res: Response<Incoming>) -> String {
-    use http_body_util::BodyExt;
-    let status = res.status();
-    let body = http_body_util::Limited::new(res.into_body(), QUOTED_BODY)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
-    format!(
-        "upstream answered HTTP {status}: {}",
-        String::from_utf8_lossy(&body)
-    )
-}
-
-async fn fail(relay: &Relay, why: &str) {
-    let stream = &relay.stream;
-    if let Err(e) = relay.log.fail(stream, &stream.origin_ids, why).await {
-        tracing::error!(stream = %stream.id, error = %e, "cannot finish stream");
-    }
-    relay.session.release(&relay.stream);
-}
-
-/// Attaches to the session's standalone stream: for HTTP, opening it
-/// upstream first when none is being relayed; an upstream refusal is
-/// returned as the response to pass through.
-pub async fn standalone(
-    route: &Route,
-    target: &Target<'_>,
-    session: &Arc<Session>,
-    headers: &HeaderMap,
-) -> Result<Reader, Box<Response<Body>>> {
-    let log = &route.shared.log;
-    match target {
-        Target::Http(up) => http_standalone(route, up, session, headers).await,
-        Target::Stdio(child) => {
-            // The child's standalone stream exists from its start; the
-            // first GET gets everything it said before anyone listened.
-            let stream = child.standalone.id;
-            let after = if child.first_standalone_attach() {
-                0
-            } else {
-                log.end(stream).await
-            };
-            Ok(log.attach(stream, after))
-        }
-    }
-}
-
-async fn http_standalone(
-    route: &Route,
-    upstream: &Arc<HttpUpstream>,
-    session: &Arc<Session>,
-    headers: &HeaderMap,
-) -> Result<Reader, Box<Response<Body>>> {
-    let refused = |r: Rejection| Box::new(r.into_response());
-    let log = &route.shared.log;
-    if let Some(stream) = session.standalone() {
-        if let Ok(Some(meta)) = log.meta(stream).await {
-            if meta.status.is_live() {
-                // A client opening a fresh GET wants what comes next.
-                return Ok(log.attach(stream, log.end(stream).await));
-            }
-        }
-    }
-    let sessions = &route.shared.sessions;
-    let res = renew::send(
-        sessions,
-        upstream,
-        session,
-        Method::GET,
-        headers,
-        Bytes::new(),
-    )
-    .await
-    .map_err(|e| {
-        log.metrics().upstream_error(&e);
-        refused(e.into())
-    })?;
-    if !carries_messages(&res) {
-        return Err(Box::new(present::pass_through(res, Some(session.id))));
-    }
-    let stream = log
-        .open(StreamMeta::standalone(session.id))
-        .await
-        .map_err(|e| refused(e.into()))?;
-    session.set_standalone(Some(stream.id));
-    let reader = log.attach(stream.id, 0);
-    let relay = relay(
-        route,
-        upstream,
-        session.clone(),
-        Arc::new(stream),
-        headers.clone(),
-    );
-    tokio::spawn(relay.run(Messages::new(res)));
-    Ok(reader)
-}
-
-pub(super) fn relay(
-    route: &Route,
-    upstream: &Arc<HttpUpstream>,
-    session: Arc<Session>,
-    stream: Arc<StreamMeta>,
-    client_headers: HeaderMap,
-) -> Relay {
-    Relay {
-        log: route.shared.log.clone(),
-        sessions: route.shared.sessions.clone(),
-        upstream: upstream.clone(),
-        session,
-        stream,
-        client_headers,
-        limits: route.shared.config.limits.clone(),
     }
 }

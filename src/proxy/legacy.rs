@@ -2,10 +2,10 @@
 //! streams, the standalone GET stream, resumes, DELETE.
 //!
 //! A POST is a pipeline: parse → session → **router** (a negotiated dialect
-//! may claim the message and answer it from the log) → **exchange** (open
-//! the stream, let the dialects author its first entries, go upstream;
-//! `exchange.rs`) → **present** (the client is answered from the log;
-//! `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
+//! may claim the message and answer it from the log) → **exchange**
+//! (`exchange.rs`: open the stream, with the first entries the dialects
+//! author, `opening.rs` → send it to the target, `send/` → **present**, the
+//! client answered from the log, `present.rs`). Every step returns a [`Rejection`] on failure, mapped to a
 //! response in one place.
 
 use std::sync::Arc;
@@ -14,8 +14,10 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use hyper::body::Incoming;
 
-use super::exchange::{self, Post, Target};
+use super::exchange;
+use super::post::Post;
 use super::present::{self, Showing};
+use super::send::Target;
 use super::{read_body, rebind, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::headers::{self, SESSION_ID};
@@ -293,19 +295,7 @@ async fn notify(
             cancelled(route, target, session, &id).await;
         }
     }
-    match target {
-        Target::Http(up) => {
-            let upstream_session = session.upstream_session();
-            let res = up
-                .send(Method::POST, headers, bytes, upstream_session.as_deref())
-                .await?;
-            Ok(present::pass_through(res, Some(session.id)))
-        }
-        Target::Stdio(child) => {
-            child.write(&bytes).await?;
-            Ok(present::accepted(session.id))
-        }
-    }
+    target.notify(session, headers, bytes).await
 }
 
 /// Marks the stream of a request the client cancelled — found through the
@@ -322,9 +312,7 @@ async fn cancelled(route: &Route, target: &Target<'_>, session: &Session, id: &R
             .flatten(),
     };
     let Some(stream) = stream else { return };
-    if let Target::Stdio(child) = target {
-        child.forget(stream);
-    }
+    target.forget(stream);
     let live = matches!(log.meta(stream).await, Ok(Some(m)) if m.status.is_live());
     if live {
         if let Err(e) = log.finish(stream, StreamStatus::Cancelled).await {
@@ -352,8 +340,7 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
         },
         None => {
             let target = Target::of(route, &session).ok_or_else(Rejection::session_not_found)?;
-            let reader = match exchange::standalone(route, &target, &session, &parts.headers).await
-            {
+            let reader = match target.standalone(route, &session, &parts.headers).await {
                 Ok(reader) => reader,
                 Err(refused) => return Ok(*refused),
             };

@@ -7,11 +7,13 @@
 mod exchange;
 pub mod legacy;
 pub mod modern;
+mod opening;
+mod post;
 mod present;
 mod quota;
 mod rebind;
 mod rejection;
-mod renew;
+mod send;
 pub mod tasks;
 
 use std::sync::Arc;
@@ -187,7 +189,7 @@ impl Route {
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
         let stream = Arc::new(stream.clone());
-        let relay = exchange::relay(self, upstream, session, stream, HeaderMap::new());
+        let relay = send::http::relay(self, upstream, session, stream, HeaderMap::new());
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }

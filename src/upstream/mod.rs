@@ -1,6 +1,7 @@
 //! Upstreams: the MCP servers behind the proxy — Streamable HTTP endpoints
-//! (`http.rs`) and stdio programs (`stdio.rs`, one child per session). Both
-//! yield upstream messages as the raw bytes the server wrote.
+//! (`http.rs`, and `renew.rs` for one that forgot a session) and stdio
+//! programs (`stdio.rs`, one child per session). Both yield upstream
+//! messages as the raw bytes the server wrote.
 //!
 //! HTTP upstream code sends and decodes and never touches the log (the relay
 //! does); a stdio child has a single output pipe for every request, so its
@@ -11,6 +12,7 @@
 //! above (`dialect`) and handed down to a stdio child as a function.
 
 pub mod http;
+pub mod renew;
 pub mod stdio;
 
 use std::sync::Arc;

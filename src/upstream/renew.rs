@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Response, StatusCode};
 use hyper::body::Incoming;
 
+use super::http::HttpUpstream;
+use super::UpstreamError;
 use crate::session::{Session, Sessions};
-use crate::upstream::http::HttpUpstream;
-use crate::upstream::UpstreamError;
 
 /// Sends a request on the session's upstream session; when the upstream says
 /// it does not know that session, renews it and sends once more.
