@@ -15,9 +15,10 @@
 
 use bytes::Bytes;
 
+use super::entries::{encode_entries, locate, read_locs};
 use super::holdings::Object;
 use super::segment::SegmentNo;
-use super::{encode_entries, io, locate, read_locs, record, Inner, Journal};
+use super::{io, record, Inner, Journal};
 use crate::id::{Seq, StreamId};
 use crate::store::Result;
 

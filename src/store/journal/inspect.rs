@@ -157,7 +157,7 @@ impl JournalView {
         };
         let start = locs.len().saturating_sub(n);
         let file_of = |no| self.files.get(&no).cloned();
-        super::read_locs(file_of, start as Seq + 1, &locs[start..])
+        super::entries::read_locs(file_of, start as Seq + 1, &locs[start..])
     }
 }
 

@@ -14,71 +14,22 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use bytes::BytesMut;
 
+use super::entries::read_locs;
 use super::recent::Recent;
 use super::retired::{Place, Retired};
 use super::segment::SegmentNo;
 use super::summary::Summary;
-use super::{io, lock, read_locs, record, Inner, Journal};
+use super::{io, record, Inner, Journal};
 use crate::id::{Seq, StreamId};
 use crate::store::{Entry, Result, StoreError, StreamMeta};
 
 /// Streams retired by one write at most: a burst of finishes is retired
 /// over the next few writes rather than holding one up.
 const RETIRE_BATCH: usize = 512;
-
-/// How often releases past the bound are logged while they go on.
-const SAY_EVERY: Duration = Duration::from_secs(60);
-
-/// The bound on retained streams and what it released.
-pub struct Bound {
-    max: AtomicUsize,
-    released: AtomicU64,
-    /// Released since the last log line, and when that was.
-    said: Mutex<(u64, Option<Instant>)>,
-}
-
-impl Default for Bound {
-    fn default() -> Self {
-        Self {
-            max: AtomicUsize::new(usize::MAX),
-            released: AtomicU64::new(0),
-            said: Mutex::new((0, None)),
-        }
-    }
-}
-
-impl Bound {
-    pub fn set(&self, max: usize) {
-        self.max.store(max, Ordering::Relaxed);
-    }
-
-    pub fn released(&self) -> u64 {
-        self.released.load(Ordering::Relaxed)
-    }
-
-    /// Counts `n` streams released early; logs once a minute while it
-    /// happens (the first time at once).
-    fn count(&self, n: usize) {
-        self.released.fetch_add(n as u64, Ordering::Relaxed);
-        let mut said = lock(&self.said);
-        said.0 += n as u64;
-        if said.1.is_none_or(|at| at.elapsed() >= SAY_EVERY) {
-            tracing::warn!(
-                released = said.0,
-                max_retained_streams = self.max.load(Ordering::Relaxed),
-                "finished streams released before their retention ran out: \
-                 the bound on retained streams was reached"
-            );
-            *said = (0, Some(Instant::now()));
-        }
-    }
-}
 
 /// Reads the summary record at `place` from `file`.
 pub(super) fn read_summary(file: &File, place: Place) -> Result<Summary> {
@@ -221,7 +172,7 @@ impl Journal {
 
     /// Releases the oldest retired streams past the bound.
     fn release_over_bound(&self, inner: &mut Inner) -> Result<()> {
-        let max = self.bound.max.load(Ordering::Relaxed);
+        let max = self.bound.max();
         let over = inner.index.retired.len().saturating_sub(max);
         if over == 0 {
             return Ok(());
@@ -279,11 +230,11 @@ impl Journal {
 
     /// From now on, retires each stream as soon as its finish is durable.
     pub(super) fn retire_eagerly(&self) {
-        self.eager.store(true, Ordering::Relaxed);
+        self.eager.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn retire_if_eager(&self) {
-        if self.eager.load(Ordering::Relaxed) {
+        if self.eager.load(std::sync::atomic::Ordering::Relaxed) {
             self.retire_now();
         }
     }

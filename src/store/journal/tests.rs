@@ -3,9 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
+
+use super::entries::encode_entries;
 use super::*;
+use crate::id::{Seq, SessionId, StreamId, TaskId};
 use crate::store::contract::{leg, meta, session, task, Churn};
-use crate::store::{now_ms, SharedStore};
+use crate::store::{now_ms, Finish, SharedStore, Store};
 
 crate::store::contract::contract_tests!(|dir: &Path, sync| -> SharedStore {
     Journal::open(dir, sync).unwrap()

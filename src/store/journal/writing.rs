@@ -1,0 +1,210 @@
+//! How a change reaches the log: the one `write` of its encoded records,
+//! and what follows every change under the same lock — retiring what
+//! finished, rolling over a full segment, deleting the segments nothing
+//! needs, taking a checkpoint once enough log was written — and the syncs
+//! that make it durable.
+//!
+//! It owns the order of those steps; what a change writes is the caller's
+//! (`entries.rs`, `store.rs`), what the index keeps `index.rs`'s.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+
+use super::segment::{SegmentNo, Writer};
+use super::{checkpoint, io, lock, segment, Inner, Journal};
+use crate::id::StreamId;
+use crate::store::Result;
+
+impl Journal {
+    /// A sync of the active segment as one of the group commit's flushes,
+    /// for a blocking task that must not keep the journal alive.
+    pub(super) fn active_sync(&self) -> impl FnOnce() -> std::io::Result<()> + Send + 'static {
+        let file = lock(&self.active).clone();
+        let (flusher, sync_file) = (self.commit.flusher(), self.sync_file.clone());
+        move || flusher.flush_with(|| sync_file(&file))
+    }
+
+    /// Makes `file` (the active segment) durable outside the group commit,
+    /// as one of its flushes ([`GroupCommit::flush_with`]).
+    pub(super) fn sync(&self, file: &File) -> std::io::Result<()> {
+        self.commit.flush_with(|| (self.sync_file)(file))
+    }
+
+    pub(super) async fn durable(&self) -> Result<()> {
+        self.commit.durable().await.map_err(io)
+    }
+
+    /// Appends the encoded records in `inner.buf` to the active segment;
+    /// returns the segment and offset they start at. Rolls over afterwards
+    /// when the segment is full. Refused once a flush failed
+    /// ([`GroupCommit::writable`]).
+    pub(super) fn write(&self, inner: &mut Inner) -> Result<(SegmentNo, u64)> {
+        if let Err(stopped) = self.commit.writable() {
+            inner.buf.clear();
+            return Err(stopped.into());
+        }
+        let written = inner.writer.append(&inner.buf);
+        inner.since_checkpoint += inner.buf.len() as u64;
+        // Cleared either way: records whose write failed were never
+        // acknowledged, and must not ride along with the next write.
+        inner.buf.clear();
+        let at = written.map_err(io)?;
+        Ok((inner.writer.no, at))
+    }
+
+    /// Retires the finished streams whose finish is durable now
+    /// (`retire.rs`), then rolls over once the active segment is full.
+    /// Called at the end of a change, after the index knows what was
+    /// written (the change's own stream is never retired under it): a
+    /// rollover deletes the segments the index says nobody needs. A failed
+    /// rollover leaves the active segment in place and is tried again at the
+    /// next change.
+    pub(super) fn wrote(&self, inner: &mut Inner) {
+        self.retire_finished(inner);
+        if inner.writer.len >= self.segment_bytes {
+            if let Err(e) = self.roll_over(inner) {
+                tracing::error!(error = %e, "journal rollover failed; retrying at the next write");
+            }
+        }
+        #[cfg(test)]
+        if self.eager_checkpoints.load(Ordering::Relaxed) {
+            if let Some(publish) = self.checkpoint(inner) {
+                publish();
+            }
+            return;
+        }
+        self.checkpoint_if_due(inner);
+    }
+
+    /// Takes a checkpoint once the log written since the last one (or
+    /// replayed at start-up) reaches [`CHECKPOINT_EVERY`], or twice the last
+    /// checkpoint's size; publishes it on a thread of its own.
+    pub(super) fn checkpoint_if_due(&self, inner: &mut Inner) {
+        let every = self.checkpoint_every.load(Ordering::Relaxed);
+        if inner.since_checkpoint < every.max(2 * inner.checkpoint_bytes) {
+            return;
+        }
+        let Some(publish) = self.checkpoint(inner) else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("journal-checkpoint".into())
+            .spawn(publish);
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "journal checkpoint not started");
+            self.checkpointing.store(false, Ordering::Release);
+        }
+    }
+
+    /// Takes a checkpoint of the index as every record written so far left
+    /// it (`checkpoint.rs`): encoded here, under the lock, where the index
+    /// and the log agree (every change updates the index in the lock hold
+    /// that wrote its record). Gives back what publishes it once the log up
+    /// to the cut is durable, to run outside the lock. One at a time; none
+    /// once the log stopped.
+    pub(super) fn checkpoint(&self, inner: &mut Inner) -> Option<impl FnOnce() + Send + 'static> {
+        if !inner.buf.is_empty()
+            || self.commit.writable().is_err()
+            || self.checkpointing.swap(true, Ordering::AcqRel)
+        {
+            return None;
+        }
+        let cut = checkpoint::Cut {
+            segment: inner.writer.no,
+            offset: inner.writer.len,
+            at_ms: crate::store::now_ms(),
+        };
+        let started = std::time::Instant::now();
+        let mut bytes = Vec::with_capacity(inner.checkpoint_bytes as usize + 4096);
+        checkpoint::encode(&inner.index, cut, &mut bytes);
+        tracing::debug!(
+            bytes = bytes.len(),
+            retired = inner.index.retired.len(),
+            whole = inner.index.streams.len(),
+            held_us = started.elapsed().as_micros() as u64,
+            "journal checkpoint taken"
+        );
+        inner.since_checkpoint = 0;
+        inner.checkpoint_bytes = bytes.len() as u64;
+        let (dir, file) = (self.dir.clone(), inner.writer.file.clone());
+        let (sync_file, busy) = (self.sync_file.clone(), self.checkpointing.clone());
+        Some(move || {
+            let published = sync_file(&file).and_then(|()| checkpoint::publish(&dir, &bytes));
+            if let Err(e) = published {
+                tracing::warn!(error = %e, "journal checkpoint not written; start-up replays more of the log");
+            }
+            busy.store(false, Ordering::Release);
+        })
+    }
+
+    /// Starts the next segment and seals the active one, then copies
+    /// forward and deletes segments nothing needs any more. Costs the same
+    /// however many streams the log retains: no record is written again
+    /// except those in the oldest, mostly dead segments (`compact.rs`).
+    pub(super) fn roll_over(&self, inner: &mut Inner) -> Result<()> {
+        let next = Writer::create(&self.dir, inner.writer.no + 1).map_err(io)?;
+        let sealed = inner
+            .writer
+            .seal(|file| self.sync(file))
+            .and_then(|()| segment::sync_dir(&self.dir));
+        if let Err(e) = sealed {
+            let _ = std::fs::remove_file(segment::path(&self.dir, next.no));
+            return Err(io(e));
+        }
+        inner.files.insert(next.no, next.file.clone());
+        *lock(&self.active) = next.file.clone();
+        inner.writer = next;
+        self.copy_forward(inner)?;
+        self.drop_unused_segments(inner)
+    }
+
+    /// Deletes the oldest sealed segments while nothing in them is needed
+    /// (no entries of an existing stream, no full record of an existing
+    /// object), stopping at the first that is: recovery replays every
+    /// segment in order, so a segment must never outlive one older than it
+    /// (a tombstone or status in it would be lost while the record it
+    /// changes stays). Only called when what made them unused is durable (a
+    /// copy forward, or a sync just done).
+    pub(super) fn drop_unused_segments(&self, inner: &mut Inner) -> Result<()> {
+        let active = inner.writer.no;
+        let mut numbers: Vec<SegmentNo> = inner.files.keys().copied().collect();
+        numbers.sort_unstable();
+        let unused: Vec<SegmentNo> = numbers
+            .into_iter()
+            .take_while(|&no| no != active && !inner.index.in_use(no))
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        for no in &unused {
+            inner.files.remove(no);
+            match std::fs::remove_file(segment::path(&self.dir, *no)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        tracing::debug!(segments = ?unused, "journal segments deleted");
+        segment::sync_dir(&self.dir).map_err(io)
+    }
+
+    /// Removes streams from the index after their tombstones were written;
+    /// gives back the segments that leaves unused.
+    pub(super) fn forget_streams(&self, inner: &mut Inner, ids: &[StreamId]) -> Result<()> {
+        let active = inner.writer.no;
+        let mut freed = false;
+        for id in ids {
+            freed |= inner
+                .index
+                .remove_stream(*id)
+                .into_iter()
+                .any(|no| no != active);
+        }
+        if freed {
+            // The tombstones must outlive the entries they make unneeded.
+            self.sync(&inner.writer.file).map_err(io)?;
+            self.drop_unused_segments(inner)?;
+        }
+        Ok(())
+    }
+}
