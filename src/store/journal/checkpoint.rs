@@ -240,6 +240,11 @@ impl Checkpoint {
         })
     }
 
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// How many retired streams it holds.
     pub fn retired_count(&self) -> usize {
         self.retired.len() / RETIRED

@@ -205,7 +205,7 @@ impl Journal {
                 buf: Vec::new(),
                 // What this start replayed is what the next one would.
                 since_checkpoint: recovered.replayed,
-                checkpoint_bytes: 0,
+                checkpoint_bytes: recovered.checkpoint_bytes,
             }),
             active,
             commit,

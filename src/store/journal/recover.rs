@@ -48,6 +48,8 @@ pub struct Recovered {
     /// Bytes of records replayed: those after the checkpoint's cut, or
     /// every segment's without one.
     pub replayed: u64,
+    /// The size of the checkpoint it started from (0: none).
+    pub checkpoint_bytes: u64,
 }
 
 /// Sessions, tasks and streams as the metadata records replayed so far
@@ -205,9 +207,9 @@ fn io(e: std::io::Error) -> StoreError {
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
     checkpoint::remove_leftover(dir).map_err(io)?;
-    let (mut metadata, mut entries, cut) = match from_checkpoint(dir, &numbers) {
-        Some((metadata, entries, cut)) => (metadata, entries, Some(cut)),
-        None => (Metadata::default(), Slots::default(), None),
+    let (mut metadata, mut entries, cut, checkpoint_bytes) = match from_checkpoint(dir, &numbers) {
+        Some((metadata, entries, cut, bytes)) => (metadata, entries, Some(cut), bytes),
+        None => (Metadata::default(), Slots::default(), None, 0),
     };
     let mut files = HashMap::new();
     let mut last = 0;
@@ -279,13 +281,15 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         files,
         last,
         replayed,
+        checkpoint_bytes,
     })
 }
 
-/// The metadata and entries the checkpoint in `dir` holds, and its cut;
+/// The metadata and entries the checkpoint in `dir` holds, its cut and its
+/// size;
 /// `None` (every segment is replayed) when there is none, or one that
 /// cannot be used: damaged, or not of these segments.
-fn from_checkpoint(dir: &Path, numbers: &[SegmentNo]) -> Option<(Metadata, Slots, Cut)> {
+fn from_checkpoint(dir: &Path, numbers: &[SegmentNo]) -> Option<(Metadata, Slots, Cut, u64)> {
     let unusable = |why: &str| {
         tracing::warn!(why, "journal checkpoint ignored; replaying every segment");
     };
@@ -331,7 +335,7 @@ fn from_checkpoint(dir: &Path, numbers: &[SegmentNo]) -> Option<(Metadata, Slots
     for (hash, id) in checkpoint.requests() {
         metadata.retired.index_hashed(hash, id);
     }
-    Some((metadata, entries, cut))
+    Some((metadata, entries, cut, checkpoint.len() as u64))
 }
 
 /// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments

@@ -128,8 +128,14 @@ impl Journal {
         inner.checkpoint_bytes = bytes.len() as u64;
         let (dir, file) = (self.dir.clone(), inner.writer.file.clone());
         let (sync_file, busy) = (self.sync_file.clone(), self.checkpointing.clone());
+        // The log up to the cut is made durable as one of the group
+        // commit's flushes (shared with the writers waiting, and failing as
+        // theirs would), not by a sync of its own beside them.
+        let flusher = self.commit.flusher();
         Some(move || {
-            let published = sync_file(&file).and_then(|()| checkpoint::publish(&dir, &bytes));
+            let published = flusher
+                .flush_with(|| sync_file(&file))
+                .and_then(|()| checkpoint::publish(&dir, &bytes));
             if let Err(e) = published {
                 tracing::warn!(error = %e, "journal checkpoint not written; start-up replays more of the log");
             }
