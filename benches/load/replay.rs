@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Result};
 use bytes::Bytes;
 use http::Method;
+use http_body_util::Full;
 
 use crate::client::{call, connect, open_session, read_reply, request, send, Target};
 use crate::procs::{start_proxy, start_upstream};
@@ -151,13 +152,7 @@ impl Logged {
     /// time to the first and to the last message.
     pub async fn replay(&self, proxied: &Target) -> Result<(Option<Duration>, Duration)> {
         let mut conn = connect(proxied.addr).await?;
-        let req = request(
-            proxied,
-            Method::GET,
-            Some(&self.session),
-            Some(&self.first_id),
-            Bytes::new(),
-        )?;
+        let req = self.replay_request(proxied)?;
         let t0 = Instant::now();
         let reply = read_reply(send(&mut conn, req).await?).await?;
         let total = t0.elapsed();
@@ -175,18 +170,22 @@ impl Logged {
 }
 
 impl Logged {
-    /// The bytes of one replay, as the proxy sent them.
-    async fn replay_bytes(&self, proxied: &Target) -> Result<Bytes> {
-        use http_body_util::BodyExt;
-        let mut conn = connect(proxied.addr).await?;
-        let req = request(
+    /// The GET that replays everything after the first event.
+    fn replay_request(&self, proxied: &Target) -> Result<http::Request<Full<Bytes>>> {
+        request(
             proxied,
             Method::GET,
             Some(&self.session),
             Some(&self.first_id),
             Bytes::new(),
-        )?;
-        let res = send(&mut conn, req).await?;
+        )
+    }
+
+    /// The bytes of one replay, as the proxy sent them.
+    async fn replay_bytes(&self, proxied: &Target) -> Result<Bytes> {
+        use http_body_util::BodyExt;
+        let mut conn = connect(proxied.addr).await?;
+        let res = send(&mut conn, self.replay_request(proxied)?).await?;
         Ok(res.into_body().collect().await?.to_bytes())
     }
 }
