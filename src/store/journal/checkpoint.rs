@@ -26,6 +26,7 @@ use std::io::{self, Write};
 use std::ops::Range;
 use std::path::Path;
 
+use super::cursor::Cursor;
 use super::holdings::Object;
 use super::index::Index;
 use super::record::{self, Record, Scan};
@@ -181,14 +182,17 @@ impl Checkpoint {
         if crc32fast::hash(&bytes[..body]) != crc {
             return Err("checksum mismatch".into());
         }
-        let mut head = Reader(&bytes[MAGIC.len()..MAGIC.len() + HEADER]);
-        let cut = Cut {
-            segment: head.u32(),
-            offset: head.u64(),
-            at_ms: head.u64(),
+        let mut head = Cursor::at(&bytes[..MAGIC.len() + HEADER], MAGIC.len());
+        let read = |c: &mut Cursor| -> Option<(Cut, RequestKey, [u64; 3])> {
+            let cut = Cut {
+                segment: c.u32()?,
+                offset: c.u64()?,
+                at_ms: c.u64()?,
+            };
+            let key = RequestKey(c.id()?);
+            Some((cut, key, [c.u64()?, c.u64()?, c.u64()?]))
         };
-        let key = RequestKey(head.id());
-        let sizes = [head.u64(), head.u64(), head.u64()];
+        let (cut, key, sizes) = read(&mut head).ok_or("header cut short")?;
         let start = MAGIC.len() + HEADER;
         let section = |at: usize, len: u64, each: usize| -> Result<Range<usize>, String> {
             let len = usize::try_from(len)
@@ -254,74 +258,43 @@ impl Checkpoint {
     pub fn retired(&self) -> impl Iterator<Item = (StreamId, Retired, Option<u64>)> + '_ {
         self.bytes[self.retired.clone()]
             .chunks_exact(RETIRED)
-            .map(|chunk| {
-                let mut r = Reader(chunk);
-                let id = StreamId(r.id());
-                let session = SessionId(r.id());
-                let summary = Place {
-                    segment: r.u32(),
-                    offset: r.u32(),
-                    len: r.u32(),
-                };
-                let retired = Retired {
-                    session,
-                    summary,
-                    first_segment: r.u32(),
-                    entries: r.u32(),
-                    finished_ms: [r.u32(), r.u32()],
-                    requests: r.u16(),
-                    coalesced: r.u8() != 0,
-                };
-                let has_abandon = r.u8() != 0;
-                let abandon_at = r.u64();
-                (id, retired, has_abandon.then_some(abandon_at))
-            })
+            .filter_map(retired_entry)
     }
 
     /// The request index's entries: (hash, stream).
     pub fn requests(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
         self.bytes[self.requests.clone()]
             .chunks_exact(REQUEST)
-            .map(|chunk| {
-                let mut r = Reader(chunk);
-                (r.u64(), StreamId(r.id()))
+            .filter_map(|chunk| {
+                let mut c = Cursor::at(chunk, 0);
+                Some((c.u64()?, StreamId(c.id()?)))
             })
     }
 }
 
-/// Reads fixed-size fields off a slice whose length was checked whole
-/// beforehand (so that each read has its bytes).
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0u8; N];
-        if let Some((head, rest)) = self.0.split_first_chunk::<N>() {
-            out = *head;
-            self.0 = rest;
-        }
-        out
-    }
-
-    fn u8(&mut self) -> u8 {
-        self.take::<1>()[0]
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take())
-    }
-
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
-    }
-
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
-    }
-
-    fn id(&mut self) -> [u8; 16] {
-        self.take()
-    }
+/// One retired stream's fixed bytes (see [`put_retired`]): a chunk of
+/// exactly [`RETIRED`] bytes always decodes.
+fn retired_entry(chunk: &[u8]) -> Option<(StreamId, Retired, Option<u64>)> {
+    let mut c = Cursor::at(chunk, 0);
+    let id = StreamId(c.id()?);
+    let session = SessionId(c.id()?);
+    let summary = Place {
+        segment: c.u32()?,
+        offset: c.u32()?,
+        len: c.u32()?,
+    };
+    let retired = Retired {
+        session,
+        summary,
+        first_segment: c.u32()?,
+        entries: c.u32()?,
+        finished_ms: [c.u32()?, c.u32()?],
+        requests: c.u16()?,
+        coalesced: c.byte()? != 0,
+    };
+    let has_abandon = c.byte()? != 0;
+    let abandon_at = c.u64()?;
+    Some((id, retired, has_abandon.then_some(abandon_at)))
 }
 
 /// Makes `bytes` the checkpoint in `dir`: written whole and synced under a
@@ -339,16 +312,17 @@ pub fn publish(dir: &Path, bytes: &[u8]) -> io::Result<()> {
 
 /// Removes what a crash during [`publish`] left behind.
 pub fn remove_leftover(dir: &Path) -> io::Result<()> {
-    match std::fs::remove_file(dir.join(TEMP)) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    remove_if_there(&dir.join(TEMP))
 }
 
 /// Removes the checkpoint (recovery then replays every segment).
 #[cfg(test)]
 pub fn remove(dir: &Path) -> io::Result<()> {
-    match std::fs::remove_file(dir.join(FILE)) {
+    remove_if_there(&dir.join(FILE))
+}
+
+fn remove_if_there(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }

@@ -39,6 +39,7 @@ mod bound;
 mod checkpoint;
 mod codes;
 mod compact;
+mod cursor;
 mod entries;
 mod holdings;
 mod index;

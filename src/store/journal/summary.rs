@@ -16,6 +16,7 @@
 //! and what it means for the index is `mod.rs`'s and `index.rs`'s business.
 
 use super::codes::{outcome_byte, outcome_of, status_byte, status_of};
+use super::cursor::Cursor;
 use super::segment::{Loc, SegmentNo};
 use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
@@ -204,43 +205,13 @@ pub fn is_thawed(p: &[u8]) -> bool {
     p.first().is_some_and(|f| f & THAWED != 0)
 }
 
-/// A little-endian reader that fails instead of panicking on short input.
-struct Cursor<'a> {
-    p: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let bytes = self.p.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(bytes)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn id(&mut self) -> Option<[u8; 16]> {
-        self.take(16)?.try_into().ok()
-    }
-    fn byte(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn text(&mut self) -> Option<String> {
-        let len = self.u32()? as usize;
-        Some(std::str::from_utf8(self.take(len)?).ok()?.to_owned())
-    }
-}
-
 /// Decodes the head of a summary payload, skipping the locations; returns
 /// it and the cursor past the request ids (where the JSON starts).
 fn head(p: &[u8]) -> Option<(SummaryHead, usize, usize)> {
     if p.len() < HEAD + 4 {
         return None;
     }
-    let mut c = Cursor { p, at: 0 };
+    let mut c = Cursor::at(p, 0);
     let flags = c.take(1)?[0];
     let stream = StreamId(c.id()?);
     let session = SessionId(c.id()?);
@@ -280,7 +251,7 @@ pub fn parse_head(p: &[u8]) -> Option<SummaryHead> {
 /// The whole summary of a payload.
 pub fn parse(p: &[u8]) -> Option<Summary> {
     let (head, locs_at, body_at) = head(p)?;
-    let mut c = Cursor { p, at: locs_at };
+    let mut c = Cursor::at(p, locs_at);
     let mut locs = Vec::with_capacity(head.entries as usize);
     for _ in 0..head.entries {
         let (segment, len, offset) = (c.u32()?, c.u32()?, c.u64()?);
@@ -291,7 +262,7 @@ pub fn parse(p: &[u8]) -> Option<Summary> {
         });
     }
     let flags = p[0];
-    let mut meta = parse_body(&mut Cursor { p, at: body_at }, head)?;
+    let mut meta = parse_body(&mut Cursor::at(p, body_at), head)?;
     meta.finished_ms = (flags & FINISHED != 0).then_some(meta.finished_ms.unwrap_or(0));
     meta.entries = locs.len() as u64;
     meta.bytes = locs.iter().map(|l| u64::from(l.len)).sum();
@@ -311,7 +282,7 @@ fn parse_body(c: &mut Cursor<'_>, head: SummaryHead) -> Option<StreamMeta> {
     let outcome = outcome_of(c.byte()?)?;
     let (acked, touched_ms, last_request) = (c.u64()?, c.u64()?, c.u64()?);
     let tokens = c.u32()? as usize;
-    let mut progress = Vec::with_capacity(tokens.min(c.p.len() / 4));
+    let mut progress = Vec::with_capacity(tokens.min(c.left() / 4));
     for _ in 0..tokens {
         progress.push(c.text()?);
     }
@@ -347,7 +318,7 @@ fn parse_body(c: &mut Cursor<'_>, head: SummaryHead) -> Option<StreamMeta> {
     } else {
         None
     };
-    if c.at != c.p.len() {
+    if !c.is_done() {
         return None;
     }
     Some(StreamMeta {
