@@ -580,17 +580,20 @@ impl Metrics {
             .inc();
     }
 
-    /// The OpenMetrics text exposition, ending with `# EOF`, with the
-    /// gauges set to what the caller counted just now.
     /// Takes the store's retention figures in before a render: how many
-    /// finished streams it keeps, and its running total of early releases.
+    /// finished streams it keeps (left unset by a store that keeps no
+    /// count), and its running total of early releases.
     pub fn observe_retention(&self, retained: Option<usize>, released_total: u64) {
-        self.streams_retained.set(retained.unwrap_or(0) as i64);
+        if let Some(retained) = retained {
+            self.streams_retained.set(retained as i64);
+        }
         let seen = self.released_seen.swap(released_total, Ordering::Relaxed);
         self.streams_released_early
             .inc_by(released_total.saturating_sub(seen));
     }
 
+    /// The OpenMetrics text exposition, ending with `# EOF`, with the
+    /// gauges set to what the caller counted just now.
     pub fn render(&self, sessions_open: usize, streams_live: usize) -> String {
         self.sessions_open.set(sessions_open as i64);
         self.streams_live.set(streams_live as i64);

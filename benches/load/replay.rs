@@ -97,7 +97,6 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
 /// SSE response: what the client needs to read a replay with no proxy
 /// behind it.
 async fn serve_from_memory(body: Bytes) -> Result<Target> {
-    use http_body_util::Full;
     use hyper_util::rt::TokioIo;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;

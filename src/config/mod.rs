@@ -899,6 +899,16 @@ mod tests {
     }
 
     #[test]
+    fn sleds_page_cache_is_bounded_by_default_and_set_by_its_key() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(c.store.sled_cache_bytes, 128 * 1024 * 1024);
+        let set = "[store]\nbackend = \"sled\"\nsled_cache_bytes = 33554432\n";
+        let c = Config::from_toml(&format!("{set}{up}")).unwrap();
+        assert_eq!(c.store.sled_cache_bytes, 32 * 1024 * 1024);
+    }
+
+    #[test]
     fn the_journal_is_the_default_backend_and_sled_or_redis_can_be_chosen() {
         let up = "[[upstream]]\nurl = \"http://a/\"\n";
         let c = Config::from_toml(up).unwrap();
