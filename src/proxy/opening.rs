@@ -124,7 +124,8 @@ async fn create(
         &shared.sessions,
         shared.log.store().as_ref(),
         &post.session,
-        post.single_id(),
+        // Only a refusal answers with it: not copied for every request.
+        || post.single_id(),
     );
     match (post.may_repeat(), admitted) {
         (false, admitted) => {

@@ -17,11 +17,11 @@ pub fn admit(
     sessions: &Sessions,
     store: &dyn Store,
     session: &Session,
-    id: Option<RequestId>,
+    id: impl FnOnce() -> Option<RequestId>,
 ) -> Result<(), Rejection> {
     if session.live_streams() >= limits.streams_per_session {
         return Err(Rejection::too_many_streams(
-            id,
+            id(),
             "this session",
             limits.streams_per_session,
         ));
@@ -29,7 +29,7 @@ pub fn admit(
     let principal = session.principal();
     if sessions.by_principal.of(principal) >= limits.streams_per_principal {
         return Err(Rejection::too_many_streams(
-            id,
+            id(),
             "this client",
             limits.streams_per_principal,
         ));
@@ -38,7 +38,7 @@ pub fn admit(
         let used = store.size_on_disk();
         if used >= quota {
             tracing::warn!(used, quota, "log quota reached; refusing new requests");
-            return Err(Rejection::log_full(id));
+            return Err(Rejection::log_full(id()));
         }
     }
     Ok(())

@@ -78,7 +78,7 @@ pub async fn show(log: &Log, keyring: &Keyring, id: TaskId) -> Result<Option<Sho
     if status == TaskStatus::Working && asks_the_client(log, &seen).await? {
         status = TaskStatus::InputRequired;
     }
-    let handle = keyring.task_handle(&seen.record.route, &seen.record.principal, seen.record.id);
+    let handle = super::wire::handle(keyring, &seen.record);
     Ok(Some(Shown {
         handle,
         status,
@@ -121,10 +121,7 @@ async fn asks_the_client(log: &Log, seen: &Seen) -> Result<bool, StoreError> {
 /// The `tools/call` a task's leg sends upstream: the client's params
 /// without `task`, under the proxy's id.
 pub fn upstream_call(task: TaskId, params: &str) -> Bytes {
-    Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
-        upstream_id(task).as_json()
-    ))
+    super::wire::tools_call(&upstream_id(task), params)
 }
 
 /// The id a task's leg has upstream: the proxy's own, so the client may

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 
-use bytes::Bytes;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -174,7 +173,7 @@ impl Seen {
 
     /// The `tasks/get` answer.
     pub fn get_result(&self, keyring: &Keyring, id: &RequestId) -> Vec<u8> {
-        let handle = handle(keyring, &self.record);
+        let handle = super::wire::handle(keyring, &self.record);
         let open = (self.status == TaskStatus::InputRequired)
             .then(|| self.open_requests())
             .flatten();
@@ -227,14 +226,9 @@ fn unreadable_error() -> Box<RawValue> {
     .expect("a JSON literal")
 }
 
-/// The task's `taskId`.
-pub fn handle(keyring: &Keyring, record: &TaskRecord) -> String {
-    keyring.task_handle(&record.route, &record.principal, record.id)
-}
-
 /// The `CreateTaskResult` of a task just made.
 pub fn create_result(keyring: &Keyring, record: &TaskRecord, id: &RequestId) -> Vec<u8> {
-    let handle = handle(keyring, record);
+    let handle = super::wire::handle(keyring, record);
     let task = Task::of(
         Revision::Modern,
         &handle,
@@ -276,14 +270,6 @@ pub fn reissue_params(
         }
     }
     serde_json::to_string(&params).ok()
-}
-
-/// The body of a re-issued request with JSON-RPC id `id`.
-pub fn reissue_body(id: &RequestId, params: &str) -> Bytes {
-    Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
-        id.as_json()
-    ))
 }
 
 #[cfg(test)]

@@ -115,6 +115,20 @@ fn unless_none<S: SerializeStruct, T: Serialize + ?Sized>(
     }
 }
 
+/// A `tools/call` request with JSON-RPC id `id` and `params` as given: a
+/// task leg's call upstream, in either revision.
+pub fn tools_call(id: &crate::jsonrpc::RequestId, params: &str) -> bytes::Bytes {
+    bytes::Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{params}}}"#,
+        id.as_json()
+    ))
+}
+
+/// A task's `taskId`: its handle, sealed for its route and principal.
+pub fn handle(keyring: &crate::token::Keyring, record: &TaskRecord) -> String {
+    keyring.task_handle(&record.route, &record.principal, record.id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

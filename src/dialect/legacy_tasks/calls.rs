@@ -124,9 +124,7 @@ impl Create {
         };
         cx.log.store().put_task(&record).await?;
         cx.log.metrics().task_created();
-        let handle = cx
-            .keyring
-            .task_handle(&record.route, &record.principal, record.id);
+        let handle = crate::task::wire::handle(cx.keyring, &record);
         let task = Task::of(Revision::Legacy, &handle, TaskStatus::Working, &record, now);
         Ok(Answer::Start(Box::new(Start {
             leg: Leg {

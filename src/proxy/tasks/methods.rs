@@ -210,7 +210,7 @@ async fn reissue(
         id: id.clone(),
         params: record.request.clone(),
     };
-    tokio::spawn(call.run_leg(leg, wire::reissue_body(&id, &params)));
+    tokio::spawn(call.run_leg(leg, crate::task::wire::tools_call(&id, &params)));
     Ok(())
 }
 
