@@ -7,10 +7,16 @@
 //! A checkpoint holds what that replay would have rebuilt from the records
 //! before its cut — each session, task and whole stream as the record
 //! recovery reads (with the segment its full record is in, for the
-//! holdings), each retired stream in 72 fixed bytes, the request index's
-//! hashes with their key — and whatever changed after the cut is in the
+//! holdings), the retired streams as the frozen tier they were merged into
+//! up to the cut (`retired/frozen.rs`, used in place after a restart), the
+//! request hashes' key — and whatever changed after the cut is in the
 //! records after it, which recovery replays as before. The result is the
 //! one a full replay gives (the tests compare the two).
+//!
+//! Under the journal's lock a checkpoint only encodes the whole objects
+//! (as many as are live or recently finished) and seals the retired
+//! streams' changes; merging those into the next frozen tier and writing
+//! the file happen on a thread of their own.
 //!
 //! A checkpoint only saves time: the segments stay the truth. One that is
 //! missing, damaged, or does not fit the segments present is ignored and
@@ -30,25 +36,21 @@ use super::cursor::Cursor;
 use super::holdings::Object;
 use super::index::Index;
 use super::record::{self, Record, Scan};
-use super::retired::{Place, RequestKey, Retired};
+use super::retired::{Counts, Frozen, RequestKey};
 use super::segment::{self, SegmentNo};
-use crate::id::{SessionId, StreamId};
 
 /// The checkpoint's file name in the journal's directory.
 pub const FILE: &str = "checkpoint";
 /// Where the next one is written before it is renamed into place.
 const TEMP: &str = "checkpoint.tmp";
 
-/// Version 1 of the layout below; a reader refuses any other bytes.
-const MAGIC: &[u8; 8] = b"MCPRC\x00\x00\x01";
-/// Cut segment, cut offset, cut time, request key, then the three
-/// sections' sizes: whole objects' bytes, retired and request counts.
-const HEADER: usize = 4 + 8 + 8 + 16 + 8 + 8 + 8;
-/// Stream, session, summary place (3 × 4), first segment, entries,
-/// finished (2 × 4), requests, coalesced, has-abandon, abandon-at.
-const RETIRED: usize = 16 + 16 + 12 + 4 + 4 + 8 + 2 + 1 + 1 + 8;
-/// Hash, stream.
-const REQUEST: usize = 8 + 16;
+/// Version 2 of the layout below; a reader refuses any other bytes (a
+/// version 1 checkpoint is ignored, and every segment replayed once).
+const MAGIC: &[u8; 8] = b"MCPRC\x00\x00\x02";
+/// Cut segment, cut offset, cut time, request key, the whole objects'
+/// bytes, then the frozen tier's counts (records, requests, segments,
+/// abandons).
+const HEADER: usize = 4 + 8 + 8 + 16 + 8 + 4 * 8;
 const CRC: usize = 4;
 
 /// A point of the log: every record before `offset` in segment `segment`
@@ -63,102 +65,116 @@ pub struct Cut {
     pub at_ms: u64,
 }
 
-/// Encodes `index` as it stands at `cut` into `out` (cleared first).
-pub fn encode(index: &Index, cut: Cut, out: &mut Vec<u8>) {
-    out.clear();
-    // Sized once: a checkpoint of a million retired streams is ~100 MB,
-    // and doubling its way there copied most of it under the lock.
-    let (retired, requests) = (index.retired.len(), index.retired.requests_len());
-    out.reserve(MAGIC.len() + HEADER + retired * RETIRED + requests * REQUEST + 64 * 1024);
-    out.extend_from_slice(MAGIC);
-    let header = out.len();
-    out.resize(header + HEADER, 0);
+/// What a checkpoint takes under the journal's lock: its cut and the
+/// whole objects as they stood there. The retired streams are added off
+/// the lock, as the frozen tier merged up to the same cut.
+pub struct Taken {
+    pub cut: Cut,
+    key: RequestKey,
+    wholes: Vec<u8>,
+}
+
+/// Encodes the whole objects of `index` as they stand at `cut`: each
+/// session, task and whole stream, after the segment its full record is in.
+pub fn take(index: &Index, cut: Cut) -> Taken {
+    let mut wholes = Vec::new();
     let home = |object| index.home_of(object).unwrap_or(cut.segment);
-    let wholes = out.len();
     for session in index.sessions.values() {
-        put_u32(out, home(Object::Session(session.id)));
-        record::session(out, session);
+        put_u32(&mut wholes, home(Object::Session(session.id)));
+        record::session(&mut wholes, session);
     }
     for task in index.tasks.values() {
-        put_u32(out, home(Object::Task(task.id)));
-        record::task(out, task);
+        put_u32(&mut wholes, home(Object::Task(task.id)));
+        record::task(&mut wholes, task);
     }
     for state in index.streams.values() {
-        put_u32(out, home(Object::Stream(state.meta.id)));
-        record::summary(out, &state.meta, &state.locs, true);
+        put_u32(&mut wholes, home(Object::Stream(state.meta.id)));
+        record::summary(&mut wholes, &state.meta, &state.locs, true);
     }
-    let wholes = out.len() - wholes;
-    let mut retired = 0u64;
-    // In the map's own order (one pass over its memory, not a lookup per
-    // stream in the retirement order): recovery sorts them by finish.
-    for (id, stream, abandon_at) in index.retired.iter() {
-        put_retired(out, id, stream, abandon_at);
-        retired += 1;
+    Taken {
+        cut,
+        key: index.retired.key(),
+        wholes,
     }
-    // Stale ones included (those of streams removed since): telling them
-    // apart is a lookup per entry, which recovery does, not the lock.
-    let mut requests = 0u64;
-    for (hash, id) in index.retired.request_hashes() {
-        let mut entry = [0u8; REQUEST];
-        entry[..8].copy_from_slice(&hash.to_le_bytes());
-        entry[8..].copy_from_slice(&id.0);
-        out.extend_from_slice(&entry);
-        requests += 1;
+}
+
+impl Taken {
+    /// The whole objects' bytes (what the lock paid for).
+    pub fn wholes_len(&self) -> usize {
+        self.wholes.len()
     }
-    let mut head = Vec::with_capacity(HEADER);
-    put_u32(&mut head, cut.segment);
-    head.extend_from_slice(&cut.offset.to_le_bytes());
-    head.extend_from_slice(&cut.at_ms.to_le_bytes());
-    head.extend_from_slice(&index.retired.key().0);
-    for n in [wholes as u64, retired, requests] {
-        head.extend_from_slice(&n.to_le_bytes());
+
+    /// The file's first bytes: magic, header and whole objects, for a
+    /// frozen tier of `counts`.
+    fn head(&self, counts: Counts) -> Vec<u8> {
+        let mut head = Vec::with_capacity(MAGIC.len() + HEADER + self.wholes.len());
+        head.extend_from_slice(MAGIC);
+        put_u32(&mut head, self.cut.segment);
+        head.extend_from_slice(&self.cut.offset.to_le_bytes());
+        head.extend_from_slice(&self.cut.at_ms.to_le_bytes());
+        head.extend_from_slice(&self.key.0);
+        let sizes = [
+            self.wholes.len() as u64,
+            counts.records,
+            counts.requests,
+            counts.segments,
+            counts.abandons,
+        ];
+        for n in sizes {
+            head.extend_from_slice(&n.to_le_bytes());
+        }
+        head.extend_from_slice(&self.wholes);
+        head
     }
-    out[header..header + HEADER].copy_from_slice(&head);
-    let crc = crc32fast::hash(out);
-    out.extend_from_slice(&crc.to_le_bytes());
+
+    /// Makes this, with `frozen` (the retired streams as of the same cut),
+    /// the checkpoint in `dir`: written whole and synced under a temporary
+    /// name, then renamed over the old one. The caller has made the log up
+    /// to the cut durable first. Gives back the file's size.
+    pub fn publish(&self, dir: &Path, frozen: &Frozen) -> io::Result<u64> {
+        let head = self.head(frozen.counts());
+        let sections = frozen.sections();
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head);
+        crc.update(sections);
+        let temp = dir.join(TEMP);
+        let mut file = File::create(&temp)?;
+        file.write_all(&head)?;
+        file.write_all(sections)?;
+        file.write_all(&crc.finalize().to_le_bytes())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temp, dir.join(FILE))?;
+        segment::sync_dir(dir)?;
+        Ok((head.len() + sections.len() + CRC) as u64)
+    }
+}
+
+#[cfg(test)]
+impl Taken {
+    /// The file [`Taken::publish`] would write.
+    pub fn to_bytes(&self, frozen: &Frozen) -> Vec<u8> {
+        let mut bytes = self.head(frozen.counts());
+        bytes.extend_from_slice(frozen.sections());
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes
+    }
 }
 
 fn put_u32(out: &mut Vec<u8>, n: u32) {
     out.extend_from_slice(&n.to_le_bytes());
 }
 
-/// One retired stream's fixed bytes, assembled on the stack and appended
-/// at once (a million of them are encoded under the journal's lock).
-fn put_retired(out: &mut Vec<u8>, id: &StreamId, r: &Retired, abandon_at: Option<u64>) {
-    let mut entry = [0u8; RETIRED];
-    let mut at = 0;
-    let mut put = |bytes: &[u8]| {
-        entry[at..at + bytes.len()].copy_from_slice(bytes);
-        at += bytes.len();
-    };
-    put(&id.0);
-    put(&r.session.0);
-    for n in [
-        r.summary.segment,
-        r.summary.offset,
-        r.summary.len,
-        r.first_segment,
-        r.entries,
-        r.finished_ms[0],
-        r.finished_ms[1],
-    ] {
-        put(&n.to_le_bytes());
-    }
-    put(&r.requests.to_le_bytes());
-    put(&[u8::from(r.coalesced), u8::from(abandon_at.is_some())]);
-    put(&abandon_at.unwrap_or(0).to_le_bytes());
-    out.extend_from_slice(&entry);
-}
-
 /// A checkpoint read back and checked whole (its checksum and the sizes
-/// its header gives); its sections are decoded as they are walked.
+/// its header gives): its whole objects decoded as they are walked, its
+/// retired streams a frozen tier used in place.
 pub struct Checkpoint {
-    bytes: Vec<u8>,
     pub cut: Cut,
     pub key: RequestKey,
+    len: usize,
     wholes: Range<usize>,
-    retired: Range<usize>,
-    requests: Range<usize>,
+    frozen: Frozen,
 }
 
 /// Reads the checkpoint in `dir`: `Ok(None)` when there is none,
@@ -173,8 +189,9 @@ pub fn read(dir: &Path) -> Result<Option<Checkpoint>, String> {
 }
 
 impl Checkpoint {
-    fn parse(bytes: Vec<u8>) -> Result<Self, String> {
-        let body = bytes.len().checked_sub(CRC).ok_or("too short")?;
+    fn parse(mut bytes: Vec<u8>) -> Result<Self, String> {
+        let len = bytes.len();
+        let body = len.checked_sub(CRC).ok_or("too short")?;
         if body < MAGIC.len() + HEADER || &bytes[..MAGIC.len()] != MAGIC {
             return Err("not a checkpoint of this version".into());
         }
@@ -183,38 +200,37 @@ impl Checkpoint {
             return Err("checksum mismatch".into());
         }
         let mut head = Cursor::at(&bytes[..MAGIC.len() + HEADER], MAGIC.len());
-        let read = |c: &mut Cursor| -> Option<(Cut, RequestKey, [u64; 3])> {
+        let read = |c: &mut Cursor| -> Option<(Cut, RequestKey, u64, Counts)> {
             let cut = Cut {
                 segment: c.u32()?,
                 offset: c.u64()?,
                 at_ms: c.u64()?,
             };
             let key = RequestKey(c.id()?);
-            Some((cut, key, [c.u64()?, c.u64()?, c.u64()?]))
+            let wholes = c.u64()?;
+            let counts = Counts {
+                records: c.u64()?,
+                requests: c.u64()?,
+                segments: c.u64()?,
+                abandons: c.u64()?,
+            };
+            Some((cut, key, wholes, counts))
         };
-        let (cut, key, sizes) = read(&mut head).ok_or("header cut short")?;
+        let (cut, key, wholes, counts) = read(&mut head).ok_or("header cut short")?;
         let start = MAGIC.len() + HEADER;
-        let section = |at: usize, len: u64, each: usize| -> Result<Range<usize>, String> {
-            let len = usize::try_from(len)
-                .ok()
-                .and_then(|n| n.checked_mul(each))
-                .ok_or("section size out of range")?;
-            let end = at.checked_add(len).filter(|&end| end <= body);
-            Ok(at..end.ok_or("section past the end")?)
-        };
-        let wholes = section(start, sizes[0], 1)?;
-        let retired = section(wholes.end, sizes[1], RETIRED)?;
-        let requests = section(retired.end, sizes[2], REQUEST)?;
-        if requests.end != body {
-            return Err("bytes after the last section".into());
-        }
+        let end = usize::try_from(wholes)
+            .ok()
+            .and_then(|n| start.checked_add(n))
+            .filter(|&end| end <= body)
+            .ok_or("whole objects past the end")?;
+        bytes.truncate(body);
+        let frozen = Frozen::from_bytes(bytes, end, counts)?;
         Ok(Self {
-            bytes,
             cut,
             key,
-            wholes,
-            retired,
-            requests,
+            len,
+            wholes: start..end,
+            frozen,
         })
     }
 
@@ -222,7 +238,7 @@ impl Checkpoint {
     /// is in; `Err` for bytes that are not one (damage a checksum missed,
     /// or a writer's bug: the checkpoint must not be used).
     pub fn wholes(&self) -> impl Iterator<Item = Result<(SegmentNo, Record), String>> + '_ {
-        let mut rest = &self.bytes[self.wholes.clone()];
+        let mut rest = &self.frozen.buffer()[self.wholes.clone()];
         std::iter::from_fn(move || {
             if rest.is_empty() {
                 return None;
@@ -246,71 +262,16 @@ impl Checkpoint {
 
     /// Its size in bytes.
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.len
     }
 
-    /// How many retired streams it holds.
-    pub fn retired_count(&self) -> usize {
-        self.retired.len() / RETIRED
-    }
-
-    /// Each retired stream, with its abandonment deadline (in no order).
-    pub fn retired(&self) -> impl Iterator<Item = (StreamId, Retired, Option<u64>)> + '_ {
-        self.bytes[self.retired.clone()]
-            .chunks_exact(RETIRED)
-            .filter_map(retired_entry)
-    }
-
-    /// The request index's entries: (hash, stream).
-    pub fn requests(&self) -> impl Iterator<Item = (u64, StreamId)> + '_ {
-        self.bytes[self.requests.clone()]
-            .chunks_exact(REQUEST)
-            .filter_map(|chunk| {
-                let mut c = Cursor::at(chunk, 0);
-                Some((c.u64()?, StreamId(c.id()?)))
-            })
+    /// Its retired streams, as the frozen tier they are.
+    pub fn into_frozen(self) -> Frozen {
+        self.frozen
     }
 }
 
-/// One retired stream's fixed bytes (see [`put_retired`]): a chunk of
-/// exactly [`RETIRED`] bytes always decodes.
-fn retired_entry(chunk: &[u8]) -> Option<(StreamId, Retired, Option<u64>)> {
-    let mut c = Cursor::at(chunk, 0);
-    let id = StreamId(c.id()?);
-    let session = SessionId(c.id()?);
-    let summary = Place {
-        segment: c.u32()?,
-        offset: c.u32()?,
-        len: c.u32()?,
-    };
-    let retired = Retired {
-        session,
-        summary,
-        first_segment: c.u32()?,
-        entries: c.u32()?,
-        finished_ms: [c.u32()?, c.u32()?],
-        requests: c.u16()?,
-        coalesced: c.byte()? != 0,
-    };
-    let has_abandon = c.byte()? != 0;
-    let abandon_at = c.u64()?;
-    Some((id, retired, has_abandon.then_some(abandon_at)))
-}
-
-/// Makes `bytes` the checkpoint in `dir`: written whole and synced under a
-/// temporary name, then renamed over the old one. The caller has made the
-/// log up to its cut durable first.
-pub fn publish(dir: &Path, bytes: &[u8]) -> io::Result<()> {
-    let temp = dir.join(TEMP);
-    let mut file = File::create(&temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&temp, dir.join(FILE))?;
-    segment::sync_dir(dir)
-}
-
-/// Removes what a crash during [`publish`] left behind.
+/// Removes what a crash during [`Taken::publish`] left behind.
 pub fn remove_leftover(dir: &Path) -> io::Result<()> {
     remove_if_there(&dir.join(TEMP))
 }

@@ -116,6 +116,11 @@ impl Holdings {
         }
     }
 
+    /// Counts `n` retired streams more in `segment`.
+    pub fn hold_count(&mut self, segment: SegmentNo, n: u32) {
+        self.by_segment.entry(segment).or_default().retired += n;
+    }
+
     /// Stops counting a retired stream in `segments`; returns those left
     /// holding nothing.
     pub fn release(&mut self, segments: std::ops::RangeInclusive<SegmentNo>) -> Vec<SegmentNo> {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::holdings::{Holding, Holdings, Object};
-use super::retired::{Place, Retired, RetiredStreams};
+use super::retired::{Adopt, Place, Retired, RetiredStreams};
 use super::segment::{Loc, SegmentNo};
 use super::summary::Summary;
 
@@ -347,10 +347,11 @@ impl Index {
 
     /// The session's streams, in no particular order.
     pub fn streams_of(&self, session: SessionId) -> Vec<StreamId> {
-        self.by_session
-            .get(&session)
-            .map(|set| set.iter().copied().collect())
-            .unwrap_or_default()
+        let mut ids = self.retired.of_session(session);
+        if let Some(set) = self.by_session.get(&session) {
+            ids.extend(set.iter().copied());
+        }
+        ids
     }
 
     /// Creates or replaces a task record, written whole to `segment`,
@@ -459,41 +460,44 @@ impl Index {
         self.holdings.forget(Object::Stream(id));
         let retired = Retired::of_whole(meta, &state.locs, place);
         self.holdings.hold(retired.segments());
+        // The retired tier lists its streams by session itself.
+        self.unlist_stream(meta.session, id);
         self.retired
             .insert(id, retired, &answers, meta.abandon_at_ms);
     }
 
-    /// Takes in the retired streams recovery found: their sessions, their
-    /// deadlines, the segments they hold.
-    pub fn adopt_retired(&mut self, mut retired: RetiredStreams) {
-        for (id, stream, abandon_at) in retired.iter() {
-            self.by_session
-                .entry(stream.session)
-                .or_default()
-                .insert(*id);
-            self.holdings.hold(stream.segments());
-            if let Some(at) = abandon_at {
-                self.abandon_at.insert((at, *id));
+    /// Takes in the retired streams recovery found: the segments they
+    /// hold, their deadlines (their sessions' lists are their own).
+    pub fn adopt_retired(&mut self, retired: RetiredStreams) {
+        retired.adopt(|adopt| match adopt {
+            Adopt::Hold(segment, n) => self.holdings.hold_count(segment, n),
+            Adopt::Release(old) => {
+                self.holdings.release(old.segments());
             }
-        }
-        retired.sort_by_finish();
+            Adopt::Abandon(id, at) => {
+                self.abandon_at.insert((at, id));
+            }
+        });
         self.retired = retired;
     }
 
     /// A retired stream's summary was written again, at `place`, for the
     /// metadata `meta` (a change applied to it).
     pub fn resummarized(&mut self, id: StreamId, place: Place, meta: &StreamMeta) {
-        let Some(retired) = self.retired.get_mut(&id) else {
+        let changed = self.retired.update(id, |retired, abandon_at| {
+            retired.summary = place;
+            if let Some(ms) = meta.finished_ms {
+                retired.set_finished_ms(ms);
+            }
+            retired.coalesced = meta.coalesced;
+            *abandon_at = meta.abandon_at_ms;
+        });
+        let Some((old, before)) = changed else {
             return;
         };
-        let old = *retired;
-        retired.summary = place;
-        if let Some(ms) = meta.finished_ms {
-            retired.set_finished_ms(ms);
-        }
-        retired.coalesced = meta.coalesced;
-        let new = *retired;
-        let before = self.retired.set_abandon(id, meta.abandon_at_ms);
+        let Some(new) = self.retired.get(&id) else {
+            return;
+        };
         if before != meta.abandon_at_ms {
             if let Some(at) = before {
                 self.abandon_at.remove(&(at, id));

@@ -125,7 +125,8 @@ impl JournalView {
         let retired = &metadata.retired;
         for (id, place) in retired
             .ids()
-            .filter_map(|id| Some((*id, retired.get(id)?.summary)))
+            .into_iter()
+            .filter_map(|id| Some((id, retired.get(&id)?.summary)))
         {
             let Some(file) = view.files.get(&place.segment) else {
                 continue;

@@ -103,6 +103,10 @@ struct Inner {
     checkpoint_bytes: u64,
 }
 
+/// A frozen tier a checkpoint merged, and the checkpoint's size (0: it was
+/// not written).
+type Merged = (Arc<retired::Frozen>, u64);
+
 pub struct Journal {
     dir: PathBuf,
     inner: Mutex<Inner>,
@@ -117,8 +121,12 @@ pub struct Journal {
     sync_file: Arc<SyncFile>,
     /// The bound on retained streams (`retire.rs`).
     bound: bound::Bound,
-    /// Set while a checkpoint is being published (one at a time).
+    /// Set while a checkpoint is being merged and published (one at a
+    /// time).
     checkpointing: Arc<AtomicBool>,
+    /// The frozen tier the last checkpoint merged, and the checkpoint's
+    /// size (0: not written), until the writer installs it.
+    merged: Arc<Mutex<Option<Merged>>>,
     /// [`CHECKPOINT_EVERY`]; tests take them sooner.
     checkpoint_every: AtomicU64,
     /// Log bytes replayed at start-up (those after the checkpoint's cut).
@@ -216,6 +224,7 @@ impl Journal {
             sync_file,
             bound: bound::Bound::default(),
             checkpointing: Arc::default(),
+            merged: Arc::default(),
             checkpoint_every: AtomicU64::new(CHECKPOINT_EVERY),
             #[cfg(test)]
             replayed: recovered.replayed,
@@ -268,6 +277,7 @@ impl Journal {
         let mut inner = self.lock();
         if let Some(publish) = self.checkpoint(&mut inner) {
             publish();
+            self.install_merged(&mut inner);
         }
     }
 

@@ -328,14 +328,9 @@ fn from_checkpoint(dir: &Path, numbers: &[SegmentNo]) -> Option<(Metadata, Slots
             }
         }
     }
-    metadata.retired.reserve(checkpoint.retired_count());
-    for (id, retired, abandon_at) in checkpoint.retired() {
-        metadata.retired.insert_kept(id, retired, abandon_at);
-    }
-    for (hash, id) in checkpoint.requests() {
-        metadata.retired.index_hashed(hash, id);
-    }
-    Some((metadata, entries, cut, checkpoint.len() as u64))
+    let len = checkpoint.len() as u64;
+    metadata.retired = RetiredStreams::with_base(checkpoint.key, checkpoint.into_frozen());
+    Some((metadata, entries, cut, len))
 }
 
 /// Entry locations by seq (`slots[seq - 1]`), per stream, as the segments

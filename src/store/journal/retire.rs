@@ -2,7 +2,7 @@
 //!
 //! Once a stream's finish is durable, its summary (`summary.rs`) is written
 //! and the index keeps a [`Retired`] of it instead of the whole stream
-//! (`retired.rs`). A retired stream is read from its summary; a change to it
+//! (`retired/`). A retired stream is read from its summary; a change to it
 //! writes the summary again; an append, or a return to `Live`, takes it back
 //! whole (*thaws* it). Past the bound on retained streams the oldest retired
 //! ones are released before retention would have: a replay of one answers
@@ -109,7 +109,7 @@ impl RetiredRead {
 impl Inner {
     /// A retired stream and its files, for a read after the lock.
     pub(super) fn retired_read(&self, id: &StreamId) -> Option<RetiredRead> {
-        let retired = *self.index.retired.get(id)?;
+        let retired = self.index.retired.get(id)?;
         let files = retired
             .segments()
             .filter_map(|no| self.files.get(&no).map(|f| (no, f.clone())))

@@ -106,12 +106,8 @@ impl Store for Journal {
         let ids: Vec<StreamId> = {
             let inner = self.lock();
             let index = &inner.index;
-            index
-                .streams
-                .keys()
-                .chain(index.retired.ids())
-                .copied()
-                .collect()
+            let whole = index.streams.keys().copied();
+            whole.chain(index.retired.ids()).collect()
         };
         self.metas_of(&ids)
     }

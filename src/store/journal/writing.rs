@@ -9,9 +9,10 @@
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::segment::{SegmentNo, Writer};
-use super::{checkpoint, io, lock, segment, Inner, Journal};
+use super::{checkpoint, io, lock, retired, segment, Inner, Journal};
 use crate::id::StreamId;
 use crate::store::Result;
 
@@ -70,6 +71,7 @@ impl Journal {
         if self.eager_checkpoints.load(Ordering::Relaxed) {
             if let Some(publish) = self.checkpoint(inner) {
                 publish();
+                self.install_merged(inner);
             }
             return;
         }
@@ -78,8 +80,11 @@ impl Journal {
 
     /// Takes a checkpoint once the log written since the last one (or
     /// replayed at start-up) reaches [`CHECKPOINT_EVERY`], or twice the last
-    /// checkpoint's size; publishes it on a thread of its own.
+    /// checkpoint's size; merges and publishes it on a thread of its own.
+    ///
+    /// [`CHECKPOINT_EVERY`]: super::CHECKPOINT_EVERY
     pub(super) fn checkpoint_if_due(&self, inner: &mut Inner) {
+        self.install_merged(inner);
         let every = self.checkpoint_every.load(Ordering::Relaxed);
         if inner.since_checkpoint < every.max(2 * inner.checkpoint_bytes) {
             return;
@@ -92,16 +97,19 @@ impl Journal {
             .spawn(publish);
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "journal checkpoint not started");
+            inner.index.retired.merge_sealed();
             self.checkpointing.store(false, Ordering::Release);
         }
     }
 
     /// Takes a checkpoint of the index as every record written so far left
-    /// it (`checkpoint.rs`): encoded here, under the lock, where the index
-    /// and the log agree (every change updates the index in the lock hold
-    /// that wrote its record). Gives back what publishes it once the log up
-    /// to the cut is durable, to run outside the lock. One at a time; none
-    /// once the log stopped.
+    /// it (`checkpoint.rs`), where the index and the log agree (every
+    /// change updates the index in the lock hold that wrote its record).
+    /// Under the lock only the whole objects are encoded and the retired
+    /// streams' changes sealed; what it gives back merges those into the
+    /// next frozen tier, publishes the checkpoint once the log up to the
+    /// cut is durable, and leaves the tier for [`Journal::install_merged`].
+    /// One at a time; none once the log stopped.
     pub(super) fn checkpoint(&self, inner: &mut Inner) -> Option<impl FnOnce() + Send + 'static> {
         if !inner.buf.is_empty()
             || self.commit.writable().is_err()
@@ -115,32 +123,64 @@ impl Journal {
             at_ms: crate::store::now_ms(),
         };
         let started = std::time::Instant::now();
-        let mut bytes = Vec::with_capacity(inner.checkpoint_bytes as usize + 4096);
-        checkpoint::encode(&inner.index, cut, &mut bytes);
+        let Some((base, sealed)) = inner.index.retired.seal() else {
+            self.checkpointing.store(false, Ordering::Release);
+            return None;
+        };
+        let taken = checkpoint::take(&inner.index, cut);
         tracing::debug!(
-            bytes = bytes.len(),
+            bytes = taken.wholes_len(),
             retired = inner.index.retired.len(),
             whole = inner.index.streams.len(),
             held_us = started.elapsed().as_micros() as u64,
             "journal checkpoint taken"
         );
         inner.since_checkpoint = 0;
-        inner.checkpoint_bytes = bytes.len() as u64;
         let (dir, file) = (self.dir.clone(), inner.writer.file.clone());
         let (sync_file, busy) = (self.sync_file.clone(), self.checkpointing.clone());
+        let merged_slot = self.merged.clone();
         // The log up to the cut is made durable as one of the group
         // commit's flushes (shared with the writers waiting, and failing as
         // theirs would), not by a sync of its own beside them.
         let flusher = self.commit.flusher();
         Some(move || {
+            let started = std::time::Instant::now();
+            let merged = Arc::new(retired::merge(&base, &sealed));
+            drop((base, sealed));
             let published = flusher
                 .flush_with(|| sync_file(&file))
-                .and_then(|()| checkpoint::publish(&dir, &bytes));
-            if let Err(e) = published {
-                tracing::warn!(error = %e, "journal checkpoint not written; start-up replays more of the log");
-            }
+                .and_then(|()| taken.publish(&dir, &merged));
+            let bytes = match published {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::warn!(error = %e, "journal checkpoint not written; start-up replays more of the log");
+                    0
+                }
+            };
+            tracing::debug!(
+                bytes,
+                retired = merged.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "journal checkpoint written"
+            );
+            *lock(&merged_slot) = Some((merged, bytes));
             busy.store(false, Ordering::Release);
         })
+    }
+
+    /// Makes the frozen tier the last checkpoint merged the retired
+    /// streams' base, once it is ready.
+    pub(super) fn install_merged(&self, inner: &mut Inner) {
+        if self.checkpointing.load(Ordering::Acquire) {
+            return;
+        }
+        let Some((merged, bytes)) = lock(&self.merged).take() else {
+            return;
+        };
+        inner.index.retired.install(merged);
+        if bytes > 0 {
+            inner.checkpoint_bytes = bytes;
+        }
     }
 
     /// Starts the next segment and seals the active one, then copies

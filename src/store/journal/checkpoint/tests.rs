@@ -9,10 +9,12 @@ use bytes::Bytes;
 
 use super::super::Journal;
 use super::*;
-use crate::id::TaskId;
+use crate::id::{SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 use crate::store::commit::SyncMode;
 use crate::store::contract::{meta, session as session_record, task};
+use crate::store::journal::index::Index;
+use crate::store::journal::retired::{Kept, Place, Retired};
 use crate::store::{now_ms, Change, Finish, Outcome, Store, StreamMeta, StreamStatus};
 
 fn message(i: u32) -> Bytes {
@@ -78,7 +80,7 @@ async fn everything(j: &Journal) -> String {
         ));
     }
     let inner = j.lock();
-    let mut retired: Vec<_> = inner.index.retired.ids().copied().collect();
+    let mut retired: Vec<_> = inner.index.retired.ids();
     retired.sort();
     out.push(format!("retired {retired:?}"));
     // Each start opens a segment of its own: the ones before it are
@@ -238,9 +240,9 @@ async fn a_checkpoint_whose_cut_is_past_the_log_is_ignored() {
             offset: 1 << 30,
             at_ms: now_ms(),
         };
-        let mut bytes = Vec::new();
-        encode(&index, cut, &mut bytes);
-        publish(&jdir, &bytes).unwrap();
+        take(&index, cut)
+            .publish(&jdir, &Frozen::default())
+            .unwrap();
         m
     };
     let j = open(dir.path());
@@ -296,43 +298,53 @@ fn retired(session: SessionId) -> Retired {
     }
 }
 
+fn one_retired(id: StreamId, session: SessionId) -> Frozen {
+    let kept = Kept {
+        id,
+        retired: retired(session),
+        abandon_at: Some(42),
+    };
+    Frozen::build(vec![kept], vec![(99, id)])
+}
+
 #[test]
 fn a_checkpoint_reads_back_what_was_encoded() {
-    let mut index = Index::default();
+    let index = Index::default();
     let (id, session) = (StreamId::random(), SessionId::random());
-    index.retired.insert_kept(id, retired(session), Some(42));
-    index.retired.index_hashed(99, id);
     let cut = Cut {
         segment: 9,
         offset: 1234,
         at_ms: 77,
     };
-    let mut bytes = Vec::new();
-    encode(&index, cut, &mut bytes);
+    let bytes = take(&index, cut).to_bytes(&one_retired(id, session));
     let read = Checkpoint::parse(bytes).expect("parses");
     assert_eq!(read.cut, cut);
     assert!(read.key == index.retired.key());
     assert_eq!(read.wholes().count(), 0);
+    let frozen = read.into_frozen();
+    let kept = frozen.get(&id).expect("kept");
     assert_eq!(
-        read.retired().collect::<Vec<_>>(),
-        vec![(id, retired(session), Some(42))]
+        (kept.retired, kept.abandon_at),
+        (retired(session), Some(42))
     );
-    assert_eq!(read.requests().collect::<Vec<_>>(), vec![(99, id)]);
+    assert_eq!(frozen.request(99), Some(id));
+    assert_eq!(frozen.of_session(session), vec![id]);
+    assert_eq!(
+        frozen.segments().collect::<Vec<_>>(),
+        vec![(5, 1), (6, 1), (7, 1)]
+    );
 }
 
 #[test]
 fn a_checkpoint_with_one_byte_changed_is_refused() {
-    let mut index = Index::default();
-    index
-        .retired
-        .insert_kept(StreamId::random(), retired(SessionId::random()), None);
-    let mut bytes = Vec::new();
+    let index = Index::default();
     let cut = Cut {
         segment: 1,
         offset: 8,
         at_ms: 0,
     };
-    encode(&index, cut, &mut bytes);
+    let frozen = one_retired(StreamId::random(), SessionId::random());
+    let bytes = take(&index, cut).to_bytes(&frozen);
     for at in [0, 12, bytes.len() / 2, bytes.len() - 1] {
         let mut damaged = bytes.clone();
         damaged[at] ^= 0x40;
