@@ -10,7 +10,8 @@
 //! index's cost per retained stream. The proxy's own log adds the journal's
 //! recovery time and how much log it replayed after its checkpoint, and the
 //! largest checkpoint taken during the fill with the longest time it held
-//! the journal's lock. Then the `small` load runs against the
+//! the journal's lock and the longest it took to merge and write one (off
+//! the lock). Then the `small` load runs against the
 //! restarted proxy beside the upstream reached directly, rounds interleaved
 //! (after the restarts, so that its own calls, retained too, do not swell
 //! the log recovery reads).
@@ -42,10 +43,12 @@ struct Restarted {
     /// the log bytes it replayed (those after its checkpoint's cut).
     journal_ms: u64,
     replayed: u64,
-    /// The largest checkpoint the first proxy took while it was filled, and
-    /// the longest it held the journal's lock encoding one (µs).
+    /// The largest checkpoint the first proxy took while it was filled, the
+    /// longest it held the journal's lock taking one (µs), and the longest
+    /// it took to merge and write one off the lock (ms).
     checkpoint_bytes: u64,
     checkpoint_held_us: u64,
+    checkpoint_written_ms: u64,
 }
 
 /// Kills the proxy with SIGKILL and starts it again on the same data,
@@ -59,16 +62,17 @@ async fn kill_and_restart(
     let mut running = proxy;
     let mut recoveries = Vec::with_capacity(times);
     let (mut log_bytes, mut journal_ms, mut replayed) = (0, 0, 0);
-    let (mut checkpoint_bytes, mut checkpoint_held_us) = (0, 0);
+    let (mut checkpoint_bytes, mut checkpoint_held_us, mut checkpoint_written_ms) = (0, 0, 0);
     for i in 0..times {
         let dir = running
             .kill_keeping_dir()
             .ok_or_else(|| anyhow!("the proxy has no directory"))?;
         if i == 0 {
             let filled = dir.path().join("proxy.log");
-            let max = |key| logged_numbers(&filled, "journal checkpoint taken", key);
-            checkpoint_bytes = max("bytes").into_iter().max().unwrap_or(0);
-            checkpoint_held_us = max("held_us").into_iter().max().unwrap_or(0);
+            let max = |what, key| logged_numbers(&filled, what, key).into_iter().max();
+            checkpoint_bytes = max("journal checkpoint written", "bytes").unwrap_or(0);
+            checkpoint_written_ms = max("journal checkpoint written", "ms").unwrap_or(0);
+            checkpoint_held_us = max("journal checkpoint taken", "held_us").unwrap_or(0);
         }
         log_bytes = dir_bytes(&dir.path().join("data"));
         let log = dir.path().join("proxy-restarted.log");
@@ -88,6 +92,7 @@ async fn kill_and_restart(
         replayed,
         checkpoint_bytes,
         checkpoint_held_us,
+        checkpoint_written_ms,
     })
 }
 
@@ -116,6 +121,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             replayed,
             checkpoint_bytes,
             checkpoint_held_us,
+            checkpoint_written_ms,
         } = kill_and_restart(o.rounds.max(1), proxy, bin, &target).await?;
         let rss_after = rss_kib(running.pid())?;
         let replay_after = replay_rate(&logged, &target, o.rounds).await?;
@@ -128,7 +134,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
         writeln!(
             summary,
-            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>12.1} {:>15.1} {:>12.1} {replay_before:>13.0} {replay_after:>14.0}",
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
             mib(log_bytes),
             recovery.as_secs_f64() * 1000.0,
             mib(replayed),
@@ -142,7 +148,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  replayed MiB  checkpoint MiB  its lock ms  replay msg/s  after restart"
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
     )?;
     out.push_str(&summary);
     writeln!(out)?;

@@ -58,7 +58,8 @@ pub struct Index {
     pub sessions: IdMap<SessionId, SessionRecord>,
     pub streams: IdMap<StreamId, StreamState>,
     pub tasks: IdMap<TaskId, TaskRecord>,
-    /// Streams per session, for `streams_of_session` and session deletion.
+    /// Whole streams per session, for `streams_of_session` and session
+    /// deletion (the retired tier lists its own).
     /// A set: every task leg has the one session [`SessionId::TASKS`], and
     /// removing one of thousands must not walk them all.
     by_session: IdMap<SessionId, IdSet<StreamId>>,
