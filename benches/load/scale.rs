@@ -39,9 +39,11 @@ struct Restarted {
     recovery: Duration,
     /// The data directory's size at the last kill.
     log_bytes: u64,
-    /// What the journal said of its last recovery: its own time (ms) and
-    /// the log bytes it replayed (those after its checkpoint's cut).
+    /// What the journal said of its last recovery: its own time (ms), the
+    /// part of it reading the checkpoint (µs), and the log bytes it
+    /// replayed (those after its checkpoint's cut).
     journal_ms: u64,
+    checkpoint_read_us: u64,
     replayed: u64,
     /// The largest checkpoint the first proxy took while it was filled, the
     /// longest it held the journal's lock taking one (µs), and the longest
@@ -61,7 +63,7 @@ async fn kill_and_restart(
 ) -> Result<Restarted> {
     let mut running = proxy;
     let mut recoveries = Vec::with_capacity(times);
-    let (mut log_bytes, mut journal_ms, mut replayed) = (0, 0, 0);
+    let (mut log_bytes, mut journal_ms, mut replayed, mut checkpoint_read_us) = (0, 0, 0, 0);
     let (mut checkpoint_bytes, mut checkpoint_held_us, mut checkpoint_written_ms) = (0, 0, 0);
     for i in 0..times {
         let dir = running
@@ -79,6 +81,7 @@ async fn kill_and_restart(
         let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
         let last = |key| logged_numbers(&log, "journal recovered", key).pop();
         journal_ms = last("ms").unwrap_or(0);
+        checkpoint_read_us = last("checkpoint_us").unwrap_or(0);
         replayed = last("replayed_bytes").unwrap_or(0);
         recoveries.push(recovery);
         running = restarted;
@@ -89,6 +92,7 @@ async fn kill_and_restart(
         recovery: recoveries[recoveries.len() / 2],
         log_bytes,
         journal_ms,
+        checkpoint_read_us,
         replayed,
         checkpoint_bytes,
         checkpoint_held_us,
@@ -118,6 +122,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             recovery,
             log_bytes,
             journal_ms,
+            checkpoint_read_us,
             replayed,
             checkpoint_bytes,
             checkpoint_held_us,
@@ -134,9 +139,10 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
         writeln!(
             summary,
-            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>16.1} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
             mib(log_bytes),
             recovery.as_secs_f64() * 1000.0,
+            checkpoint_read_us as f64 / 1000.0,
             mib(replayed),
             mib(checkpoint_bytes),
             checkpoint_held_us as f64 / 1000.0,
@@ -148,7 +154,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  checkpoint read ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
     )?;
     out.push_str(&summary);
     writeln!(out)?;

@@ -187,6 +187,7 @@ impl Journal {
             streams = recovered.index.streams.len(),
             retired = recovered.index.retired.len(),
             replayed_bytes = recovered.replayed,
+            checkpoint_us = recovered.checkpoint_us,
             ms = started.elapsed().as_millis() as u64,
             "journal recovered"
         );

@@ -50,6 +50,8 @@ pub struct Recovered {
     pub replayed: u64,
     /// The size of the checkpoint it started from (0: none).
     pub checkpoint_bytes: u64,
+    /// How long reading that checkpoint took.
+    pub checkpoint_us: u64,
 }
 
 /// Sessions, tasks and streams as the metadata records replayed so far
@@ -204,10 +206,15 @@ fn io(e: std::io::Error) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+const MAGIC_LEN: usize = MAGIC.len();
+
 pub fn recover(dir: &Path) -> Result<Recovered> {
     let numbers = segment::list(dir).map_err(io)?;
     checkpoint::remove_leftover(dir).map_err(io)?;
-    let (mut metadata, mut entries, cut, checkpoint_bytes) = match from_checkpoint(dir, &numbers) {
+    let started = std::time::Instant::now();
+    let from_checkpoint = from_checkpoint(dir, &numbers);
+    let checkpoint_us = started.elapsed().as_micros() as u64;
+    let (mut metadata, mut entries, cut, checkpoint_bytes) = match from_checkpoint {
         Some((metadata, entries, cut, bytes)) => (metadata, entries, Some(cut), bytes),
         None => (Metadata::default(), Slots::default(), None, 0),
     };
@@ -228,7 +235,11 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             Some(cut) if no == cut.segment => cut.offset as usize,
             _ => MAGIC.len(),
         };
-        if !segment::read_all(dir, no, &mut bytes).map_err(io)? {
+        let read = match from {
+            MAGIC_LEN => segment::read_all(dir, no, &mut bytes),
+            from => segment::read_from(dir, no, from, &mut bytes),
+        };
+        if !read.map_err(io)? {
             if is_last {
                 // Created, then the crash: it holds nothing.
                 std::fs::remove_file(segment::path(dir, no)).map_err(io)?;
@@ -282,6 +293,7 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         last,
         replayed,
         checkpoint_bytes,
+        checkpoint_us,
     })
 }
 
