@@ -42,15 +42,15 @@
 //!   issuer's JWKS) or token introspection, each cached; refusals counted.
 //! - [`session`]: proxy session ↔ upstream session, principals, protocol eras;
 //!   the places open sessions hold (per principal and in all) and the early
-//!   end of sessions never used after `initialize`.
+//!   end of sessions never used after `initialize`; the hand-over of an
+//!   upstream message that arrived on another stream of its session to its
+//!   own stream's relay ([`session::stray`]), on the queue that also feeds a
+//!   relay ([`session::queue`]: bounded, closable from either end,
+//!   allocating nothing until used).
 //! - [`relay`]: the write path — an upstream answer into its stream, ended
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
 //!   asked again while a resumed stream stays silent, and sorted so that only
 //!   a stream's own messages enter it.
-//! - [`stray`]: the hand-over of an upstream message that arrived on another
-//!   stream of its session to its own stream's relay.
-//! - [`queue`]: the hand-over queue under strays and a relay's feed:
-//!   bounded, closable from either end, allocating nothing until used.
 //! - [`ingest`]: what every upstream message passes before the log (relay and
 //!   stdio alike): no spoofed dialect notifications, no orphan progress,
 //!   per-stream caps, status marks.
@@ -127,14 +127,12 @@ pub mod mac;
 pub mod metrics;
 pub mod outbound;
 pub mod proxy;
-pub mod queue;
 pub mod relay;
 pub mod reply;
 pub mod server;
 pub mod session;
 pub mod sse;
 pub mod store;
-pub mod stray;
 pub mod stream;
 pub mod task;
 pub mod tls;

@@ -25,8 +25,8 @@ use super::{Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
 use crate::ingest::Batch;
 
 use crate::metrics::ResumedAfter;
+use crate::session::stray::{Inlet, Stray};
 use crate::store::{StreamKind, StreamStatus};
-use crate::stray::{Inlet, Stray};
 use crate::upstream::http::{carries_messages, within, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
 
