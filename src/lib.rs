@@ -51,9 +51,6 @@
 //!   with the truth; resumed upstream after a cut or a restart of the proxy,
 //!   asked again while a resumed stream stays silent, and sorted so that only
 //!   a stream's own messages enter it.
-//! - [`ingest`]: what every upstream message passes before the log (relay and
-//!   stdio alike): no spoofed dialect notifications, no orphan progress,
-//!   per-stream caps, status marks.
 //! - [`stream`]: the log as the proxy sees it; readers that replay then follow
 //!   (one exclusive reader per stream; watchers that never take over; what
 //!   this process just appended handed to its reader without a read back),
@@ -76,8 +73,11 @@
 //!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
 //!   [`task::legacy`] (the 2025-11-25 experimental tasks').
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
-//!   HTTP; [`upstream::renew`] when it forgot a session) and
-//!   [`upstream::stdio`] (a child per session, demultiplexed).
+//!   HTTP; [`upstream::renew`] when it forgot a session),
+//!   [`upstream::stdio`] (a child per session, demultiplexed), and
+//!   [`upstream::ingest`], what every upstream message passes before the log
+//!   (relay and stdio alike): no spoofed dialect notifications, no orphan
+//!   progress, per-stream caps, status marks.
 //! - [`outbound`]: the HTTPS client (connector, one-line errors) that
 //!   upstreams and authorization servers are reached with.
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
@@ -119,7 +119,6 @@ pub mod edge;
 pub mod front_door;
 pub mod headers;
 pub mod id;
-pub mod ingest;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;

@@ -9,8 +9,8 @@
 
 use std::collections::HashSet;
 
-use crate::ingest::Batch;
 use crate::jsonrpc::RequestId;
+use crate::upstream::ingest::Batch;
 
 /// Batches read ahead of the log at most.
 const DEPTH: usize = 256;

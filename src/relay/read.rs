@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::feed::{Feed, Feeder};
 use super::sort::{Belongs, Sorter};
 use super::{Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
-use crate::ingest::Batch;
+use crate::upstream::ingest::Batch;
 
 use crate::metrics::ResumedAfter;
 use crate::session::stray::{Inlet, Stray};
