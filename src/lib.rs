@@ -74,10 +74,11 @@
 //!   [`task::legacy`] (the 2025-11-25 experimental tasks').
 //! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
 //!   HTTP; [`upstream::renew`] when it forgot a session),
-//!   [`upstream::stdio`] (a child per session, demultiplexed), and
+//!   [`upstream::stdio`] (a child per session, demultiplexed);
 //!   [`upstream::ingest`], what every upstream message passes before the log
 //!   (relay and stdio alike): no spoofed dialect notifications, no orphan
-//!   progress, per-stream caps, status marks.
+//!   progress, per-stream caps, status marks; and [`upstream::headers`],
+//!   which HTTP headers cross the proxy in each direction.
 //! - [`outbound`]: the HTTPS client (connector, one-line errors) that
 //!   upstreams and authorization servers are reached with.
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
@@ -91,7 +92,6 @@
 //!   poll cursors — each of its own kind, bound to session (and principal).
 //! - [`mac`]: the HMAC-SHA256 those handles are sealed with, over SHA-256's
 //!   block function.
-//! - [`headers`]: which HTTP headers cross the proxy.
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
 //! - [`inspect`]: the `streams list|show` command — a read-only look at a
@@ -117,7 +117,6 @@ pub mod demo;
 pub mod dialect;
 pub mod edge;
 pub mod front_door;
-pub mod headers;
 pub mod id;
 pub mod inspect;
 pub mod jsonrpc;

@@ -17,13 +17,13 @@ use crate::dialect::last_event_id::{self, Presentation};
 use crate::dialect::legacy_tasks::Fetched;
 use crate::dialect::resume_token::Call;
 use crate::dialect::{Context, Negotiated, Presenter};
-use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Kind};
 use crate::reply::{self, Body};
 use crate::session::{self, Session};
 use crate::store::StreamMeta;
 use crate::stream::{Next, Reader};
+use crate::upstream::headers::{self, SESSION_ID};
 
 /// How long a JSON-only client's request may wait for its stream to finish.
 const JSON_ANSWER_IDLE: Duration = Duration::from_secs(3600);

@@ -16,9 +16,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::headers;
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
-use crate::headers;
 use crate::outbound::{self, error_chain, Connector};
 use crate::sse;
 use crate::workers::PerWorker;

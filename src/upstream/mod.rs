@@ -2,7 +2,8 @@
 //! (`http.rs`, and `renew.rs` for one that forgot a session) and stdio
 //! programs (`stdio.rs`, one child per session). Both yield upstream
 //! messages as the raw bytes the server wrote, and every one of them passes
-//! `ingest.rs` before the log.
+//! `ingest.rs` before the log. `headers.rs` says which HTTP headers cross
+//! the proxy, toward an upstream and back.
 //!
 //! HTTP upstream code sends and decodes and never touches the log (the relay
 //! does, through [`ingest`]); a stdio child has a single output pipe for
@@ -15,6 +16,7 @@
 //! thing [`ingest`] asks of `dialect` is which notification namespaces the
 //! proxy authors itself, so that no upstream message speaks in them.
 
+pub mod headers;
 pub mod http;
 pub mod ingest;
 pub mod renew;
