@@ -16,7 +16,9 @@
 //! - [`config`]: the TOML file and CLI overrides, validated with messages that
 //!   name the key.
 //! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
-//!   start-up order (open log, recover, serve).
+//!   start-up order (open log, recover, serve); [`server::front_door`]: one
+//!   connection from socket to hyper — TLS handshake, limits on request
+//!   heads, the client certificate's principal.
 //! - [`workers`]: the threads that serve connections, one single-threaded
 //!   scheduler each, what each of them keeps for itself, and how many
 //!   connections each serves.
@@ -25,8 +27,6 @@
 //!   from a trusted ingress), `Host` and `Origin` checks, CORS, the OAuth
 //!   discovery and authorization paths passed to the upstream's origin, the
 //!   upstream's own URL rewritten into the proxy's.
-//! - [`front_door`]: one connection from socket to hyper — TLS handshake,
-//!   limits on request heads, the client certificate's principal.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
 //!   roots) and the principal of a client certificate.
 //! - [`proxy`]: per-route request handling; [`proxy::legacy`] (parse →
@@ -116,7 +116,6 @@ pub mod config;
 pub mod demo;
 pub mod dialect;
 pub mod edge;
-pub mod front_door;
 pub mod id;
 pub mod inspect;
 pub mod jsonrpc;
