@@ -28,7 +28,9 @@
 //!   discovery and authorization paths passed to the upstream's origin, the
 //!   upstream's own URL rewritten into the proxy's.
 //! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
-//!   roots) and the principal of a client certificate.
+//!   roots) and the principal of a client certificate; [`tls::outbound`]:
+//!   the HTTPS client (connector, one-line errors) that upstreams and
+//!   authorization servers are reached with.
 //! - [`proxy`]: per-route request handling; [`proxy::legacy`] (parse →
 //!   session → dialect router → exchange), the exchange as a pipeline (open
 //!   the stream: admitted under the session, principal and disk caps, no
@@ -79,8 +81,6 @@
 //!   (relay and stdio alike): no spoofed dialect notifications, no orphan
 //!   progress, per-stream caps, status marks; and [`upstream::headers`],
 //!   which HTTP headers cross the proxy in each direction.
-//! - [`outbound`]: the HTTPS client (connector, one-line errors) that
-//!   upstreams and authorization servers are reached with.
 //! - [`metrics`]: the Prometheus registry (owned by the log) and its
 //!   OpenMetrics text for `GET /metrics`.
 //! - [`lifetime`]: crash recovery (resume upstream, or fail with an error
@@ -122,7 +122,6 @@ pub mod jsonrpc;
 pub mod lifetime;
 pub mod mac;
 pub mod metrics;
-pub mod outbound;
 pub mod proxy;
 pub mod relay;
 pub mod reply;

@@ -19,8 +19,8 @@ use hyper_util::rt::TokioExecutor;
 use super::headers;
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
-use crate::outbound::{self, error_chain, Connector};
 use crate::sse;
+use crate::tls::outbound::{self, error_chain, Connector};
 use crate::workers::PerWorker;
 
 /// Largest single upstream message the proxy will log (64 MiB).
