@@ -89,9 +89,8 @@
 //! - [`jsonrpc`]: envelope classification over raw bytes.
 //! - [`sse`]: SSE encoder and incremental decoder.
 //! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
-//!   poll cursors — each of its own kind, bound to session (and principal).
-//! - [`mac`]: the HMAC-SHA256 those handles are sealed with, over SHA-256's
-//!   block function.
+//!   poll cursors — each of its own kind, bound to session (and principal),
+//!   and the HMAC-SHA256 they are sealed with (`token/mac.rs`).
 //! - [`reply`]: response bodies and error responses.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
 //! - [`inspect`]: the `streams list|show` command — a read-only look at a
@@ -120,7 +119,6 @@ pub mod id;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
-pub mod mac;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;

@@ -40,6 +40,8 @@
 //! handles survive a restart; every instance of a cluster must share it. This
 //! module knows nothing of HTTP or the log.
 
+mod mac;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -49,7 +51,6 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
-use crate::mac;
 
 /// One kind of sealed handle.
 struct Kind {
