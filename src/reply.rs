@@ -91,7 +91,7 @@ pub fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 }
 
 /// Headers every SSE response of the proxy carries.
-pub fn sse(body: Body) -> Response<Body> {
+pub fn event_stream(body: Body) -> Response<Body> {
     let mut res = Response::new(body);
     let h = res.headers_mut();
     h.insert(

@@ -82,7 +82,7 @@ impl Route {
                 presenter: showing.presenter,
                 draining: self.shared.draining.clone(),
             };
-            reply::sse(last_event_id::serve(showing.reader, how))
+            reply::event_stream(last_event_id::serve(showing.reader, how))
         } else {
             json_answer(showing).await?
         };

@@ -153,7 +153,7 @@ pub(super) async fn serve(
             }
         }
     });
-    Ok(reply::sse(body))
+    Ok(reply::event_stream(body))
 }
 
 /// A `notifications/tasks` with the task as `tasks/get` shows it.
