@@ -87,11 +87,11 @@
 //!   entry) at start-up and, with a shared log, takeover of dead instances'
 //!   calls; abandonment, retention, session expiry.
 //! - [`jsonrpc`]: envelope classification over raw bytes.
-//! - [`sse`]: SSE encoder and incremental decoder.
 //! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
 //!   poll cursors — each of its own kind, bound to session (and principal),
 //!   and the HMAC-SHA256 they are sealed with (`token/mac.rs`).
-//! - [`reply`]: response bodies and error responses.
+//! - [`reply`]: response bodies and error responses; [`reply::sse`], the SSE
+//!   encoder and incremental decoder.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
 //! - [`inspect`]: the `streams list|show` command — a read-only look at a
 //!   data directory's log, safe while the proxy runs.
@@ -125,7 +125,6 @@ pub mod relay;
 pub mod reply;
 pub mod server;
 pub mod session;
-pub mod sse;
 pub mod store;
 pub mod stream;
 pub mod task;

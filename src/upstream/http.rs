@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use super::headers;
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
-use crate::sse;
+use crate::reply::sse;
 use crate::tls::outbound::{self, error_chain, Connector};
 use crate::workers::PerWorker;
 

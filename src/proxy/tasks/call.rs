@@ -527,7 +527,7 @@ fn replay(
     let mut body = BytesMut::new();
     for event in &said {
         if sse {
-            crate::sse::encode_event(&mut body, event.id.as_deref(), &event.message);
+            crate::reply::sse::encode_event(&mut body, event.id.as_deref(), &event.message);
         } else {
             body.extend_from_slice(&event.message);
         }

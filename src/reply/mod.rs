@@ -1,8 +1,11 @@
 //! The bodies and responses the proxy writes to clients: error responses with
 //! JSON-RPC bodies, whole bodies, streamed bodies fed by a task, and upstream
-//! bodies passed through.
+//! bodies passed through; and in [`sse`], the framing of an event-stream
+//! body, encoded for clients and decoded from upstreams.
 //!
 //! Nothing here decides *which* answer to give; handlers do.
+
+pub mod sse;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
