@@ -206,8 +206,10 @@ pub fn pass_through(res: Response<Incoming>, session: Option<SessionId>) -> Resp
     let (head, body) = res.into_parts();
     let mut out = Response::new(reply::passthrough(body));
     *out.status_mut() = head.status;
-    let session = session.map(|s| s.to_string());
-    *out.headers_mut() = headers::to_client(&head.headers, session.as_deref());
+    *out.headers_mut() = headers::to_client(&head.headers, None);
+    if let Some(session) = session {
+        insert_session_header(out.headers_mut(), session);
+    }
     out
 }
 
