@@ -13,31 +13,33 @@
 //!
 //! # Layout
 //!
-//! One line per module of `src/`, roughly in the order a request meets them;
-//! each module's own doc says what it owns and what it must not do.
+//! One line per module of `src/`, from the top of the import graph down: a
+//! module's code imports only modules listed below it (one of the journal's
+//! tests reads through `stream`). The two commands beside the proxy come
+//! first. Each module's own doc says what it owns and what it must not do.
 //!
+//! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
+//! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
 //! - [`server`]: start-up (open the log, recover, serve), accept loop, front door, routes.
-//! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
-//! - [`tls`]: the rustls configurations, a client certificate's principal, the HTTPS client.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
-//! - [`auth`]: who a request speaks for: credential digest, identity header, JWT, introspection.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
-//! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.
+//! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.
+//! - [`upstream`]: MCP servers over HTTP or stdio, the headers that cross, ingest before the log.
 //! - [`dialect`]: how clients come back (`Last-Event-ID`, resume tokens, streams, …), one seam.
 //! - [`task`]: what a durable task is, and how each protocol revision shows it.
-//! - [`token`]: sealed handles (event ids, resume tokens, stream handles, poll cursors).
-//! - [`upstream`]: MCP servers over HTTP or stdio, the headers that cross, ingest before the log.
-//! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.
-//! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
-//! - [`store`]: the durable log's contract; journal (default), sled, Redis; the group commit.
 //! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.
+//! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
 //! - [`metrics`]: the Prometheus registry, owned by the log, rendered for `GET /metrics`.
-//! - [`reply`]: the bodies and responses the proxy writes, and SSE framing.
-//! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
-//! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
+//! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.
+//! - [`auth`]: who a request speaks for: credential digest, identity header, JWT, introspection.
+//! - [`tls`]: the rustls configurations, a client certificate's principal, the HTTPS client.
 //! - [`config`]: the TOML file and CLI overrides, validated with messages that name the key.
-//! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
-//! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
+//! - [`token`]: sealed handles (event ids, resume tokens, stream handles, poll cursors).
+//! - [`reply`]: the bodies and responses the proxy writes, and SSE framing.
+//! - [`store`]: the durable log's contract; journal (default), sled, Redis; the group commit.
+//! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
+//! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
+//! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
 //!
 //! # Memory per open stream
 //!
