@@ -1,6 +1,6 @@
 //! Criterion micro-benchmarks of the proxy's hot paths, through the crate's
-//! public API only: SSE framing (`sse::encode_event`, `sse::Decoder`),
-//! envelope classification (`jsonrpc::classify`, `jsonrpc::parse_body`),
+//! public API only: SSE framing (`reply::sse::encode_event`,
+//! `reply::sse::Decoder`), envelope classification (`jsonrpc::classify`, `jsonrpc::parse_body`),
 //! sealed event ids (`token::Keyring`) and both log backends, the journal
 //! (default) and sled (`append` with `sync = "never"` and `"batch"`, one
 //! stream and 16 concurrent streams, and `read_after`), and one sweep of the
@@ -25,8 +25,8 @@ use mcp_resume_proxy::config::StoreConfig;
 use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::jsonrpc;
 use mcp_resume_proxy::lifetime::{sweep, Canceller};
+use mcp_resume_proxy::reply::sse::{encode_event, Decoder};
 use mcp_resume_proxy::session::Sessions;
-use mcp_resume_proxy::sse::{encode_event, Decoder};
 use mcp_resume_proxy::store::commit::SyncMode;
 use mcp_resume_proxy::store::journal::Journal;
 use mcp_resume_proxy::store::redis::RedisStore;

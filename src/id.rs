@@ -3,7 +3,7 @@
 //!
 //! Both ids are 128 random bits from the operating system's CSPRNG, so they are
 //! unguessable on their own; tokens and event ids built on them are still
-//! authenticated (see `token.rs`) because a client must never be able to point
+//! authenticated (see `token/`) because a client must never be able to point
 //! at a stream by editing bytes. This module only mints, prints, parses and
 //! hashes them.
 

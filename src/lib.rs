@@ -13,91 +13,33 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: the TOML file and CLI overrides, validated with messages that
-//!   name the key.
-//! - [`server`]: accept loop, routes, `Origin` check, graceful shutdown; the
-//!   start-up order (open log, recover, serve).
-//! - [`workers`]: the threads that serve connections, one single-threaded
-//!   scheduler each, what each of them keeps for itself, and how many
-//!   connections each serves.
-//! - [`edge`]: what is settled before a route sees a request and what every
-//!   answer carries out — the public URL the client used (configured, or
-//!   from a trusted ingress), `Host` and `Origin` checks, CORS, the OAuth
-//!   discovery and authorization paths passed to the upstream's origin, the
-//!   upstream's own URL rewritten into the proxy's.
-//! - [`front_door`]: one connection from socket to hyper — TLS handshake,
-//!   limits on request heads, the client certificate's principal.
-//! - [`tls`]: the rustls configurations (listener, mutual TLS, upstream
-//!   roots) and the principal of a client certificate.
-//! - [`proxy`]: per-route request handling; [`proxy::legacy`] (parse →
-//!   session → dialect router → exchange), the exchange as a pipeline (open
-//!   the stream: admitted under the session, principal and disk caps, no
-//!   double execution, logged with its opening entries → send to the
-//!   target, an HTTP upstream or a stdio child → present the answer from
-//!   the log), the one error type [`proxy::Rejection`], [`proxy::modern`] (stateless pass-through) and
-//!   [`proxy::tasks`] (durable tasks for modern clients of task-unaware
-//!   upstreams: the call that becomes a task, the `tasks/*` methods).
-//! - [`auth`]: who a request speaks for — the principal from a credential
-//!   digest, a trusted identity header, a verified JWT (keys from the
-//!   issuer's JWKS) or token introspection, each cached; refusals counted.
-//! - [`session`]: proxy session ↔ upstream session, principals, protocol eras;
-//!   the places open sessions hold (per principal and in all) and the early
-//!   end of sessions never used after `initialize`.
-//! - [`relay`]: the write path — an upstream answer into its stream, ended
-//!   with the truth; resumed upstream after a cut or a restart of the proxy,
-//!   asked again while a resumed stream stays silent, and sorted so that only
-//!   a stream's own messages enter it.
-//! - [`stray`]: the hand-over of an upstream message that arrived on another
-//!   stream of its session to its own stream's relay.
-//! - [`queue`]: the hand-over queue under strays and a relay's feed:
-//!   bounded, closable from either end, allocating nothing until used.
-//! - [`ingest`]: what every upstream message passes before the log (relay and
-//!   stdio alike): no spoofed dialect notifications, no orphan progress,
-//!   per-stream caps, status marks.
-//! - [`stream`]: the log as the proxy sees it; readers that replay then follow
-//!   (one exclusive reader per stream; watchers that never take over; what
-//!   this process just appended handed to its reader without a read back),
-//!   the acknowledged cursor, and the status every dialect maps its words
-//!   from.
-//! - [`store`]: the durable log's contract; [`store::journal`] (default:
-//!   append-only segment files, in-memory index), [`store::sled`],
-//!   [`store::redis`] (shared by instances: the feed they follow, leases and
-//!   ownership), and the group commit in [`store::commit`] (a syncer
-//!   thread; a lone writer flushes on its own worker).
-//! - [`dialect`]: how clients come back, and the seam they plug into
-//!   (negotiation, command router, presentation);
-//!   [`dialect::last_event_id`], [`dialect::resume_token`] (seeds 000/001),
-//!   [`dialect::resumable_request`] (seed 002), [`dialect::streams`]
-//!   (seed 003), [`dialect::legacy_tasks`] (the 2025-11-25 experimental
-//!   tasks, served on the session path).
-//! - [`task`]: what a task is, for both revisions' tasks — its record (the
-//!   store contract's), read with its current leg, changed by compare-and-set,
-//!   cancelled — and how each revision shows it: one wire `Task`,
-//!   [`task::modern`] (the 2026-07-28 tasks extension's wire shapes) and
-//!   [`task::legacy`] (the 2025-11-25 experimental tasks').
-//! - [`upstream`]: talking to MCP servers; [`upstream::http`] (Streamable
-//!   HTTP; [`upstream::renew`] when it forgot a session) and
-//!   [`upstream::stdio`] (a child per session, demultiplexed).
-//! - [`outbound`]: the HTTPS client (connector, one-line errors) that
-//!   upstreams and authorization servers are reached with.
-//! - [`metrics`]: the Prometheus registry (owned by the log) and its
-//!   OpenMetrics text for `GET /metrics`.
-//! - [`lifetime`]: crash recovery (resume upstream, or fail with an error
-//!   entry) at start-up and, with a shared log, takeover of dead instances'
-//!   calls; abandonment, retention, session expiry.
-//! - [`jsonrpc`]: envelope classification over raw bytes.
-//! - [`sse`]: SSE encoder and incremental decoder.
-//! - [`token`]: sealed handles — event ids, resume tokens, stream handles,
-//!   poll cursors — each of its own kind, bound to session (and principal).
-//! - [`mac`]: the HMAC-SHA256 those handles are sealed with, over SHA-256's
-//!   block function.
-//! - [`headers`]: which HTTP headers cross the proxy.
-//! - [`reply`]: response bodies and error responses.
+//! One line per module of `src/`, from the top of the import graph down: a
+//! module's code imports only modules listed below it (one of the journal's
+//! tests reads through `stream`). The two commands beside the proxy come
+//! first. Each module's own doc says what it owns and what it must not do.
+//!
+//! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
+//! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
+//! - [`server`]: start-up (open the log, recover, serve), accept loop, front door, routes.
+//! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
+//! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
+//! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.
+//! - [`upstream`]: MCP servers over HTTP or stdio, the headers that cross, ingest before the log.
+//! - [`dialect`]: how clients come back (`Last-Event-ID`, resume tokens, streams, …), one seam.
+//! - [`task`]: what a durable task is, and how each protocol revision shows it.
+//! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.
+//! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
+//! - [`metrics`]: the Prometheus registry, owned by the log, rendered for `GET /metrics`.
+//! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.
+//! - [`auth`]: who a request speaks for: credential digest, identity header, JWT, introspection.
+//! - [`tls`]: the rustls configurations, a client certificate's principal, the HTTPS client.
+//! - [`config`]: the TOML file and CLI overrides, validated with messages that name the key.
+//! - [`token`]: sealed handles (event ids, resume tokens, stream handles, poll cursors).
+//! - [`reply`]: the bodies and responses the proxy writes, and SSE framing.
+//! - [`store`]: the durable log's contract; journal (default), sled, Redis; the group commit.
+//! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
+//! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
-//! - [`inspect`]: the `streams list|show` command — a read-only look at a
-//!   data directory's log, safe while the proxy runs.
-//! - [`demo`]: the demo MCP server (HTTP and stdio) that also serves the
-//!   tests, and the `demo` command.
 //!
 //! # Memory per open stream
 //!
@@ -116,25 +58,17 @@ pub mod config;
 pub mod demo;
 pub mod dialect;
 pub mod edge;
-pub mod front_door;
-pub mod headers;
 pub mod id;
-pub mod ingest;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
-pub mod mac;
 pub mod metrics;
-pub mod outbound;
 pub mod proxy;
-pub mod queue;
 pub mod relay;
 pub mod reply;
 pub mod server;
 pub mod session;
-pub mod sse;
 pub mod store;
-pub mod stray;
 pub mod stream;
 pub mod task;
 pub mod tls;

@@ -319,7 +319,7 @@ impl Chaos {
     }
 
     /// One event as the client sees it.
-    fn take(&self, id: u64, rpc: u64, event: mcp_resume_proxy::sse::Event, held: &mut Held) {
+    fn take(&self, id: u64, rpc: u64, event: mcp_resume_proxy::reply::sse::Event, held: &mut Held) {
         if let Some(event_id) = &event.id {
             if self.way == Way::LastEventId {
                 held.handle = Some(event_id.clone());

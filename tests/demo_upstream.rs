@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
-use mcp_resume_proxy::sse::{Decoder, Event};
+use mcp_resume_proxy::reply::sse::{Decoder, Event};
 use serde_json::{json, Value};
 
 // A crate root looks for modules beside itself, so the path is spelt out.

@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use mcp_resume_proxy::config::Config;
 use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::jsonrpc::{self, Body, Kind, RequestId};
-use mcp_resume_proxy::sse::{self, Decoder, Event};
+use mcp_resume_proxy::reply::sse::{self, Decoder, Event};
 use mcp_resume_proxy::token::{CallToken, Keyring};
 use proptest::prelude::*;
 use proptest::sample::Index;

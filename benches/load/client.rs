@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use mcp_resume_proxy::sse::Decoder;
+use mcp_resume_proxy::reply::sse::Decoder;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 

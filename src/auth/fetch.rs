@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::outbound::{self, error_chain, Connector};
+use crate::tls::outbound::{self, error_chain, Connector};
 
 /// Largest document accepted from an authorization server.
 pub const MAX_BODY: usize = 1024 * 1024;

@@ -20,7 +20,7 @@ use super::responses::{text_result, tool_error};
 use super::session_wide_replay::Journal;
 use super::stats::{DemoStats, MODERN_VERSION};
 use super::stream_log::StreamLog;
-use crate::sse;
+use crate::reply::sse;
 
 /// How long `ask` waits for the client's answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(60);

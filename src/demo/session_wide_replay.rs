@@ -24,8 +24,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::reply::sse;
 use crate::reply::{self, Body};
-use crate::sse;
 
 /// How often an idle standalone GET stream gets a comment, so that
 /// intermediaries do not time the connection out.

@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, watch};
 
 use super::session_wide_replay::{Journal, KEEP_ALIVE_EVERY};
-use crate::sse;
+use crate::reply::sse;
 
 /// One logged event. `data == None` is a priming event (id, empty data).
 #[derive(Clone)]

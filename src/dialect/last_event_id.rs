@@ -109,7 +109,7 @@ impl Serving {
                 let id = how
                     .keyring
                     .event_id(how.session, stream, self.reader.cursor());
-                crate::sse::encode_priming(&mut self.out, &id, how.retry_ms.take());
+                crate::reply::sse::encode_priming(&mut self.out, &id, how.retry_ms.take());
                 return Some(self.out.split().freeze());
             }
         }
@@ -143,12 +143,12 @@ impl Serving {
                         stream,
                         entry.seq,
                     );
-                    crate::sse::encode_event(&mut self.out, Some(&self.id), &message);
+                    crate::reply::sse::encode_event(&mut self.out, Some(&self.id), &message);
                 }
                 Some(self.out.split().freeze())
             }
             // (At a deadline, the next chunk is the interim.)
-            Ok(Next::Idle) => Some(Bytes::from_static(crate::sse::KEEP_ALIVE)),
+            Ok(Next::Idle) => Some(Bytes::from_static(crate::reply::sse::KEEP_ALIVE)),
             Ok(Next::End(_)) => {
                 // Not acknowledged: a write that reached the end of the
                 // stream is no evidence the client read it (a connection cut
@@ -162,7 +162,7 @@ impl Serving {
                 }
                 for message in &closing {
                     self.retry_first();
-                    crate::sse::encode_event(&mut self.out, None, message);
+                    crate::reply::sse::encode_event(&mut self.out, None, message);
                 }
                 Some(self.out.split().freeze())
             }
@@ -180,7 +180,7 @@ impl Serving {
         self.ended = true;
         let interim = self.how.presenter.interim(self.reader.cursor())?;
         self.retry_first();
-        crate::sse::encode_event(&mut self.out, None, &interim);
+        crate::reply::sse::encode_event(&mut self.out, None, &interim);
         Some(self.out.split().freeze())
     }
 
@@ -190,7 +190,7 @@ impl Serving {
     fn drained(&mut self) -> Option<Bytes> {
         self.ended = true;
         let ms = self.how.retry_ms.take().unwrap_or(DRAIN_RETRY_MS);
-        crate::sse::encode_retry_field(&mut self.out, ms);
+        crate::reply::sse::encode_retry_field(&mut self.out, ms);
         self.out.extend_from_slice(b"\n");
         Some(self.out.split().freeze())
     }
@@ -198,7 +198,7 @@ impl Serving {
     /// `retry:` goes with the first event a client sees.
     fn retry_first(&mut self) {
         if let Some(ms) = self.how.retry_ms.take() {
-            crate::sse::encode_retry_field(&mut self.out, ms);
+            crate::reply::sse::encode_retry_field(&mut self.out, ms);
         }
     }
 }
@@ -207,7 +207,7 @@ impl Serving {
 mod tests {
     use super::*;
     use crate::dialect::Presenter;
-    use crate::sse::Decoder;
+    use crate::reply::sse::Decoder;
     use crate::store::commit::SyncMode;
     use crate::store::journal::Journal;
     use crate::store::StreamStatus;

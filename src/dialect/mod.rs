@@ -24,6 +24,12 @@
 //! a seed's POST resume — is read in one place for all of them,
 //! `Context::after_event`: it names an entry of one of the caller's streams,
 //! the resume starts after it, and naming it acknowledges it.
+//!
+//! The dialects: [`last_event_id`] (the SSE standard's resumption, on a GET
+//! or a POST's answer), [`resume_token`] (seeds 000/001),
+//! [`resumable_request`] (seed 002), [`streams`] (seed 003) and
+//! [`legacy_tasks`] (the 2025-11-25 experimental tasks, served on the
+//! session path).
 
 pub mod last_event_id;
 pub mod legacy_tasks;

@@ -22,9 +22,9 @@ use serde_json::value::RawValue;
 use super::discovery::Passage;
 use super::origin::PublicOrigin;
 use super::public_url::PublicUrls;
-use crate::headers;
 use crate::proxy::Rejection;
 use crate::reply::{self, Body};
+use crate::upstream::headers;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::UpstreamError;
 

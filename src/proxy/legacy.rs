@@ -20,12 +20,12 @@ use super::present::{self, Showing};
 use super::send::Target;
 use super::{read_body, rebind, Rejection, Route};
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
-use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Body as Message, Needle, RequestId};
 use crate::reply::{self, Body};
 use crate::session::{self, Lookup, Session};
 use crate::store::StreamStatus;
+use crate::upstream::headers::{self, SESSION_ID};
 use crate::upstream::Upstream;
 
 static RESULT: Needle = Needle::new(b"\"result\"");

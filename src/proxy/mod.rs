@@ -3,6 +3,17 @@
 //! modern (stateless pass-through) handler. Also owns what both need: the
 //! shared state, reading a bounded request body, and the request path's one
 //! error type ([`Rejection`]), turned into a response here and nowhere else.
+//!
+//! [`legacy`] is the session path: parse → session → dialect router →
+//! exchange (`exchange.rs`), a pipeline of its own — open the stream
+//! (`opening.rs`: admitted under the session, principal and disk caps by
+//! `quota.rs`, no double execution, logged with its opening entries) → send
+//! it to the target, an HTTP upstream or a stdio child (`send/`) → present
+//! the answer from the log (`present.rs`); `post.rs` is the POST the steps
+//! read, `rebind.rs` a session's refreshed token. [`modern`] passes requests
+//! through statelessly, and [`tasks`] makes durable tasks for modern clients
+//! of task-unaware upstreams (the call that becomes a task, the `tasks/*`
+//! methods).
 
 mod exchange;
 pub mod legacy;

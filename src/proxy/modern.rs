@@ -14,8 +14,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::{read_body, Rejection, Route};
-use crate::headers;
 use crate::reply::{self, Body};
+use crate::upstream::headers;
 use crate::upstream::http::HttpUpstream;
 
 pub async fn forward(

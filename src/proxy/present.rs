@@ -17,13 +17,13 @@ use crate::dialect::last_event_id::{self, Presentation};
 use crate::dialect::legacy_tasks::Fetched;
 use crate::dialect::resume_token::Call;
 use crate::dialect::{Context, Negotiated, Presenter};
-use crate::headers::{self, SESSION_ID};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Kind};
 use crate::reply::{self, Body};
 use crate::session::{self, Session};
 use crate::store::StreamMeta;
 use crate::stream::{Next, Reader};
+use crate::upstream::headers::{self, SESSION_ID};
 
 /// How long a JSON-only client's request may wait for its stream to finish.
 const JSON_ANSWER_IDLE: Duration = Duration::from_secs(3600);
@@ -82,7 +82,7 @@ impl Route {
                 presenter: showing.presenter,
                 draining: self.shared.draining.clone(),
             };
-            reply::sse(last_event_id::serve(showing.reader, how))
+            reply::event_stream(last_event_id::serve(showing.reader, how))
         } else {
             json_answer(showing).await?
         };
@@ -206,8 +206,10 @@ pub fn pass_through(res: Response<Incoming>, session: Option<SessionId>) -> Resp
     let (head, body) = res.into_parts();
     let mut out = Response::new(reply::passthrough(body));
     *out.status_mut() = head.status;
-    let session = session.map(|s| s.to_string());
-    *out.headers_mut() = headers::to_client(&head.headers, session.as_deref());
+    *out.headers_mut() = headers::to_client(&head.headers, None);
+    if let Some(session) = session {
+        insert_session_header(out.headers_mut(), session);
+    }
     out
 }
 

@@ -9,8 +9,8 @@
 
 use std::collections::HashSet;
 
-use crate::ingest::Batch;
 use crate::jsonrpc::RequestId;
+use crate::upstream::ingest::Batch;
 
 /// Batches read ahead of the log at most.
 const DEPTH: usize = 256;
@@ -27,7 +27,7 @@ pub(super) enum Feed {
 }
 
 /// The queue both ends borrow.
-pub(super) type Queue = crate::queue::Queue<Feed>;
+pub(super) type Queue = crate::session::queue::Queue<Feed>;
 
 /// The reading half's end and the writing half's. Dropping either tells the
 /// other: the writer sees the end of the feed once it took what was fed,

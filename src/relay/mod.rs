@@ -22,12 +22,12 @@ use http::HeaderMap;
 
 use crate::config::LimitsConfig;
 use crate::dialect;
-use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::RequestId;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
 use crate::upstream::http::{HttpUpstream, Messages};
+use crate::upstream::ingest::{self, Batch, Recorded};
 use feed::{Fed, Feed};
 use read::{Reading, Source};
 use sort::Sorter;

@@ -22,11 +22,11 @@ use tokio::time::Instant;
 use super::feed::{Feed, Feeder};
 use super::sort::{Belongs, Sorter};
 use super::{Relay, Replayed, ENDED_EARLY, NOT_RESUMED, SESSION_LOST};
-use crate::ingest::Batch;
+use crate::upstream::ingest::Batch;
 
 use crate::metrics::ResumedAfter;
+use crate::session::stray::{Inlet, Stray};
 use crate::store::{StreamKind, StreamStatus};
-use crate::stray::{Inlet, Stray};
 use crate::upstream::http::{carries_messages, within, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
 

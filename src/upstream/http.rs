@@ -16,11 +16,11 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::headers;
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
-use crate::headers;
-use crate::outbound::{self, error_chain, Connector};
-use crate::sse;
+use crate::reply::sse;
+use crate::tls::outbound::{self, error_chain, Connector};
 use crate::workers::PerWorker;
 
 /// Largest single upstream message the proxy will log (64 MiB).

@@ -1,17 +1,24 @@
 //! Upstreams: the MCP servers behind the proxy — Streamable HTTP endpoints
 //! (`http.rs`, and `renew.rs` for one that forgot a session) and stdio
 //! programs (`stdio.rs`, one child per session). Both yield upstream
-//! messages as the raw bytes the server wrote.
+//! messages as the raw bytes the server wrote, and every one of them passes
+//! `ingest.rs` before the log. `headers.rs` says which HTTP headers cross
+//! the proxy, toward an upstream and back.
 //!
 //! HTTP upstream code sends and decodes and never touches the log (the relay
-//! does); a stdio child has a single output pipe for every request, so its
-//! demultiplexer appends to the streams it routes to.
+//! does, through [`ingest`]); a stdio child has a single output pipe for
+//! every request, so its demultiplexer appends to the streams it routes to,
+//! through the same [`ingest`].
 //!
 //! An upstream carries messages and must not know the dialects: what a
 //! session keeps of them once the upstream answered `initialize` is decided
-//! above (`dialect`) and handed down to a stdio child as a function.
+//! above (`dialect`) and handed down to a stdio child as a function. The one
+//! thing [`ingest`] asks of `dialect` is which notification namespaces the
+//! proxy authors itself, so that no upstream message speaks in them.
 
+pub mod headers;
 pub mod http;
+pub mod ingest;
 pub mod renew;
 pub mod stdio;
 

@@ -28,10 +28,10 @@ use tokio::process::{Child as Process, ChildStdin, Command};
 use tokio_util::codec::{AnyDelimiterCodec, FramedRead};
 
 use super::http::MAX_MESSAGE;
+use super::ingest::{self, Batch, Recorded};
 use super::UpstreamError;
 use crate::config::{LimitsConfig, UpstreamConfig};
 use crate::id::{SessionId, StreamId};
-use crate::ingest::{self, Batch, Recorded};
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::session::{Session, Sessions, Settle};
 use crate::store::{StreamMeta, StreamStatus};

@@ -24,7 +24,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
-use mcp_resume_proxy::sse::{Decoder, Event};
+use mcp_resume_proxy::reply::sse::{Decoder, Event};
 use mcp_resume_proxy::Server;
 use serde_json::{json, Value};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Method, Response, StatusCode};
 use hyper::body::Incoming;
 use mcp_resume_proxy::demo::upstream::DemoOptions;
-use mcp_resume_proxy::sse::Event;
+use mcp_resume_proxy::reply::sse::Event;
 use serde_json::{json, Value};
 
 use super::{bounded, call, progress_of, Events, Harness};

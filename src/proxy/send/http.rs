@@ -18,7 +18,6 @@ use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
 use super::{Sent, Waiting};
-use crate::headers::{self, SESSION_ID};
 use crate::proxy::post::Post;
 use crate::proxy::{present, Rejection, Route};
 use crate::relay::Relay;
@@ -26,6 +25,7 @@ use crate::reply::Body;
 use crate::session::Session;
 use crate::store::StreamMeta;
 use crate::stream::{Log, Reader};
+use crate::upstream::headers::{self, SESSION_ID};
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
 use crate::upstream::{renew, UpstreamError};
 

@@ -50,7 +50,7 @@ pub(super) async fn answer(
     request: &Modern<'_>,
 ) -> Result<Option<Response<Body>>, Rejection> {
     let name = tool_name(&request.body).unwrap_or_default();
-    check_header(request, &crate::headers::MCP_NAME, &name)?;
+    check_header(request, &crate::upstream::headers::MCP_NAME, &name)?;
     let config = &upstream.config.tasks;
     if !wire::declared(&request.body) {
         if config.required_tools.contains(&name) {
@@ -511,7 +511,7 @@ fn pass_through(res: Response<Incoming>) -> Response<Body> {
     let (head, body) = res.into_parts();
     let mut out = Response::new(reply::passthrough(body));
     *out.status_mut() = head.status;
-    *out.headers_mut() = crate::headers::to_client(&head.headers, None);
+    *out.headers_mut() = crate::upstream::headers::to_client(&head.headers, None);
     out
 }
 
@@ -527,14 +527,14 @@ fn replay(
     let mut body = BytesMut::new();
     for event in &said {
         if sse {
-            crate::sse::encode_event(&mut body, event.id.as_deref(), &event.message);
+            crate::reply::sse::encode_event(&mut body, event.id.as_deref(), &event.message);
         } else {
             body.extend_from_slice(&event.message);
         }
     }
     let mut out = Response::new(reply::full(body.freeze()));
     *out.status_mut() = status;
-    let mut headers = crate::headers::to_client(headers, None);
+    let mut headers = crate::upstream::headers::to_client(headers, None);
     headers.remove(http::header::CONTENT_LENGTH);
     *out.headers_mut() = headers;
     out

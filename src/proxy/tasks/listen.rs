@@ -153,7 +153,7 @@ pub(super) async fn serve(
             }
         }
     });
-    Ok(reply::sse(body))
+    Ok(reply::event_stream(body))
 }
 
 /// A `notifications/tasks` with the task as `tasks/get` shows it.
@@ -178,6 +178,6 @@ fn raw(json: &str) -> Value {
 fn event(message: &Value) -> Bytes {
     let mut out = BytesMut::new();
     let data = serde_json::to_vec(message).unwrap_or_default();
-    crate::sse::encode_event(&mut out, None, &data);
+    crate::reply::sse::encode_event(&mut out, None, &data);
     out.freeze()
 }

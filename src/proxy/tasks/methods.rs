@@ -52,7 +52,11 @@ pub(super) async fn answer(
             "params.taskId must be a string",
         ));
     };
-    check_header(request, &crate::headers::MCP_NAME, &params.task_id)?;
+    check_header(
+        request,
+        &crate::upstream::headers::MCP_NAME,
+        &params.task_id,
+    )?;
     let principal = route.shared.caller(request.parts).await?;
     let keyring = &route.shared.keyring;
     let not_found = || Rejection::task_not_found(id.clone());
@@ -218,9 +222,9 @@ async fn reissue(
 /// as the original call was.
 fn reissue_headers(update: &HeaderMap, record: &TaskRecord) -> HeaderMap {
     let mut headers = update.clone();
-    crate::headers::drop_routing(&mut headers);
+    crate::upstream::headers::drop_routing(&mut headers);
     headers.insert(
-        crate::headers::MCP_METHOD,
+        crate::upstream::headers::MCP_METHOD,
         HeaderValue::from_static("tools/call"),
     );
     for (name, value) in &record.headers {

@@ -151,7 +151,11 @@ pub async fn claim(
             .map(Some);
     }
     if is_tasks_method {
-        check_header(&request, &crate::headers::MCP_METHOD, &request.method)?;
+        check_header(
+            &request,
+            &crate::upstream::headers::MCP_METHOD,
+            &request.method,
+        )?;
         return methods::answer(route, &request).await.map(Some);
     }
     call::answer(route, upstream, &request).await
@@ -174,9 +178,9 @@ async fn discover_through(
         )
         .await?;
     let json = res.status().is_success()
-        && crate::headers::has_media_type(res.headers(), "application/json");
+        && crate::upstream::headers::has_media_type(res.headers(), "application/json");
     let (head, incoming) = res.into_parts();
-    let headers = crate::headers::to_client(&head.headers, None);
+    let headers = crate::upstream::headers::to_client(&head.headers, None);
     if !json {
         let mut out = Response::new(reply::passthrough(incoming));
         *out.status_mut() = head.status;
@@ -221,7 +225,7 @@ async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
     ] {
         headers.insert(name, HeaderValue::from_static(value));
     }
-    crate::headers::drop_routing(&mut headers);
+    crate::upstream::headers::drop_routing(&mut headers);
     // Unreachable: cannot tell. Reached, but no discover answer (a refusal,
     // an error): it has no tasks to speak of, and is not asked again.
     let res = upstream
@@ -251,7 +255,7 @@ fn check_header(
     header: &http::HeaderName,
     body_says: &str,
 ) -> Result<(), Rejection> {
-    let Some(value) = crate::headers::get_str(&request.parts.headers, header) else {
+    let Some(value) = crate::upstream::headers::get_str(&request.parts.headers, header) else {
         return Ok(());
     };
     if header_value(value).as_deref() == Some(body_says) {

@@ -38,7 +38,9 @@
 //! still opening handles for a configured window. The key is read from a
 //! file named by the config or generated once into the data directory, so
 //! handles survive a restart; every instance of a cluster must share it. This
-//! module knows nothing of HTTP or the log.
+//! module knows nothing of HTTP or the log. Its HMAC-SHA256 is `mac.rs`'s.
+
+mod mac;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -49,7 +51,6 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::id::{Seq, SessionId, StreamId, TaskId};
-use crate::mac;
 
 /// One kind of sealed handle.
 struct Kind {

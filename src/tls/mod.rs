@@ -8,6 +8,12 @@
 //! provider (never the process default, which could be aws-lc). It does not
 //! accept connections, bound handshakes or look at requests: the front door
 //! does that with what this module builds.
+//!
+//! [`outbound`] is the other side: the HTTPS client that upstreams and
+//! authorization servers are reached with, on the client configuration
+//! built here.
+
+pub mod outbound;
 
 use std::path::Path;
 use std::sync::Arc;

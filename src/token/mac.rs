@@ -1,4 +1,4 @@
-//! HMAC-SHA256 for the sealed handles of `token.rs`, with the key's
+//! HMAC-SHA256 for the sealed handles of `token/mod.rs`, with the key's
 //! padded blocks hashed once, when the key is made.
 //!
 //! Every event id the proxy sends is two HMACs of a message that fits one
@@ -9,6 +9,9 @@
 //! message, so an id costs its four blocks and little else. The output is
 //! HMAC-SHA256 bit for bit — the tests hold it to ring's — so handles sealed
 //! before are the same handles.
+//!
+//! It signs and nothing else: what is signed, and how a handle is laid out
+//! and sealed, is the token module's.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;

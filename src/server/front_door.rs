@@ -6,7 +6,7 @@
 //! verified client certificate on every request of its connection.
 //!
 //! It knows nothing of routes or sessions: requests go to a [`Handler`] (the
-//! app, in `server.rs`).
+//! app, in `server/mod.rs`).
 //! Bodies are bounded where they are read (`proxy::read_body`).
 
 use std::convert::Infallible;

@@ -1,8 +1,11 @@
 //! The bodies and responses the proxy writes to clients: error responses with
 //! JSON-RPC bodies, whole bodies, streamed bodies fed by a task, and upstream
-//! bodies passed through.
+//! bodies passed through; and in [`sse`], the framing of an event-stream
+//! body, encoded for clients and decoded from upstreams.
 //!
 //! Nothing here decides *which* answer to give; handlers do.
+
+pub mod sse;
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -91,7 +94,7 @@ pub fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 }
 
 /// Headers every SSE response of the proxy carries.
-pub fn sse(body: Body) -> Response<Body> {
+pub fn event_stream(body: Body) -> Response<Body> {
     let mut res = Response::new(body);
     let h = res.headers_mut();
     h.insert(

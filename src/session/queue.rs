@@ -7,7 +7,8 @@
 //!
 //! Either end can leave: a giver is refused once the taker is gone, and the
 //! taker learns that the givers are gone once it took what they gave. What
-//! the items are — a stream's strays, a relay's feed — is the user's.
+//! the items are — a stream's strays, a relay's feed — is the user's: this
+//! module knows nothing of sessions, streams or messages.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};

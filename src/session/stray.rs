@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::queue::Queue;
+use super::queue::Queue;
 
 /// Strays a relay may hold unread before more are refused (the upstream is
 /// replaying what the stream's own connection also brings).

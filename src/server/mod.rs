@@ -1,10 +1,16 @@
 //! The HTTP front: the accept loop (HTTP/1.1 and HTTP/2, plain or TLS; each
-//! connection is then served by [`crate::front_door`]), the routes
+//! connection is then served by [`front_door`]), the routes
 //! (`/healthz` and one mount per upstream), the `Origin` check every MCP
 //! server must make against DNS rebinding, and graceful shutdown.
 //!
 //! Start-up order matters and lives here: open the log, recover what a
 //! previous process left live, and only then accept connections.
+//!
+//! It answers no MCP message itself: a request for a mount goes to that
+//! mount's [`Route`] (the proxy), unless the edge passes it to the
+//! upstream's origin as plain HTTP.
+
+pub mod front_door;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,11 +21,11 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use self::front_door::{FrontDoor, Handler};
 use crate::config::{Backend, Config};
 use crate::edge::discovery::Passage;
 use crate::edge::origin::{Arrival, Peer};
 use crate::edge::{self, Edge};
-use crate::front_door::{FrontDoor, Handler};
 use crate::lifetime::{Recovered, Resumer};
 use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};

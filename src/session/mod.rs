@@ -13,8 +13,16 @@
 //! when it is minted, before anything is opened upstream, and frees it when
 //! it ends, closes or turns out gone; a session that made no request since
 //! `initialize` is ended after `limits.unused_session_secs`.
+//!
+//! [`stray`] hands an upstream message that arrived on another stream of
+//! the session over to its own stream's relay: the session keeps an outlet
+//! per open stream, the relay reads the inlet. [`queue`] is the hand-over
+//! queue under strays and under a relay's feed, here because the session is
+//! the lowest of its users.
 
 mod places;
+pub mod queue;
+pub mod stray;
 mod table;
 
 use std::hash::BuildHasherDefault;
@@ -26,12 +34,12 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::places::Full;
 use self::places::Places;
+use self::stray::{Inlet, Outlet, Stray};
 use self::table::Table;
 use crate::config::LimitsConfig;
 use crate::id::{IdHasher, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
-use crate::stray::{self, Inlet, Outlet, Stray};
 use crate::tls::CertificatePrincipal;
 
 /// Protocol revisions that use `initialize`, sessions and SSE resumability.

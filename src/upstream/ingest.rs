@@ -14,6 +14,10 @@
 //!
 //! Appending failures end the stream with an error entry when the log still
 //! can: a stream never goes silent.
+//!
+//! It owns only this step: it does not read from an upstream (`http.rs`,
+//! `stdio.rs` and the relay do) and does not decide which stream a message
+//! belongs to (the relay's sorting and the stdio demultiplexer do).
 
 use bytes::Bytes;
 

@@ -7,6 +7,11 @@
 //! The session id is the one header the proxy rewrites: clients see the
 //! proxy's, upstreams see their own. `Last-Event-ID` is the proxy's own
 //! cursor and never reaches an upstream unless the proxy resumes it there.
+//!
+//! It sits with the upstreams because the HTTP upstream is the lowest of its
+//! users (what [`to_upstream`] keeps is what it sends); the routes and the
+//! edge read the same names and filters from here. It only reads and filters
+//! header maps: it decides nothing about a request and refuses none.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
