@@ -243,12 +243,6 @@ impl Negotiated {
     }
 }
 
-/// Upstream messages the proxy authors itself: an upstream that sends them
-/// would speak for the proxy, so they are dropped before the log.
-pub fn authored_by_proxy(method: &str) -> bool {
-    method.starts_with("notifications/requests/") || method.starts_with("notifications/stream/")
-}
-
 /// What a dialect needs to answer from the log.
 pub struct Context<'a> {
     pub log: &'a Arc<Log>,
@@ -451,17 +445,4 @@ fn notification(method: &str, params: Value) -> Bytes {
 /// Milliseconds as the seeds' whole seconds.
 fn seconds(ms: u64) -> u64 {
     ms / 1000
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upstream_messages_in_the_proxys_namespaces_are_recognised() {
-        assert!(authored_by_proxy("notifications/requests/resumePolicy"));
-        assert!(authored_by_proxy("notifications/stream/end"));
-        assert!(!authored_by_proxy("notifications/progress"));
-        assert!(!authored_by_proxy("requests/getStatus"));
-    }
 }

@@ -158,7 +158,7 @@ fn admit(session: &Session, stream: &StreamMeta, batch: Vec<Bytes>) -> (Vec<Byte
             continue;
         };
         let method = envelope.method.as_deref().unwrap_or_default();
-        if envelope.kind == Kind::Notification && crate::dialect::authored_by_proxy(method) {
+        if envelope.kind == Kind::Notification && authored_by_proxy(method) {
             tracing::warn!(stream = %stream.id, method, "upstream spoke in the proxy's namespace; dropped");
             continue;
         }
@@ -247,6 +247,14 @@ async fn failed_append(log: &Log, stream: &StreamMeta, e: StoreError) -> Recorde
         "the proxy could not record the upstream's answer",
     )
     .await
+}
+
+/// Upstream messages the proxy authors itself (the resumable-request and
+/// stream dialects' notifications): an upstream that sends them would speak
+/// for the proxy, so they are dropped before the log. Named here, where
+/// they are dropped, so that the upstreams need not know the dialects.
+fn authored_by_proxy(method: &str) -> bool {
+    method.starts_with("notifications/requests/") || method.starts_with("notifications/stream/")
 }
 
 #[cfg(test)]
@@ -338,6 +346,14 @@ mod tests {
             (meta.status, meta.outcome),
             (StreamStatus::Completed, Some(Outcome::Result))
         );
+    }
+
+    #[test]
+    fn upstream_messages_in_the_proxys_namespaces_are_recognised() {
+        assert!(authored_by_proxy("notifications/requests/resumePolicy"));
+        assert!(authored_by_proxy("notifications/stream/end"));
+        assert!(!authored_by_proxy("notifications/progress"));
+        assert!(!authored_by_proxy("requests/getStatus"));
     }
 
     #[test]

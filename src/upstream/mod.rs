@@ -12,9 +12,9 @@
 //!
 //! An upstream carries messages and must not know the dialects: what a
 //! session keeps of them once the upstream answered `initialize` is decided
-//! above (`dialect`) and handed down to a stdio child as a function. The one
-//! thing [`ingest`] asks of `dialect` is which notification namespaces the
-//! proxy authors itself, so that no upstream message speaks in them.
+//! above (`dialect`) and handed down to a stdio child as a function. Nothing
+//! here imports `dialect`: the notification namespaces the proxy authors
+//! itself, which [`ingest`] keeps upstream messages out of, are named there.
 
 pub mod headers;
 pub mod http;
