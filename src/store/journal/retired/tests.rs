@@ -251,3 +251,31 @@ fn agree(
         }
     }
 }
+
+#[test]
+fn a_frozen_tier_finds_every_stream_and_request_it_holds_and_nothing_else() {
+    let session = SessionId::random();
+    // Even ids, and ids bunched at one end (a table that is not even).
+    let mut ids: Vec<StreamId> = (0..3000).map(|_| StreamId::random()).collect();
+    ids.extend((0..300u16).map(|i| {
+        let mut id = [0xff; 16];
+        id[14..].copy_from_slice(&i.to_be_bytes());
+        StreamId(id)
+    }));
+    let kept = ids.iter().map(|id| Kept {
+        id: *id,
+        retired: retired(session, 1),
+        abandon_at: None,
+    });
+    let requests = ids.iter().enumerate().map(|(i, id)| (i as u64 * 7919, *id));
+    let frozen = Frozen::build(kept.collect(), requests.collect());
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(frozen.get(id).map(|k| k.id), Some(*id));
+        assert_eq!(frozen.request(i as u64 * 7919), Some(*id));
+        assert_eq!(frozen.request(i as u64 * 7919 + 1), None);
+    }
+    for _ in 0..1000 {
+        assert!(frozen.get(&StreamId::random()).is_none());
+    }
+    assert_eq!(frozen.request(u64::MAX), None);
+}
