@@ -97,6 +97,21 @@ impl Proc {
     pub fn kill_keeping_dir(mut self) -> Option<tempfile::TempDir> {
         self._dir.take()
     }
+
+    /// Stops the process as an operator's rollout does (SIGTERM, then its
+    /// graceful shutdown, at most `limit`) and hands back its directory.
+    pub async fn stop_keeping_dir(mut self, limit: Duration) -> Result<tempfile::TempDir> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + limit;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                bail!("{} did not stop within {limit:?} of SIGTERM", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self._dir.take().context("the process has no directory")
+    }
 }
 
 /// Has the proxy log what its journal does at `debug` (checkpoints taken,

@@ -7,7 +7,8 @@
 //! id, before and after the proxy is killed with SIGKILL and started again on
 //! the same data (once per round): the median time from spawn to answering
 //! `GET /healthz` is its recovery, and its memory before and after is the
-//! index's cost per retained stream. The proxy's own log adds the journal's
+//! index's cost per retained stream; then it is stopped gracefully
+//! (SIGTERM, as a rollout does) and started once more. The proxy's own log adds the journal's
 //! recovery time and how much log it replayed after its checkpoint, and the
 //! largest checkpoint taken during the fill with the longest time it held
 //! the journal's lock and the longest it took to merge and write one (off
@@ -38,6 +39,10 @@ struct Restarted {
     /// The median time from spawn to the first `/healthz` answer.
     recovery: Duration,
     /// The data directory's size at the last kill.
+    /// Spawn to `/healthz` after a graceful stop (SIGTERM), and the
+    /// journal's part of it.
+    after_stop: Duration,
+    after_stop_journal_ms: u64,
     log_bytes: u64,
     /// What the journal said of its last recovery: its own time (ms), the
     /// part of it reading the checkpoint (µs), and the log bytes it
@@ -87,9 +92,17 @@ async fn kill_and_restart(
         running = restarted;
     }
     recoveries.sort();
+    // Then as a rollout restarts it: a graceful stop takes a last
+    // checkpoint, and the start after it replays nothing.
+    let dir = running.stop_keeping_dir(Duration::from_secs(60)).await?;
+    let log = dir.path().join("proxy-restarted.log");
+    let (running, after_stop) = restart_proxy(bin, dir, target.addr).await?;
+    let after_stop_journal_ms = logged_numbers(&log, "journal recovered", "ms").pop();
     Ok(Restarted {
         running,
         recovery: recoveries[recoveries.len() / 2],
+        after_stop,
+        after_stop_journal_ms: after_stop_journal_ms.unwrap_or(0),
         log_bytes,
         journal_ms,
         checkpoint_read_us,
@@ -120,6 +133,8 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let Restarted {
             running,
             recovery,
+            after_stop,
+            after_stop_journal_ms,
             log_bytes,
             journal_ms,
             checkpoint_read_us,
@@ -139,9 +154,10 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
         writeln!(
             summary,
-            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>16.1} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>17.1} {after_stop_journal_ms:>13} {:>16.1} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
             mib(log_bytes),
             recovery.as_secs_f64() * 1000.0,
+            after_stop.as_secs_f64() * 1000.0,
             checkpoint_read_us as f64 / 1000.0,
             mib(replayed),
             mib(checkpoint_bytes),
@@ -154,7 +170,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  checkpoint read ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  after SIGTERM ms  its journal ms  checkpoint read ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
     )?;
     out.push_str(&summary);
     writeln!(out)?;

@@ -168,6 +168,31 @@ impl Journal {
         })
     }
 
+    /// Takes a checkpoint at the end of the log and waits until it is
+    /// published (after one under way, if any): a graceful stop's last
+    /// act, so that the next start replays nothing. Nothing when nothing
+    /// was written since the last one.
+    pub(super) async fn final_checkpoint(&self) -> Result<()> {
+        while self.checkpointing.load(Ordering::Acquire) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let publish = {
+            let mut inner = self.lock();
+            self.install_merged(&mut inner);
+            if inner.since_checkpoint == 0 {
+                return Ok(());
+            }
+            self.checkpoint(&mut inner)
+        };
+        if let Some(publish) = publish {
+            tokio::task::spawn_blocking(publish)
+                .await
+                .map_err(|e| crate::store::StoreError::Backend(e.to_string()))?;
+            self.install_merged(&mut self.lock());
+        }
+        Ok(())
+    }
+
     /// Makes the frozen tier the last checkpoint merged the retired
     /// streams' base, once it is ready.
     pub(super) fn install_merged(&self, inner: &mut Inner) {

@@ -352,3 +352,23 @@ fn a_checkpoint_with_one_byte_changed_is_refused() {
     }
     assert!(Checkpoint::parse(bytes[..bytes.len() - 1].to_vec()).is_err());
 }
+
+#[tokio::test]
+async fn a_journal_that_says_goodbye_replays_nothing_at_its_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = SessionId::random();
+    let kept = {
+        let j = open(dir.path());
+        let mut kept = Vec::new();
+        for n in 0..20 {
+            kept.push(call(&j, session, &n.to_string(), 3, true).await);
+        }
+        j.retire().await.unwrap();
+        kept
+    };
+    let j = open(dir.path());
+    assert_eq!(j.replayed(), 0, "started from a checkpoint at the end");
+    for m in kept {
+        assert_eq!(j.read_after(m.id, 0, 10).await.unwrap().len(), 3);
+    }
+}
