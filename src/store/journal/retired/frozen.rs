@@ -24,11 +24,11 @@ use crate::id::{IdMap, SessionId, StreamId};
 /// finished (2 × 4), requests, coalesced, has-abandon, abandon-at.
 pub const RECORD: usize = 16 + 16 + 12 + 4 + 4 + 8 + 2 + 1 + 1 + 8;
 /// A position (in the records) in the order or the session index.
-const POSITION: usize = 4;
+pub const POSITION: usize = 4;
 /// Hash, stream.
 pub const REQUEST: usize = 8 + 16;
 /// Segment, how many of the records hold it.
-const SEGMENT: usize = 4 + 4;
+pub const SEGMENT: usize = 4 + 4;
 
 /// How many of each a tier holds: what a checkpoint's header records, so
 /// that its sections can be found again.
@@ -149,6 +149,21 @@ impl Frozen {
         }
     }
 
+    /// A tier of sections laid out in `bytes` as [`Frozen::build`] and the
+    /// merge write them, each range where it is.
+    pub(super) fn from_sections(bytes: Vec<u8>, sections: [Range<usize>; 6]) -> Self {
+        let [records, order, sessions, requests, segments, abandons] = sections;
+        Self {
+            bytes,
+            records,
+            order,
+            sessions,
+            requests,
+            segments,
+            abandons,
+        }
+    }
+
     /// A tier whose sections are `bytes[at..]` (the rest of a checkpoint
     /// read whole), of `counts`; `Err` when they do not fit exactly.
     pub fn from_bytes(bytes: Vec<u8>, at: usize, counts: Counts) -> Result<Self, String> {
@@ -210,7 +225,8 @@ impl Frozen {
         self.records.len() / RECORD
     }
 
-    fn record(&self, at: usize) -> Option<&[u8]> {
+    /// The bytes of the record at position `at`.
+    pub(super) fn record(&self, at: usize) -> Option<&[u8]> {
         let start = self.records.start.checked_add(at.checked_mul(RECORD)?)?;
         let end = start + RECORD;
         (end <= self.records.end).then(|| &self.bytes[start..end])
@@ -227,10 +243,7 @@ impl Frozen {
 
     /// The position of stream `id`'s record.
     pub fn position(&self, id: &StreamId) -> Option<usize> {
-        let id_at = |at: usize| self.record(at).map(|r| &r[..16]);
-        let key = |at: usize| Some(prefix(id_at(at)?));
-        let order = |at: usize| Some(id_at(at)?.cmp(&id.0[..]));
-        find(self.len(), prefix(&id.0), key, order)
+        position_in(&self.bytes[self.records.clone()], id)
     }
 
     pub fn get(&self, id: &StreamId) -> Option<Kept> {
@@ -248,12 +261,23 @@ impl Frozen {
         (from..self.len()).filter_map(|i| self.id_at(self.position_in(&self.order, i)?))
     }
 
+    /// The record positions in retirement order.
+    pub(super) fn order_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len()).filter_map(|i| self.position_in(&self.order, i))
+    }
+
+    /// The record positions in session order.
+    pub(super) fn session_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len()).filter_map(|i| self.position_in(&self.sessions, i))
+    }
+
     /// The id at place `i` of the retirement order.
     pub fn ordered_id(&self, i: usize) -> Option<StreamId> {
         (i < self.len()).then(|| self.id_at(self.position_in(&self.order, i)?))?
     }
 
     /// Every record, in retirement order.
+    #[cfg(test)]
     pub fn ordered_kept(&self) -> impl Iterator<Item = Kept> + '_ {
         (0..self.len()).filter_map(|i| self.at(self.position_in(&self.order, i)?))
     }
@@ -323,8 +347,16 @@ impl Frozen {
     }
 }
 
+/// The position of `id` among `records` (whole records, sorted by id).
+pub(super) fn position_in(records: &[u8], id: &StreamId) -> Option<usize> {
+    let id_at = |at: usize| records.get(at * RECORD..at * RECORD + 16);
+    let key = |at: usize| Some(prefix(id_at(at)?));
+    let order = |at: usize| Some(id_at(at)?.cmp(&id.0[..]));
+    find(records.len() / RECORD, prefix(&id.0), key, order)
+}
+
 /// The first 8 bytes of an id as a number: ordered as the ids are.
-fn prefix(id: &[u8]) -> u64 {
+pub(super) fn prefix(id: &[u8]) -> u64 {
     let mut head = [0u8; 8];
     head.copy_from_slice(&id[..8]);
     u64::from_be_bytes(head)
@@ -338,7 +370,7 @@ fn prefix(id: &[u8]) -> u64 {
 /// checkpoint looks up every stream it meets). After a few guesses it
 /// halves, so that a table that is not even costs at most a binary
 /// search more.
-fn find(
+pub(super) fn find(
     n: usize,
     target: u64,
     key: impl Fn(usize) -> Option<u64>,
@@ -368,7 +400,7 @@ fn find(
 }
 
 /// One record's fixed bytes, assembled on the stack and appended at once.
-fn put_record(out: &mut Vec<u8>, k: &Kept) {
+pub(super) fn put_record(out: &mut Vec<u8>, k: &Kept) {
     let mut entry = [0u8; RECORD];
     let mut at = 0;
     let mut put = |bytes: &[u8]| {
@@ -396,7 +428,7 @@ fn put_record(out: &mut Vec<u8>, k: &Kept) {
 }
 
 /// A record's bytes (see [`put_record`]): exactly [`RECORD`] always decode.
-fn decode_record(chunk: &[u8]) -> Option<Kept> {
+pub(super) fn decode_record(chunk: &[u8]) -> Option<Kept> {
     let mut c = Cursor::at(chunk, 0);
     let id = StreamId(c.id()?);
     let session = SessionId(c.id()?);

@@ -25,12 +25,16 @@ use super::segment::{Loc, SegmentNo};
 use super::summary::{self, SummaryHead};
 
 mod frozen;
+mod merge;
 mod overlay;
 
 use crate::id::{SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::StreamMeta;
-pub use frozen::{Counts, Frozen, Kept};
+#[cfg(test)]
+pub use frozen::Kept;
+pub use frozen::{Counts, Frozen};
+pub use merge::merge;
 pub use overlay::Overlay;
 use overlay::{Found, Slot};
 
@@ -532,42 +536,6 @@ impl RetiredStreams {
             }
         }
     }
-}
-
-/// The next frozen tier: `base` with the `sealed` changes applied, in
-/// retirement order (the base's first). Run off the journal's lock: it
-/// walks every retired stream.
-pub fn merge(base: &Frozen, sealed: &Overlay) -> Frozen {
-    let mut kept = Vec::with_capacity(base.len() + sealed.streams.len());
-    for k in base.ordered_kept() {
-        if sealed.hides(&k.id) {
-            continue;
-        }
-        kept.push(match sealed.streams.get(&k.id) {
-            Some(slot) => Kept {
-                id: k.id,
-                retired: slot.retired,
-                abandon_at: slot.abandon_at,
-            },
-            None => k,
-        });
-    }
-    for (id, place) in &sealed.order {
-        if let Some(slot) = sealed.streams.get(id).filter(|s| s.placed == *place) {
-            kept.push(Kept {
-                id: *id,
-                retired: slot.retired,
-                abandon_at: slot.abandon_at,
-            });
-        }
-    }
-    let below = base.requests().filter(|(hash, _)| {
-        !sealed.unindexed.contains(hash) && !sealed.requests.contains_key(hash)
-    });
-    let requests = below
-        .chain(sealed.requests.iter().map(|(h, id)| (*h, *id)))
-        .collect();
-    Frozen::build(kept, requests)
 }
 
 #[cfg(test)]

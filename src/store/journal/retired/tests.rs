@@ -21,10 +21,71 @@ fn retired(session: SessionId, finished_ms: u64) -> Retired {
     }
 }
 
-/// Seals the fresh layer and merges it into the base, as a checkpoint does.
+/// Seals the fresh layer and merges it into the base, as a checkpoint does;
+/// checks the merge against building the tier from scratch.
 fn checkpoint(tier: &mut RetiredStreams) {
     let (base, sealed) = tier.seal().expect("nothing sealed yet");
-    tier.install(Arc::new(merge(&base, &sealed)));
+    let merged = merge(&base, &sealed);
+    same_tier(&merged, &rebuilt(&base, &sealed));
+    tier.install(Arc::new(merged));
+}
+
+/// The next tier as [`Frozen::build`] makes it, every stream sorted anew:
+/// what the merge must give.
+fn rebuilt(base: &Frozen, sealed: &Overlay) -> Frozen {
+    let mut kept = Vec::new();
+    for k in base.ordered_kept() {
+        if sealed.hides(&k.id) {
+            continue;
+        }
+        kept.push(match sealed.streams.get(&k.id) {
+            Some(slot) => Kept {
+                id: k.id,
+                retired: slot.retired,
+                abandon_at: slot.abandon_at,
+            },
+            None => k,
+        });
+    }
+    for (id, place) in &sealed.order {
+        if let Some(slot) = sealed.streams.get(id).filter(|s| s.placed == *place) {
+            kept.push(Kept {
+                id: *id,
+                retired: slot.retired,
+                abandon_at: slot.abandon_at,
+            });
+        }
+    }
+    let below = base.requests().filter(|(hash, _)| {
+        !sealed.unindexed.contains(hash) && !sealed.requests.contains_key(hash)
+    });
+    let requests = below.chain(sealed.requests.iter().map(|(h, id)| (*h, *id)));
+    Frozen::build(kept, requests.collect())
+}
+
+fn same_tier(merged: &Frozen, built: &Frozen) {
+    assert_eq!(merged.counts(), built.counts());
+    let all = |f: &Frozen| f.ordered_kept().collect::<Vec<_>>();
+    assert_eq!(all(merged), all(built), "records, in order");
+    assert_eq!(
+        merged.ids().collect::<Vec<_>>(),
+        built.ids().collect::<Vec<_>>()
+    );
+    let requests = |f: &Frozen| f.requests().collect::<Vec<_>>();
+    assert_eq!(requests(merged), requests(built));
+    let segments = |f: &Frozen| f.segments().collect::<Vec<_>>();
+    assert_eq!(segments(merged), segments(built));
+    let abandons = |f: &Frozen| f.abandons().collect::<Vec<_>>();
+    assert_eq!(abandons(merged), abandons(built));
+    let sessions: std::collections::HashSet<SessionId> =
+        built.ordered_kept().map(|k| k.retired.session).collect();
+    for session in sessions {
+        let mut of = merged.of_session(session);
+        let mut expected = built.of_session(session);
+        of.sort();
+        expected.sort();
+        assert_eq!(of, expected, "session's streams");
+    }
 }
 
 #[test]
@@ -197,7 +258,9 @@ fn the_layers_answer_as_one_set_through_changes_seals_and_merges() {
             8 if sealed.is_none() => sealed = tier.seal(),
             _ => {
                 if let Some((base, overlay)) = sealed.take() {
-                    tier.install(Arc::new(merge(&base, &overlay)));
+                    let merged = merge(&base, &overlay);
+                    same_tier(&merged, &rebuilt(&base, &overlay));
+                    tier.install(Arc::new(merged));
                 }
             }
         }
