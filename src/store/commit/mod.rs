@@ -281,7 +281,11 @@ impl GroupCommit {
         if !self.failed() {
             return Ok(());
         }
-        let why = self.shared.failure.get().map_or("a flush failed", String::as_str);
+        let why = self
+            .shared
+            .failure
+            .get()
+            .map_or("a flush failed", String::as_str);
         Err(format!("log not writable: {why}"))
     }
 
