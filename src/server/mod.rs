@@ -302,6 +302,7 @@ impl App {
         let store = log.store();
         log.metrics()
             .observe_retention(store.retained_count(), store.released_early());
+        log.metrics().observe_ready(self.readiness().is_ok());
         let text = log
             .metrics()
             .render(self.shared.sessions.open(), log.live_streams());
