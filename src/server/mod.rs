@@ -58,8 +58,9 @@ pub struct App {
 }
 
 impl App {
-    /// Opens the log under the data dir and recovers orphaned streams.
-    pub async fn open(config: Config) -> anyhow::Result<Arc<App>> {
+    /// Opens the log under the data dir (or takes `store`, opened by the
+    /// caller) and recovers orphaned streams.
+    pub async fn open(config: Config, store: Option<SharedStore>) -> anyhow::Result<Arc<App>> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!("cannot create data_dir {}: {e}", config.data_dir.display())
         })?;
@@ -73,13 +74,14 @@ impl App {
         // Connections the workers keep for themselves: Redis and upstream.
         let workers = config.workers();
         let (dir, sync) = (config.data_dir.clone(), config.store.sync);
-        let store: SharedStore = match config.store.backend {
-            Backend::Journal => blocking(move || Journal::open(&dir, sync)).await?,
-            Backend::Sled => {
+        let store: SharedStore = match (store, config.store.backend) {
+            (Some(store), _) => store,
+            (None, Backend::Journal) => blocking(move || Journal::open(&dir, sync)).await?,
+            (None, Backend::Sled) => {
                 let cache = config.store.sled_cache_bytes;
                 Arc::new(blocking(move || SledStore::open_with_cache(&dir, sync, cache)).await?)
             }
-            Backend::Redis => {
+            (None, Backend::Redis) => {
                 let store = &config.store;
                 let lease = Duration::from_millis(store.lease_ms);
                 let lifetimes = Lifetimes::mirror(
@@ -406,6 +408,16 @@ impl Server {
     /// behalf (the sweeper, takeover, streams recovered at start-up) stays
     /// on the caller's runtime.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
+        Self::start_with(config, None).await
+    }
+
+    /// As [`Server::start`], on a log the caller opened (an embedding's
+    /// own backend, a test's): `[store] backend` is not looked at.
+    pub async fn start_on(config: Config, store: SharedStore) -> anyhow::Result<Server> {
+        Self::start_with(config, Some(store)).await
+    }
+
+    async fn start_with(config: Config, store: Option<SharedStore>) -> anyhow::Result<Server> {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -426,7 +438,7 @@ impl Server {
             stop.clone(),
             grace,
         ));
-        let app = match App::open(config).await {
+        let app = match App::open(config, store).await {
             Ok(app) => app,
             Err(e) => {
                 gate.failed();
