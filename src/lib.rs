@@ -20,7 +20,7 @@
 //!
 //! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
 //! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
-//! - [`server`]: start-up (open the log, recover, serve), accept loop, front door, routes.
+//! - [`server`]: start-up (bind, open the log, recover, serve), probes, accept loop, front door, routes, drain.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
 //! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.

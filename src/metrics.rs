@@ -350,7 +350,7 @@ impl Metrics {
         let ready = Gauge::default();
         registry.register(
             "ready",
-            "1 while GET /readyz answers 200; 0 while the proxy drains or its log cannot be written",
+            "1 while GET /readyz answers 200; 0 while the proxy drains or its log cannot be written (a failed flush, Redis unreachable past the lease)",
             ready.clone(),
         );
         let sessions_open = Gauge::default();
