@@ -20,7 +20,7 @@
 //!
 //! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
 //! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
-//! - [`server`]: start-up (open the log, recover, serve), accept loop, front door, routes.
+//! - [`server`]: start-up (bind, open the log, recover, serve), probes, accept loop, front door, routes, drain.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
 //! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.
@@ -79,33 +79,74 @@ pub mod workers;
 pub use config::Config;
 pub use server::Server;
 
-/// Runs the proxy until SIGINT or SIGTERM.
+/// Runs the proxy until SIGTERM or SIGINT. SIGTERM (an orchestrator's
+/// stop) drains first ([`Server::drain_then_shutdown`]; a second signal
+/// cuts the drain short); SIGINT (Ctrl-C at a terminal) shuts down at once.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     let server = Server::start(config).await?;
     tracing::info!(addr = %server.addr, "mcp-resume-proxy listening");
-    server.run_until(shutdown_signal()).await;
+    let mut signals = StopSignals::new();
+    match signals.next().await {
+        StopSignal::Terminate => {
+            server
+                .drain_then_shutdown(async move {
+                    signals.next().await;
+                })
+                .await
+        }
+        StopSignal::Interrupt => {
+            tracing::info!("shutting down");
+            server.shutdown().await
+        }
+    }
     Ok(())
+}
+
+/// The signal that asked the process to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopSignal {
+    /// SIGINT: Ctrl-C.
+    Interrupt,
+    /// SIGTERM: an orchestrator, a service manager, `kill`.
+    Terminate,
+}
+
+/// SIGINT and SIGTERM, listened to from creation on.
+pub struct StopSignals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Default for StopSignals {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StopSignals {
+    pub fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// Resolves on the next SIGINT or SIGTERM (at once, as a SIGINT, if
+    /// SIGINT cannot be listened to).
+    pub async fn next(&mut self) -> StopSignal {
+        #[cfg(unix)]
+        if let Some(term) = &mut self.term {
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => StopSignal::Interrupt,
+                _ = term.recv() => StopSignal::Terminate,
+            };
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        StopSignal::Interrupt
+    }
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    StopSignals::new().next().await;
 }

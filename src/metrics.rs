@@ -315,6 +315,7 @@ struct ExpiryLabel {
 /// Every series of the process.
 pub struct Metrics {
     registry: Registry,
+    ready: Gauge,
     sessions_open: Gauge,
     streams_live: Gauge,
     streams_retained: Gauge,
@@ -346,6 +347,12 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 while GET /readyz answers 200; 0 while the proxy drains or its log cannot be written (a failed flush, Redis unreachable past the lease)",
+            ready.clone(),
+        );
         let sessions_open = Gauge::default();
         registry.register(
             "sessions_open",
@@ -442,6 +449,7 @@ impl Metrics {
         let (sessions_refused, sessions_expired) = register_sessions(&mut registry);
         Self {
             registry,
+            ready,
             sessions_open,
             streams_live,
             streams_retained,
@@ -592,6 +600,11 @@ impl Metrics {
             .inc_by(released_total.saturating_sub(seen));
     }
 
+    /// Takes in whether `/readyz` would answer 200 now, before a render.
+    pub fn observe_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
     /// The OpenMetrics text exposition, ending with `# EOF`, with the
     /// gauges set to what the caller counted just now.
     pub fn render(&self, sessions_open: usize, streams_live: usize) -> String {
@@ -728,6 +741,8 @@ mod tests {
         let text = Metrics::new().render(0, 0);
         assert!(text.ends_with("# EOF\n"), "{text}");
         for line in [
+            "# TYPE mcp_proxy_ready gauge",
+            "mcp_proxy_ready 0",
             "# TYPE mcp_proxy_sessions_open gauge",
             "# TYPE mcp_proxy_streams_live gauge",
             "# TYPE mcp_proxy_entries_appended counter",

@@ -58,6 +58,7 @@ async fn the_page_is_openmetrics_text_with_a_type_for_every_series() {
     let text = scrape(&rig.client).await;
     assert!(text.ends_with("# EOF\n"), "{text}");
     for (name, kind) in [
+        ("mcp_proxy_ready", "gauge"),
         ("mcp_proxy_sessions_open", "gauge"),
         ("mcp_proxy_streams_live", "gauge"),
         ("mcp_proxy_entries_appended", "counter"),
@@ -71,6 +72,12 @@ async fn the_page_is_openmetrics_text_with_a_type_for_every_series() {
         let line = format!("# TYPE {name} {kind}");
         assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
     }
+}
+
+#[tokio::test]
+async fn a_proxy_that_serves_counts_as_ready() {
+    let rig = Rig::start().await;
+    assert_eq!(value(&scrape(&rig.client).await, "mcp_proxy_ready"), 1.0);
 }
 
 #[tokio::test]

@@ -13,6 +13,10 @@
 //! - the ```` ```nginx ```` block passes `nginx -t` (inside an `http {}`),
 //!   or, where nginx is not installed, a syntax check; in CI nginx must be
 //!   there.
+//! - a ```` ```yaml ```` block is a Kubernetes spec for the configuration
+//!   of the ```` ```toml ```` block before it: a proxy started from that
+//!   file answers 200 on each probe path, on the port it listens on, and the
+//!   timings fit its drain (see [`Probes`]).
 //! - the block marked `synopsis` names every flag and subcommand of
 //!   `--help`, and nothing `--help` does not know.
 //!
@@ -851,6 +855,225 @@ fn the_nginx_example_is_a_valid_nginx_configuration() {
 }
 
 // ---------------------------------------------------------------------------
+// The Kubernetes example
+
+/// What a Kubernetes spec says of the container's probes, read line by
+/// line: `key: value` pairs by indentation, enough for a README example
+/// (no YAML library for one block).
+#[derive(Debug, Default)]
+struct Probes {
+    termination_grace: Option<u64>,
+    container_ports: Vec<u16>,
+    /// (probe, path, port, periodSeconds, failureThreshold), with
+    /// Kubernetes' defaults (10 s, 3) where unset.
+    probes: Vec<Probe>,
+}
+
+#[derive(Debug, Clone)]
+struct Probe {
+    kind: String,
+    path: String,
+    port: u16,
+    period: u64,
+    failures: u64,
+}
+
+impl Probes {
+    fn read(lines: &[String]) -> Result<Probes, String> {
+        let mut spec = Probes::default();
+        // The probe being read: its kind and indentation.
+        let mut open: Option<(usize, Probe)> = None;
+        for (i, raw) in lines.iter().enumerate() {
+            let line = raw.split(" #").next().unwrap_or_default().trim_end();
+            let text = line.trim_start().trim_start_matches("- ");
+            if text.is_empty() || text.starts_with('#') {
+                continue;
+            }
+            let indent = line.len() - line.trim_start().len();
+            if open.as_ref().is_some_and(|(at, _)| indent <= *at) {
+                spec.probes.extend(open.take().map(|(_, p)| p));
+            }
+            let (key, value) = text
+                .split_once(':')
+                .ok_or_else(|| format!("line {}: not `key: value`: {raw}", i + 1))?;
+            let value = value.trim();
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("line {}: {key} is not a number: {value:?}", i + 1))
+            };
+            match (key, &mut open) {
+                ("livenessProbe" | "readinessProbe" | "startupProbe", _) => {
+                    let probe = Probe {
+                        kind: key.to_owned(),
+                        path: String::new(),
+                        port: 0,
+                        period: 10,
+                        failures: 3,
+                    };
+                    open = Some((indent, probe));
+                }
+                ("path", Some((_, p))) => p.path = value.to_owned(),
+                ("port", Some((_, p))) => {
+                    p.port = u16::try_from(number()?).map_err(|e| e.to_string())?
+                }
+                ("periodSeconds", Some((_, p))) => p.period = number()?,
+                ("failureThreshold", Some((_, p))) => p.failures = number()?,
+                ("terminationGracePeriodSeconds", _) => spec.termination_grace = Some(number()?),
+                ("containerPort", _) => spec
+                    .container_ports
+                    .push(u16::try_from(number()?).map_err(|e| e.to_string())?),
+                _ => {}
+            }
+        }
+        spec.probes.extend(open.map(|(_, p)| p));
+        Ok(spec)
+    }
+
+    fn probe(&self, kind: &str) -> Option<&Probe> {
+        self.probes.iter().find(|p| p.kind == kind)
+    }
+}
+
+/// What is wrong with `spec` as the deployment of `config`.
+fn misfits(spec: &Probes, config: &Config) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let port = config.listen.port();
+    if !spec.container_ports.contains(&port) {
+        wrong.push(format!(
+            "no containerPort {port} (listen = {})",
+            config.listen
+        ));
+    }
+    for p in &spec.probes {
+        if p.port != port {
+            wrong.push(format!(
+                "{} asks port {}, the proxy listens on {port}",
+                p.kind, p.port
+            ));
+        }
+    }
+    match spec.probe("livenessProbe") {
+        Some(p) if p.path == "/livez" => {}
+        other => wrong.push(format!(
+            "the livenessProbe must ask /livez (a drain or a Redis outage is nothing a restart \
+             fixes), not {other:?}"
+        )),
+    }
+    match spec.probe("readinessProbe") {
+        Some(p) if p.path == "/readyz" => {
+            if p.period * p.failures > config.drain_delay_secs {
+                wrong.push(format!(
+                    "readiness fails only after {} s, past drain_delay_secs = {}",
+                    p.period * p.failures,
+                    config.drain_delay_secs
+                ));
+            }
+        }
+        other => wrong.push(format!(
+            "the readinessProbe must ask /readyz, not {other:?}"
+        )),
+    }
+    // Kubernetes' default is 30 s; the flush and the hand-over get 5 s.
+    let grace = spec.termination_grace.unwrap_or(30);
+    let needed = config.drain_delay_secs + config.shutdown_grace_secs + 5;
+    if grace < needed {
+        wrong.push(format!(
+            "terminationGracePeriodSeconds = {grace} leaves no time for drain_delay_secs + \
+             shutdown_grace_secs + 5 = {needed}"
+        ));
+    }
+    wrong
+}
+
+#[test]
+fn the_kubernetes_example_probes_answer_and_fit_the_drain() {
+    let blocks = blocks();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut checked = 0;
+    for (i, block) in blocks.iter().enumerate() {
+        if block.lang != "yaml" || block.skip().is_some() {
+            continue;
+        }
+        let toml = blocks[..i]
+            .iter()
+            .rev()
+            .find(|b| b.lang == "toml")
+            .unwrap_or_else(|| panic!("README.md:{}: no toml block before it", block.fence));
+        let mut text = toml.lines.join("\n");
+        if !text.contains("[[upstream]]") {
+            text.push_str("\n[[upstream]]\nurl = \"http://127.0.0.1:1/mcp\"\n");
+        }
+        let config = Config::from_toml(&text).expect("the toml block before it loads");
+        let spec = Probes::read(&block.lines)
+            .unwrap_or_else(|e| panic!("README.md:{} ```yaml: {e}", block.fence));
+        let wrong = misfits(&spec, &config);
+        assert!(
+            wrong.is_empty(),
+            "README.md:{} ```yaml does not fit the toml of README.md:{}:\n{}",
+            block.fence,
+            toml.fence,
+            wrong.join("\n")
+        );
+        // The proxy of that file, on a loopback port of this test.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = Config {
+            listen: ([127, 0, 0, 1], 0).into(),
+            data_dir: dir.path().to_path_buf(),
+            ..config
+        };
+        runtime.block_on(async {
+            let server = mcp_resume_proxy::Server::start(config)
+                .await
+                .expect("the proxy of the toml block starts");
+            for probe in &spec.probes {
+                let url = format!("http://{}{}", server.addr, probe.path);
+                let status = common::McpClient::new(url)
+                    .send(common::Call::get())
+                    .await
+                    .status();
+                assert_eq!(
+                    status,
+                    http::StatusCode::OK,
+                    "README.md:{}: the {} on {}",
+                    block.fence,
+                    probe.kind,
+                    probe.path
+                );
+            }
+            server.shutdown().await;
+        });
+        checked += 1;
+    }
+    println!("README yaml blocks: {checked} checked");
+    assert!(checked > 0, "no yaml block found");
+}
+
+#[test]
+fn a_probe_spec_that_does_not_fit_the_drain_is_caught() {
+    let config = Config::from_toml(
+        "drain_delay_secs = 2\nshutdown_grace_secs = 5\n[[upstream]]\nurl = \"http://a/\"\n",
+    )
+    .expect("config");
+    let yaml: Vec<String> = "terminationGracePeriodSeconds: 5\n\
+         ports:\n  - containerPort: 8080\n\
+         livenessProbe:\n  httpGet:\n    path: /readyz\n    port: 8080\n\
+         readinessProbe:\n  httpGet:\n    path: /readyz\n    port: 8080\n  periodSeconds: 5\n"
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let spec = Probes::read(&yaml).expect("reads");
+    let wrong = misfits(&spec, &config).join("\n");
+    for what in [
+        "livenessProbe must ask /livez",
+        "readiness fails only after 15 s",
+        "terminationGracePeriodSeconds = 5",
+    ] {
+        assert!(wrong.contains(what), "{what} not in\n{wrong}");
+    }
+}
+
+// ---------------------------------------------------------------------------
 // The synopsis and the marks
 
 /// The long flags and the subcommands `--help` lists, and those of each
@@ -930,7 +1153,7 @@ fn every_block_is_checked_or_skipped_with_a_reason() {
     let mut unchecked = Vec::new();
     for b in &blocks {
         let known = b.is_shell()
-            || matches!(b.lang.as_str(), "toml" | "nginx")
+            || matches!(b.lang.as_str(), "toml" | "nginx" | "yaml")
             || b.mark == Some(Mark::Synopsis)
             || b.skip().is_some();
         if !known {
@@ -939,7 +1162,7 @@ fn every_block_is_checked_or_skipped_with_a_reason() {
     }
     assert!(
         unchecked.is_empty(),
-        "blocks this test cannot check (give them sh, bash, console, toml or nginx, or mark them):\n{}",
+        "blocks this test cannot check (give them sh, bash, console, toml, nginx or yaml, or mark them):\n{}",
         unchecked.join("\n")
     );
     // Skips stay few: each one is a part of the README nobody checks.

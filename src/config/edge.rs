@@ -130,11 +130,13 @@ pub fn validate(config: &Config) -> Result<(), String> {
                 .upstream
                 .iter()
                 .any(|u| u.path.trim_end_matches('/') == path.trim_end_matches('/'));
-            let reserved = ["/", "/healthz", "/metrics"].contains(&path.as_str());
+            let reserved = ["/", "/metrics"].contains(&path.as_str())
+                || super::PROBES.contains(&path.trim_end_matches('/'));
             if !plain_path(path) || reserved || mounted {
                 return Err(format!(
                     "upstream[{i}].passthrough: {path:?} must be a plain path (no dot segments or \
-                     encoded separators) other than /, a mount, /healthz and /metrics"
+                     encoded separators) other than /, a mount, /healthz, /livez, /readyz and \
+                     /metrics"
                 ));
             }
             if !opened.insert(path.as_str()) {

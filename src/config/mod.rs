@@ -50,6 +50,10 @@ pub struct Config {
     pub trusted_proxies: Vec<String>,
     /// CORS for browsers (`[cors]`); unset: as the upstream answers it.
     pub cors: Option<edge::CorsConfig>,
+    /// Seconds of normal service after SIGTERM, with `/readyz` answering
+    /// 503 "draining", before the shutdown starts: the time a load
+    /// balancer takes to notice.
+    pub drain_delay_secs: u64,
     /// Seconds to wait for connections to finish on shutdown.
     pub shutdown_grace_secs: u64,
     /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
@@ -540,6 +544,7 @@ impl Default for Config {
             public_url: None,
             trusted_proxies: Vec::new(),
             cors: None,
+            drain_delay_secs: 0,
             shutdown_grace_secs: 5,
             metrics: true,
             workers: None,
@@ -613,6 +618,14 @@ impl UpstreamConfig {
     }
 }
 
+/// The longest `drain_delay_secs`: ten minutes is past any balancer's
+/// health checks; more is a value meant as milliseconds.
+pub const MAX_DRAIN_DELAY_SECS: u64 = 600;
+
+/// The paths the proxy answers itself, before any check, so that no
+/// upstream can be mounted there.
+pub const PROBES: [&str; 3] = ["/healthz", "/livez", "/readyz"];
+
 /// A configuration problem, worded for the operator.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -651,6 +664,13 @@ impl Config {
         }
         if self.workers == Some(0) {
             return fail("workers = 0: at least one thread must serve connections".into());
+        }
+        if self.drain_delay_secs > MAX_DRAIN_DELAY_SECS {
+            return fail(format!(
+                "drain_delay_secs = {} is more than {MAX_DRAIN_DELAY_SECS}: it counts seconds, \
+                 the time a load balancer takes to see /readyz fail",
+                self.drain_delay_secs
+            ));
         }
         if self.max_body < 1024 {
             return fail(format!(
@@ -796,9 +816,10 @@ impl Config {
         let mut paths = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter().enumerate() {
             let key = format!("upstream[{i}]");
-            if !up.path.starts_with('/') || up.path == "/healthz" {
+            if !up.path.starts_with('/') || PROBES.contains(&up.path.trim_end_matches('/')) {
                 return fail(format!(
-                    "{key}.path = {:?} must start with '/' and must not be /healthz",
+                    "{key}.path = {:?} must start with '/' and must not be /healthz, /livez or \
+                     /readyz",
                     up.path
                 ));
             }
@@ -1016,6 +1037,28 @@ mod tests {
         let err = Config::from_toml("[[upstream]]\ncommand = [\"x\"]\nca_file = \"a.pem\"\n")
             .unwrap_err();
         assert!(err.0.contains("upstream[0].ca_file"), "{err}");
+    }
+
+    #[test]
+    fn the_drain_delay_is_off_by_default_and_bounded() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(c.drain_delay_secs, 0);
+        let c = Config::from_toml(&format!("drain_delay_secs = 15\n{up}")).unwrap();
+        assert_eq!(c.drain_delay_secs, 15);
+        let err = Config::from_toml(&format!("drain_delay_secs = 5000\n{up}")).unwrap_err();
+        assert!(err.0.contains("drain_delay_secs = 5000"), "{err}");
+    }
+
+    #[test]
+    fn no_upstream_is_mounted_where_the_probes_answer() {
+        for path in ["/healthz", "/livez", "/readyz/"] {
+            let err = Config::from_toml(&format!(
+                "[[upstream]]\nurl = \"http://a/\"\npath = \"{path}\"\n"
+            ))
+            .unwrap_err();
+            assert!(err.0.contains("upstream[0].path"), "{path}: {err}");
+        }
     }
 
     #[test]

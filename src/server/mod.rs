@@ -1,18 +1,22 @@
 //! The HTTP front: the accept loop (HTTP/1.1 and HTTP/2, plain or TLS; each
 //! connection is then served by [`front_door`]), the routes
-//! (`/healthz` and one mount per upstream), the `Origin` check every MCP
-//! server must make against DNS rebinding, and graceful shutdown.
+//! (the probes of [`probes`], `/healthz` and one mount per upstream), the
+//! `Origin` check every MCP server must make against DNS rebinding, and the
+//! drain and graceful shutdown.
 //!
-//! Start-up order matters and lives here: open the log, recover what a
-//! previous process left live, and only then accept connections.
+//! Start-up order matters and lives here: bind and accept (the probes
+//! answer from then on: live, not ready), open the log, recover what a
+//! previous process left live, and only then serve requests.
 //!
 //! It answers no MCP message itself: a request for a mount goes to that
 //! mount's [`Route`] (the proxy), unless the edge passes it to the
 //! upstream's origin as plain HTTP.
 
 pub mod front_door;
+mod probes;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +25,8 @@ use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use self::front_door::{FrontDoor, Handler};
+use self::front_door::FrontDoor;
+use self::probes::Gate;
 use crate::config::{Backend, Config};
 use crate::edge::discovery::Passage;
 use crate::edge::origin::{Arrival, Peer};
@@ -33,7 +38,7 @@ use crate::session::Sessions;
 use crate::store::journal::Journal;
 use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
-use crate::store::{SharedStore, StreamMeta};
+use crate::store::{SharedStore, StoreError, StreamMeta};
 use crate::stream::Log;
 use crate::token::Keyring;
 use crate::upstream::http::HttpUpstream;
@@ -46,11 +51,16 @@ pub struct App {
     routes: Vec<Route>,
     edge: Edge,
     shared: Arc<Shared>,
+    /// A stop was asked for: `/readyz` answers 503 "draining" while
+    /// everything else is served as before (`Shared::draining` is the
+    /// later step, when open answers end with a `retry:`).
+    unready: AtomicBool,
 }
 
 impl App {
-    /// Opens the log under the data dir and recovers orphaned streams.
-    pub async fn open(config: Config) -> anyhow::Result<Arc<App>> {
+    /// Opens the log under the data dir (or takes `store`, opened by the
+    /// caller) and recovers orphaned streams.
+    pub async fn open(config: Config, store: Option<SharedStore>) -> anyhow::Result<Arc<App>> {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!("cannot create data_dir {}: {e}", config.data_dir.display())
         })?;
@@ -63,14 +73,15 @@ impl App {
             .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
         // Connections the workers keep for themselves: Redis and upstream.
         let workers = config.workers();
-        let store: SharedStore = match config.store.backend {
-            Backend::Journal => Journal::open(&config.data_dir, config.store.sync)?,
-            Backend::Sled => Arc::new(SledStore::open_with_cache(
-                &config.data_dir,
-                config.store.sync,
-                config.store.sled_cache_bytes,
-            )?),
-            Backend::Redis => {
+        let (dir, sync) = (config.data_dir.clone(), config.store.sync);
+        let store: SharedStore = match (store, config.store.backend) {
+            (Some(store), _) => store,
+            (None, Backend::Journal) => blocking(move || Journal::open(&dir, sync)).await?,
+            (None, Backend::Sled) => {
+                let cache = config.store.sled_cache_bytes;
+                Arc::new(blocking(move || SledStore::open_with_cache(&dir, sync, cache)).await?)
+            }
+            (None, Backend::Redis) => {
                 let store = &config.store;
                 let lease = Duration::from_millis(store.lease_ms);
                 let lifetimes = Lifetimes::mirror(
@@ -124,6 +135,7 @@ impl App {
             routes,
             edge,
             shared,
+            unready: AtomicBool::new(false),
         });
         let recovered = crate::lifetime::recover(&app.shared.log, app.as_ref()).await?;
         if recovered != Recovered::default() {
@@ -138,6 +150,15 @@ impl App {
             .metrics()
             .recovered(recovered.resumed + recovered.finished);
         Ok(app)
+    }
+
+    /// What `/readyz` answers once the app is open: `Err` says why new
+    /// requests should go elsewhere.
+    fn readiness(&self) -> Result<(), String> {
+        if self.unready.load(Ordering::Relaxed) {
+            return Err("draining".into());
+        }
+        self.shared.log.store().health()
     }
 
     fn route_of(&self, path: &str) -> Option<&Route> {
@@ -283,6 +304,7 @@ impl App {
         let store = log.store();
         log.metrics()
             .observe_retention(store.retained_count(), store.released_early());
+        log.metrics().observe_ready(self.readiness().is_ok());
         let text = log
             .metrics()
             .render(self.shared.sessions.open(), log.live_streams());
@@ -295,12 +317,16 @@ impl App {
     }
 }
 
-/// The front door hands every request to the app.
-#[async_trait::async_trait]
-impl Handler for App {
-    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
-        App::handle(self, req, peer).await
-    }
+/// Runs a store's open on the blocking pool (a journal's recovery reads
+/// the log, and may take seconds): the runtime's threads go on accepting
+/// and answering the probes meanwhile.
+async fn blocking<T: Send + 'static>(
+    open: impl FnOnce() -> crate::store::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    let opened = tokio::task::spawn_blocking(open)
+        .await
+        .map_err(|e| StoreError::Backend(format!("opening the log: {e}")))?;
+    Ok(opened?)
 }
 
 /// What the sessions a previous run left become: a stdio child cannot
@@ -365,6 +391,9 @@ pub struct Server {
     stop: CancellationToken,
     workers: Arc<Workers>,
     done: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+    /// `drain_delay_secs`.
+    drain_delay: Duration,
 }
 
 impl Server {
@@ -373,22 +402,55 @@ impl Server {
         self.app.shared.log.store()
     }
 
-    /// Binds, loads the TLS files, opens the log, and serves on the worker
-    /// threads; what runs on no connection's behalf (the sweeper, takeover,
-    /// streams recovered at start-up) stays on the caller's runtime.
+    /// Binds, loads the TLS files, starts serving on the worker threads
+    /// (the probes answer at once; other requests wait), opens the log, and
+    /// returns once requests are served; what runs on no connection's
+    /// behalf (the sweeper, takeover, streams recovered at start-up) stays
+    /// on the caller's runtime.
     pub async fn start(config: Config) -> anyhow::Result<Server> {
+        Self::start_with(config, None).await
+    }
+
+    /// As [`Server::start`], on a log the caller opened (an embedding's
+    /// own backend, a test's): `[store] backend` is not looked at.
+    pub async fn start_on(config: Config, store: SharedStore) -> anyhow::Result<Server> {
+        Self::start_with(config, Some(store)).await
+    }
+
+    async fn start_with(config: Config, store: Option<SharedStore>) -> anyhow::Result<Server> {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
         let grace = Duration::from_secs(config.shutdown_grace_secs);
+        let drain_delay = Duration::from_secs(config.drain_delay_secs);
         let store_config = config.store.clone();
         let store_lease_ms = config.store.lease_ms;
         let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
-        let limits = config.limits.clone();
-        let workers = config.workers();
-        let app = App::open(config).await?;
+        let gate = Arc::new(Gate::default());
+        let front_door = Arc::new(FrontDoor::new(gate.clone(), tls, &config.limits));
+        let workers = Arc::new(Workers::start(config.workers())?);
         let stop = CancellationToken::new();
+        let done = tokio::spawn(accept_loop(
+            listener,
+            front_door,
+            workers.clone(),
+            stop.clone(),
+            grace,
+        ));
+        let app = match App::open(config, store).await {
+            Ok(app) => app,
+            Err(e) => {
+                gate.failed();
+                done.abort();
+                let _ = done.await;
+                if let Some(workers) = Arc::into_inner(workers) {
+                    workers.finish().await;
+                }
+                return Err(e);
+            }
+        };
+        gate.open(app.clone());
         let sweeper = crate::lifetime::spawn_sweeper(
             app.shared.log.clone(),
             app.shared.sessions.clone(),
@@ -408,23 +470,41 @@ impl Server {
                 stop.clone(),
             );
         }
-        let front_door = Arc::new(FrontDoor::new(app.clone(), tls, &limits));
-        let workers = Arc::new(Workers::start(workers)?);
-        let done = tokio::spawn(accept_loop(
-            listener,
-            front_door,
-            workers.clone(),
-            stop.clone(),
-            grace,
-            sweeper,
-        ));
         Ok(Server {
             addr,
             app,
             stop,
             workers,
             done,
+            sweeper,
+            drain_delay,
         })
+    }
+
+    /// Stops being ready: `/readyz` answers 503 "draining" from now on,
+    /// while every request is served as before.
+    pub fn drain(&self) {
+        self.app.unready.store(true, Ordering::Relaxed);
+    }
+
+    /// What a SIGTERM starts: not ready at once ([`Server::drain`]), then
+    /// `drain_delay_secs` of normal service so that load balancers see
+    /// `/readyz` fail and send new requests elsewhere (cut short when
+    /// `hurry` resolves: a second signal), then [`Server::shutdown`].
+    pub async fn drain_then_shutdown(self, hurry: impl std::future::Future<Output = ()>) {
+        self.drain();
+        if !self.drain_delay.is_zero() {
+            tracing::info!(
+                secs = self.drain_delay.as_secs(),
+                "draining: /readyz answers 503 while requests are served as before"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(self.drain_delay) => {}
+                () = hurry => tracing::info!("drain cut short"),
+            }
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
     }
 
     /// Shuts down gracefully: open SSE answers end with a `retry:` so their
@@ -433,9 +513,11 @@ impl Server {
     /// is flushed whatever its `sync` mode, and (for a shared log) the calls
     /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
+        self.drain();
         self.app.shared.draining.cancel();
         self.stop.cancel();
         let _ = self.done.await;
+        self.sweeper.abort();
         self.app.stop_upstreams().await;
         let store = self.app.shared.log.store();
         if let Err(e) = store.flush().await {
@@ -450,11 +532,11 @@ impl Server {
         }
     }
 
-    /// Serves until `signal` resolves, then shuts down.
+    /// Serves until `signal` resolves, then drains and shuts down
+    /// ([`Server::drain_then_shutdown`]).
     pub async fn run_until(self, signal: impl std::future::Future<Output = ()>) {
         signal.await;
-        tracing::info!("shutting down");
-        self.shutdown().await;
+        self.drain_then_shutdown(std::future::pending()).await;
     }
 }
 
@@ -466,7 +548,6 @@ async fn accept_loop(
     workers: Arc<Workers>,
     stop: CancellationToken,
     grace: Duration,
-    sweeper: tokio::task::JoinHandle<()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -507,5 +588,4 @@ async fn accept_loop(
     {
         tracing::info!("grace period over; closing remaining connections");
     }
-    sweeper.abort();
 }

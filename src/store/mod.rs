@@ -606,6 +606,18 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether the log can be written now: `Err` says why not, in a few
+    /// words, for `/readyz` ("log not writable: …", "redis unreachable for
+    /// 12s"). By default a failed flush ([`Store::flush_failed`]); a
+    /// backend that knows more (the flush's error, how long its server has
+    /// been away) says so.
+    fn health(&self) -> std::result::Result<(), String> {
+        if self.flush_failed() {
+            return Err("log not writable: a flush failed".into());
+        }
+        Ok(())
+    }
+
     /// Sets the most finished streams the log keeps (`[limits]
     /// max_retained_streams`): past it the oldest are released before
     /// retention would have, a live stream never. A backend whose retained

@@ -11,6 +11,7 @@ pub mod process;
 pub mod redis_server;
 pub mod tasks;
 pub mod tls;
+pub mod unwritable;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -77,9 +77,23 @@ impl ProxyProcess {
 
     /// Sends SIGTERM and waits (bounded) for the process to exit.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.exited().await
+    }
+
+    /// Sends `signal` (SIGTERM, SIGINT) and returns at once.
+    pub fn signal(&self, signal: i32) {
         let pid = i32::try_from(self.child.id()).expect("pid fits");
         // SAFETY: kill(2) on our own child's pid has no memory effects.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
+        assert_eq!(
+            unsafe { libc::kill(pid, signal) },
+            0,
+            "signal {signal} sent"
+        );
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
         let deadline = tokio::time::Instant::now() + LIMIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -87,7 +101,7 @@ impl ProxyProcess {
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the proxy did not exit after SIGTERM"
+                "the proxy did not exit after the signal"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

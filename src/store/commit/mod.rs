@@ -166,6 +166,9 @@ struct Shared {
     /// Turns true with `failed`, for those who wait on it
     /// ([`GroupCommit::when_stopped`]).
     stopped: watch::Sender<bool>,
+    /// The error of the flush that failed, set with `failed`, for
+    /// [`GroupCommit::health`].
+    failure: OnceLock<String>,
 }
 
 pub struct GroupCommit {
@@ -193,6 +196,7 @@ impl GroupCommit {
             one: Mutex::new(()),
             failed: AtomicBool::new(false),
             stopped: watch::Sender::new(false),
+            failure: OnceLock::new(),
         });
         let mut syncer = None;
         if mode == SyncMode::Batch {
@@ -269,6 +273,20 @@ impl GroupCommit {
     /// docs).
     pub fn failed(&self) -> bool {
         self.shared.failed()
+    }
+
+    /// Whether the log takes writes, as `/readyz` says it: `Err` with the
+    /// failed flush's error once one failed.
+    pub fn health(&self) -> Result<(), String> {
+        if !self.failed() {
+            return Ok(());
+        }
+        let why = self
+            .shared
+            .failure
+            .get()
+            .map_or("a flush failed", String::as_str);
+        Err(format!("log not writable: {why}"))
     }
 
     /// Refuses a write once a flush failed: a record written after the
@@ -429,6 +447,7 @@ impl Shared {
         }
         let result = flush();
         if let Err(e) = &result {
+            let _ = self.failure.set(e.to_string());
             self.failed.store(true, Ordering::SeqCst);
             self.stopped.send_replace(true);
             tracing::error!(

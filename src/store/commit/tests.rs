@@ -403,3 +403,15 @@ async fn a_failed_flush_is_reported_to_its_writers() {
     );
     assert!(commit.durable().await.is_err());
 }
+
+#[tokio::test]
+async fn health_names_the_error_of_the_flush_that_stopped_the_log() {
+    let (flush, _) = failing_at_first(1);
+    let commit = GroupCommit::new(SyncMode::Batch, flush);
+    assert_eq!(commit.health(), Ok(()));
+    assert!(commit.durable().await.is_err());
+    assert_eq!(
+        commit.health(),
+        Err("log not writable: write-back error".to_owned())
+    );
+}

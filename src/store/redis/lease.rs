@@ -10,8 +10,9 @@
 //! It owns the instance's identity and the renewal task; it must not decide
 //! what happens to a claimed stream (the proxy resumes or fails it).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::Script;
@@ -33,18 +34,49 @@ pub(super) fn new_instance() -> String {
     format!("{}-{}", std::process::id(), crate::id::hex(&random.0[..8]))
 }
 
+/// When the lease was last renewed (or the store made): how long Redis has
+/// not answered this instance, for readiness.
+pub(super) struct Renewed {
+    base: Instant,
+    /// Milliseconds from `base` to the last renewal.
+    at_ms: AtomicU64,
+}
+
+impl Renewed {
+    pub fn now() -> Arc<Self> {
+        Arc::new(Self {
+            base: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn mark(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.at_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the last renewal.
+    pub fn ago(&self) -> Duration {
+        let at = self.base + Duration::from_millis(self.at_ms.load(Ordering::Relaxed));
+        at.elapsed()
+    }
+}
+
 /// Renews the lease every third of its length until `stop`. A renewal that
 /// fails is tried again at the next tick; a lease that runs out meanwhile
-/// lets the other instances take this one's streams over.
+/// lets the other instances take this one's streams over. Each renewal is
+/// marked in `renewed`.
 pub(super) fn spawn_renewal(
     mut conn: ConnectionManager,
     renew: Script,
     instances_key: String,
     instance: String,
     lease: Duration,
+    renewed: Arc<Renewed>,
     stop: CancellationToken,
 ) {
     let every = lease / 3;
+    let marks = renewed;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -60,6 +92,9 @@ pub(super) fn spawn_renewal(
                 .arg(lease.as_millis() as u64)
                 .invoke_async::<i64>(&mut conn)
                 .await;
+            if renewed.is_ok() {
+                marks.mark();
+            }
             match (renewed, failing) {
                 (Ok(_), true) => {
                     tracing::info!("the instance lease is renewed again");

@@ -122,6 +122,9 @@ pub struct RedisStore {
     /// This process's name among the instances (see `lease.rs`).
     instance: String,
     lease: Duration,
+    /// When the lease was last renewed, once the renewal runs: past
+    /// `lease` ago, Redis counts as unreachable (see [`Store::health`]).
+    renewed: OnceLock<Arc<lease::Renewed>>,
     /// How long finished streams and idle sessions outlive their deadline
     /// before Redis expires their keys (see [`RedisStore::with_lifetimes`]).
     expire_after: Lifetimes,
@@ -176,6 +179,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             instance: lease::new_instance(),
             lease,
+            renewed: OnceLock::new(),
             expire_after: Lifetimes::default(),
             tasks: Tasks::new(),
             sessions_indexed: std::sync::Mutex::new(None),
@@ -200,6 +204,7 @@ impl RedisStore {
             self.global_key("instances"),
             self.instance.clone(),
             self.lease,
+            self.renewed.get_or_init(lease::Renewed::now).clone(),
             self.tasks.renewal.clone(),
         );
     }
@@ -624,6 +629,21 @@ impl Store for RedisStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    /// Unreachable once the lease went unrenewed for as long as it lasts:
+    /// from then on the other instances may take this one's calls over,
+    /// so it should be given no new ones. A shorter outage (a failover)
+    /// leaves it ready: its writes wait for Redis or fail one by one.
+    fn health(&self) -> std::result::Result<(), String> {
+        let Some(renewed) = self.renewed.get() else {
+            return Ok(());
+        };
+        let away = renewed.ago();
+        if away <= self.lease || self.tasks.renewal.is_cancelled() {
+            return Ok(());
+        }
+        Err(format!("redis unreachable for {}s", away.as_secs()))
     }
 
     async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {

@@ -544,3 +544,38 @@ async fn a_session_written_without_the_index_is_found_and_indexed_by_the_first_s
         .unwrap();
     assert_eq!(score, Some(100));
 }
+
+/// Readiness: Redis counts as unreachable once the lease went unrenewed
+/// for as long as it lasts, and as reachable again at the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_redis_is_unreachable_once_the_lease_went_unrenewed_and_well_again_after() {
+    let mut server = redis_server::RedisServer::start(redis_server::Persistence::None)
+        .unwrap_or_else(|why| panic!("{why}"));
+    let store = RedisStore::open(&server.url(), "health", TEST_LEASE)
+        .await
+        .unwrap();
+    assert_eq!(store.health(), Ok(()));
+    server.kill9();
+    let killed = std::time::Instant::now();
+    let why = health_once(&store, false).await.unwrap_err();
+    assert!(
+        killed.elapsed() >= TEST_LEASE,
+        "not before the lease ran out"
+    );
+    assert!(why.starts_with("redis unreachable for "), "{why}");
+    server.restart();
+    assert_eq!(health_once(&store, true).await, Ok(()));
+}
+
+/// The store's health once it is (or is not) `well`, within a bound.
+async fn health_once(store: &RedisStore, well: bool) -> std::result::Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let health = store.health();
+        if health.is_ok() == well {
+            return health;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still {health:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -707,6 +707,10 @@ impl Store for SledStore {
     fn flush_failed(&self) -> bool {
         self.commit.failed()
     }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        self.commit.health()
+    }
 }
 
 #[cfg(test)]
