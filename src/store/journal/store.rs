@@ -344,4 +344,8 @@ impl Store for Journal {
     fn flush_failed(&self) -> bool {
         self.commit.failed()
     }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        self.commit.health()
+    }
 }

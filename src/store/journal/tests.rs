@@ -626,6 +626,20 @@ async fn after_a_failed_flush_the_journal_shows_and_takes_nothing_more() {
 }
 
 #[tokio::test]
+async fn after_a_failed_flush_the_journals_health_names_the_error() {
+    let disk = FailingDisk::with_one_entry().await;
+    assert_eq!(disk.store.health(), Ok(()));
+    disk.fail(true);
+    assert!(disk.append(2).await.is_err());
+    let why = disk.store.health().expect_err("not writable");
+    assert!(why.starts_with("log not writable: "), "{why}");
+    assert_ne!(
+        why, "log not writable: a flush failed",
+        "the flush's own error"
+    );
+}
+
+#[tokio::test]
 async fn a_restart_after_a_failed_flush_takes_writes_again() {
     let disk = FailingDisk::with_one_entry().await;
     disk.fail(true);

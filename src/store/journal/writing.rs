@@ -98,6 +98,7 @@ impl Journal {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "journal checkpoint not started");
             inner.index.retired.merge_sealed();
+            inner.merging = false;
             self.checkpointing.store(false, Ordering::Release);
         }
     }
@@ -127,6 +128,7 @@ impl Journal {
             self.checkpointing.store(false, Ordering::Release);
             return None;
         };
+        inner.merging = true;
         let taken = checkpoint::take(&inner.index, cut);
         tracing::debug!(
             bytes = taken.wholes_len(),
@@ -196,12 +198,13 @@ impl Journal {
     /// Makes the frozen tier the last checkpoint merged the retired
     /// streams' base, once it is ready.
     pub(super) fn install_merged(&self, inner: &mut Inner) {
-        if self.checkpointing.load(Ordering::Acquire) {
+        if !inner.merging || self.checkpointing.load(Ordering::Acquire) {
             return;
         }
         let Some((merged, bytes)) = lock(&self.merged).take() else {
             return;
         };
+        inner.merging = false;
         inner.index.retired.install(merged);
         if bytes > 0 {
             inner.checkpoint_bytes = bytes;
