@@ -14,9 +14,11 @@
 //! were written, which recovery (`recover.rs`) replays in order — from the
 //! newest checkpoint's cut (`checkpoint.rs`: the index as it stood at one
 //! point of the log, taken once enough log was written since the last), or
-//! from the first segment without one. A finished stream does not stay whole in memory: once its finish
-//! is durable it retires (`retire.rs`) to a summary record on disk
-//! (`summary.rs`) and a 48-byte entry in the index (`retired.rs`), so that
+//! from the first segment without one. A finished stream does not stay whole
+//! in memory: once its finish is durable it retires (`retire.rs`) to a
+//! summary record on disk (`summary.rs`) and a small entry in the retired
+//! tier (`retired/`: a layer of recent changes over sorted tables that a
+//! checkpoint writes as they are and start-up uses in place), so that
 //! memory does not grow with what retention keeps; `[limits]
 //! max_retained_streams` bounds how many are kept. A rollover therefore costs the same however many streams the log
 //! retains. Segment files are deleted oldest first, as soon as nothing in

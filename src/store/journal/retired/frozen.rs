@@ -18,7 +18,7 @@ use std::ops::Range;
 use super::super::cursor::Cursor;
 use super::super::segment::SegmentNo;
 use super::{Place, Retired};
-use crate::id::{IdMap, SessionId, StreamId};
+use crate::id::{SessionId, StreamId};
 
 /// Stream, session, summary place (3 × 4), first segment, entries,
 /// finished (2 × 4), requests, coalesced, has-abandon, abandon-at.
@@ -67,14 +67,16 @@ pub struct Frozen {
 
 impl Default for Frozen {
     fn default() -> Self {
-        Self::build(Vec::new(), Vec::new())
+        Self::from_sections(Vec::new(), std::array::from_fn(|_| 0..0))
     }
 }
 
 impl Frozen {
     /// Builds a tier of `kept` (oldest finish first) and the request index's
     /// entries; those naming a stream not kept are dropped, and of two
-    /// entries for one hash the later wins.
+    /// entries for one hash the later wins. Every table sorted anew: the
+    /// reference the merge (`merge.rs`) is checked against.
+    #[cfg(test)]
     pub fn build(kept: Vec<Kept>, requests: Vec<(u64, StreamId)>) -> Self {
         let mut by_id: Vec<(StreamId, u32)> = (0..kept.len() as u32)
             .map(|i| (kept[i as usize].id, i))
@@ -86,7 +88,7 @@ impl Frozen {
             position[i as usize] = at as u32;
         }
         let mut bytes = Vec::with_capacity(kept.len() * (RECORD + 2 * POSITION + REQUEST));
-        let mut segments: IdMap<SegmentNo, u32> = IdMap::default();
+        let mut segments: crate::id::IdMap<SegmentNo, u32> = Default::default();
         let mut abandons = Vec::new();
         for (at, &(_, i)) in by_id.iter().enumerate() {
             let k = &kept[i as usize];
@@ -138,15 +140,15 @@ impl Frozen {
             bytes.extend_from_slice(&at.to_le_bytes());
         }
         let abandons = segment_section.end..bytes.len();
-        Self {
-            bytes,
+        let sections = [
             records,
             order,
             sessions,
-            requests: request_section,
-            segments: segment_section,
+            request_section,
+            segment_section,
             abandons,
-        }
+        ];
+        Self::from_sections(bytes, sections)
     }
 
     /// A tier of sections laid out in `bytes` as [`Frozen::build`] and the
@@ -187,15 +189,8 @@ impl Frozen {
         if next != bytes.len() {
             return Err("bytes after the last section".into());
         }
-        Ok(Self {
-            bytes,
-            records,
-            order,
-            sessions,
-            requests,
-            segments,
-            abandons,
-        })
+        let sections = [records, order, sessions, requests, segments, abandons];
+        Ok(Self::from_sections(bytes, sections))
     }
 
     /// Every byte it holds: its sections, and whatever came before them
