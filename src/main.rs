@@ -46,6 +46,11 @@ enum Command {
         #[command(subcommand)]
         action: StreamsCommand,
     },
+    /// Checks the configuration (the file, the flags, the TLS files it
+    /// names) without starting anything: exits 0 when the proxy would start
+    /// with it, 2 with the reason when it would not. For CI, and before a
+    /// reload.
+    Check,
     /// Runs the demo MCP server on stdin/stdout (a stdio upstream for tests
     /// and experiments).
     #[command(hide = true)]
@@ -177,6 +182,20 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// The configuration the proxy would run with, checked as at start: its
+/// values, and the TLS files it names (a file that cannot be read is as much
+/// a configuration error as a key that cannot be parsed: both exit with
+/// status 2).
+fn checked_config(cli: &Cli) -> Result<Config, String> {
+    config(cli)
+        .and_then(|c| c.validate().map(|()| c).map_err(|e| e.0))
+        .and_then(|c| {
+            mcp_resume_proxy::tls::check_files(&c)
+                .map(|()| c)
+                .map_err(|e| e.to_string())
+        })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -239,22 +258,21 @@ fn main() -> ExitCode {
             }
         };
     }
-    // A TLS file that cannot be read is as much a configuration error as a
-    // key that cannot be parsed: both exit with status 2.
-    let checked = config(&cli)
-        .and_then(|c| c.validate().map(|()| c).map_err(|e| e.0))
-        .and_then(|c| {
-            mcp_resume_proxy::tls::check_files(&c)
-                .map(|()| c)
-                .map_err(|e| e.to_string())
-        });
-    let config = match checked {
+    let config = match checked_config(&cli) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("mcp-resume-proxy: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Check) = cli.command {
+        let what = cli
+            .config
+            .as_ref()
+            .map_or_else(|| "the flags".into(), |f| f.display().to_string());
+        println!("{what}: the configuration is valid");
+        return ExitCode::SUCCESS;
+    }
     init_logging(config.log_format);
     match runtime.block_on(mcp_resume_proxy::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

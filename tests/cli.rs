@@ -21,6 +21,7 @@ fn help_and_version_work() {
         "--upstream-command",
         "demo",
         "streams",
+        "check",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
@@ -88,4 +89,52 @@ fn a_missing_upstream_ca_file_is_a_config_error_naming_the_key() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ca_file"), "{err}");
+}
+
+#[test]
+fn check_accepts_a_valid_file_without_starting_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &file,
+        format!(
+            "listen = \"127.0.0.1:1\"\ndata_dir = {:?}\n[[upstream]]\nurl = \"http://127.0.0.1:1/mcp\"\n",
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = proxy()
+        .arg("check")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
+    assert!(!data.exists(), "no log opened");
+}
+
+#[test]
+fn check_refuses_an_invalid_file_naming_the_key_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    std::fs::write(
+        &file,
+        "[limits]\nmax_retained_streams = -1\n[[upstream]]\nurl = \"http://127.0.0.1:1/mcp\"\n",
+    )
+    .unwrap();
+    let out = proxy()
+        .arg("check")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_retained_streams"), "{err}");
 }
