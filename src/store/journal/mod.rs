@@ -103,8 +103,6 @@ struct Inner {
     since_checkpoint: u64,
     /// The last checkpoint's size.
     checkpoint_bytes: u64,
-    /// A checkpoint's frozen tier is being merged, to be installed.
-    merging: bool,
 }
 
 /// A frozen tier a checkpoint merged, and the checkpoint's size (0: it was
@@ -220,7 +218,6 @@ impl Journal {
                 // What this start replayed is what the next one would.
                 since_checkpoint: recovered.replayed,
                 checkpoint_bytes: recovered.checkpoint_bytes,
-                merging: false,
             }),
             active,
             commit,

@@ -98,7 +98,6 @@ impl Journal {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "journal checkpoint not started");
             inner.index.retired.merge_sealed();
-            inner.merging = false;
             self.checkpointing.store(false, Ordering::Release);
         }
     }
@@ -128,7 +127,6 @@ impl Journal {
             self.checkpointing.store(false, Ordering::Release);
             return None;
         };
-        inner.merging = true;
         let taken = checkpoint::take(&inner.index, cut);
         tracing::debug!(
             bytes = taken.wholes_len(),
@@ -198,13 +196,12 @@ impl Journal {
     /// Makes the frozen tier the last checkpoint merged the retired
     /// streams' base, once it is ready.
     pub(super) fn install_merged(&self, inner: &mut Inner) {
-        if !inner.merging || self.checkpointing.load(Ordering::Acquire) {
+        if !inner.index.retired.is_sealed() || self.checkpointing.load(Ordering::Acquire) {
             return;
         }
         let Some((merged, bytes)) = lock(&self.merged).take() else {
             return;
         };
-        inner.merging = false;
         inner.index.retired.install(merged);
         if bytes > 0 {
             inner.checkpoint_bytes = bytes;

@@ -488,6 +488,12 @@ impl RetiredStreams {
         Some((self.base.clone(), sealed))
     }
 
+    /// Whether a layer is sealed: a checkpoint's merge is under way, its
+    /// tier still to be installed.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed.is_some()
+    }
+
     /// Makes `merged` (the base and the sealed layer, merged) the base.
     pub fn install(&mut self, merged: Arc<Frozen>) {
         self.base = merged;
