@@ -29,6 +29,7 @@
 //! - [`task`]: what a durable task is, and how each protocol revision shows it.
 //! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.
 //! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
+//! - [`access`]: what each request was, noted along its path: the request series and the access log.
 //! - [`metrics`]: the Prometheus registry, owned by the log, rendered for `GET /metrics`.
 //! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.
 //! - [`auth`]: who a request speaks for: credential digest, identity header, JWT, introspection.
@@ -53,6 +54,7 @@
 //! nothing until something comes: most open streams are a long call waiting
 //! in silence.
 
+pub mod access;
 pub mod auth;
 pub mod config;
 pub mod demo;

@@ -3,37 +3,10 @@
 
 mod common;
 
+use common::scrape::{sample as value, scrape};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::UpstreamConfig;
-
-/// The metrics page of the proxy `rig.client` talks to.
-async fn scrape(client: &McpClient) -> String {
-    let url = client.url.trim_end_matches("/mcp").to_owned() + "/metrics";
-    let res = McpClient::new(url).send(Call::get()).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    let content_type = res
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    assert_eq!(
-        content_type,
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    );
-    String::from_utf8(body_bytes(res).await.to_vec()).expect("metrics are UTF-8")
-}
-
-/// The value of the sample `series` (name with labels, as printed).
-fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok()).flatten()
-        })
-        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
-}
 
 /// initialize + one completed tool call of `steps` progress notifications.
 async fn a_session_with_one_call(rig: &Rig, steps: u64) -> (String, Vec<Option<String>>) {

@@ -10,6 +10,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::scrape::{sample as value, scrape};
 use common::*;
 use http::StatusCode;
 use hyper::body::Incoming;
@@ -86,19 +87,6 @@ async fn refusal(res: http::Response<Incoming>) -> (StatusCode, u64, Value) {
 
 fn message_of(body: &Value) -> &str {
     body["error"]["message"].as_str().unwrap_or_default()
-}
-
-async fn scrape(client: &McpClient) -> String {
-    let url = client.url.trim_end_matches("/mcp").to_owned() + "/metrics";
-    let res = McpClient::new(url).send(Call::get()).await;
-    String::from_utf8(body_bytes(res).await.to_vec()).expect("metrics are text")
-}
-
-/// The value of the series named exactly `series`.
-fn value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
 async fn metric(client: &McpClient, series: &str) -> f64 {

@@ -58,6 +58,13 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// Serve Prometheus metrics at `GET /metrics` (OpenMetrics text).
     pub metrics: bool,
+    /// Tool names `tools/call` requests are counted under in
+    /// `mcp_proxy_tool_calls_total` (at most 32); every other tool counts
+    /// as `other`. Empty: every call counts as `other`.
+    pub metrics_tools: Vec<String>,
+    /// One `info` line per request, target `access`, when its answer ends
+    /// (README "Access log").
+    pub access_log: bool,
     /// Threads serving connections, each with its own scheduler (a
     /// connection and the calls it makes stay on one thread). Unset: one
     /// per available core.
@@ -531,6 +538,9 @@ fn default_max_children() -> usize {
     64
 }
 
+/// The most tool names `metrics_tools` may list.
+pub const MAX_METRICS_TOOLS: usize = 32;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -547,6 +557,8 @@ impl Default for Config {
             drain_delay_secs: 0,
             shutdown_grace_secs: 5,
             metrics: true,
+            metrics_tools: Vec::new(),
+            access_log: true,
             workers: None,
             sse: SseConfig::default(),
             store: StoreConfig::default(),
@@ -670,6 +682,20 @@ impl Config {
                 "drain_delay_secs = {} is more than {MAX_DRAIN_DELAY_SECS}: it counts seconds, \
                  the time a load balancer takes to see /readyz fail",
                 self.drain_delay_secs
+            ));
+        }
+        let tools = &self.metrics_tools;
+        let max_tools = MAX_METRICS_TOOLS;
+        if tools.len() > max_tools {
+            return fail(format!(
+                "metrics_tools lists {} tools; at most {max_tools} get a series of their own \
+                 (each multiplies the series of every route)",
+                tools.len()
+            ));
+        }
+        if let Some(bad) = tools.iter().find(|t| t.is_empty() || t.len() > 128) {
+            return fail(format!(
+                "metrics_tools: {bad:?} is not a tool name (1 to 128 characters)"
             ));
         }
         if self.max_body < 1024 {
@@ -1048,6 +1074,29 @@ mod tests {
         assert_eq!(c.drain_delay_secs, 15);
         let err = Config::from_toml(&format!("drain_delay_secs = 5000\n{up}")).unwrap_err();
         assert!(err.0.contains("drain_delay_secs = 5000"), "{err}");
+    }
+
+    #[test]
+    fn the_access_log_is_on_and_no_tool_is_a_label_by_default() {
+        let c = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\n").unwrap();
+        assert!(c.access_log);
+        assert!(c.metrics_tools.is_empty());
+    }
+
+    #[test]
+    fn metrics_tools_are_bounded_and_named() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let many: Vec<String> = (0..=MAX_METRICS_TOOLS)
+            .map(|i| format!("\"t{i}\""))
+            .collect();
+        let toml = format!("metrics_tools = [{}]\n{up}", many.join(","));
+        let err = Config::from_toml(&toml).unwrap_err();
+        assert!(err.0.contains("metrics_tools lists 33 tools"), "{err}");
+        let err = Config::from_toml(&format!("metrics_tools = [\"\"]\n{up}")).unwrap_err();
+        assert!(
+            err.0.contains("metrics_tools: \"\" is not a tool name"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use super::{Context, Presenter, Refusal};
+use crate::access::Visit;
 use crate::id::{Seq, SessionId};
 use crate::metrics::Replayed;
 use crate::reply::{self, Body};
@@ -42,6 +43,8 @@ pub struct Presentation {
     pub presenter: Presenter,
     /// The proxy is shutting down: end with a `retry:` hint.
     pub draining: tokio_util::sync::CancellationToken,
+    /// The request this answers, told how the answer ended.
+    pub visit: Option<Visit>,
 }
 
 /// Where a GET's `Last-Event-ID` resumes: the stream it names and the
@@ -60,7 +63,7 @@ pub async fn resume(
     if exhausted {
         return Ok(None);
     }
-    cx.log.metrics().replayed(Replayed::LastEventId);
+    cx.replayed(Replayed::LastEventId);
     Ok(Some((meta, seq)))
 }
 
@@ -156,6 +159,9 @@ impl Serving {
                 // client's own `Last-Event-ID` is.
                 self.ended = true;
                 self.reader.wrote_to_end();
+                if let Some(visit) = &self.how.visit {
+                    visit.note_outcome(self.reader.outcome());
+                }
                 let closing = self.how.presenter.closing();
                 if closing.is_empty() {
                     return None;
@@ -236,6 +242,7 @@ mod tests {
             keepalive: Duration::from_secs(5),
             presenter: Presenter::plain(),
             draining: tokio_util::sync::CancellationToken::new(),
+            visit: None,
         };
         let mut serving = Serving {
             reader: log.attach(meta.id, 0),

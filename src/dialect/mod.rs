@@ -253,6 +253,15 @@ pub struct Context<'a> {
     pub waiters: &'a legacy_tasks::Waiters,
 }
 
+impl Context<'_> {
+    /// A client came back for a stream with `dialect`: counted, and noted
+    /// on its request.
+    pub fn replayed(&self, dialect: crate::metrics::Replayed) {
+        self.log.metrics().replayed(dialect);
+        crate::access::note(|facts| facts.resumed = Some(dialect));
+    }
+}
+
 /// Where the client of a resume says it is: the `Last-Event-ID` it sent
 /// with the command, if any. Carried by the commands that resume, so the
 /// dialects pass it on without reading it: what it means is decided in one

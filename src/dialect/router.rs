@@ -156,7 +156,7 @@ impl Command {
             Command::CancelTask(c) => c.cancel(cx).await,
         };
         if let (Some(dialect), Ok(Answer::Replay(_))) = (replay, &answer) {
-            cx.log.metrics().replayed(dialect);
+            cx.replayed(dialect);
         }
         answer
     }

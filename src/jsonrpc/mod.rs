@@ -282,6 +282,22 @@ pub fn response_ids(bytes: &[u8]) -> Vec<RequestId> {
     }
 }
 
+/// Reads `params.name` of a `tools/call` request: the tool it calls.
+pub fn tool_name(bytes: &[u8]) -> Option<Cow<'_, str>> {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<Cow<'a, str>>,
+    }
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    let call: Call<'_> = serde_json::from_slice(bytes).ok()?;
+    call.params?.name
+}
+
 /// Reads `params.protocolVersion` of an `initialize` request, or
 /// `result.protocolVersion` of its response.
 pub fn protocol_version(bytes: &[u8]) -> Option<String> {

@@ -19,9 +19,11 @@ use super::post::Post;
 use super::present::{self, Showing};
 use super::send::Target;
 use super::{read_body, rebind, Rejection, Route};
+use crate::access;
 use crate::dialect::{self, last_event_id, legacy_tasks, Answer, Command, Dialect, Negotiated};
 use crate::id::SessionId;
 use crate::jsonrpc::{self, Body as Message, Needle, RequestId};
+use crate::metrics::requests::Method as MethodLabel;
 use crate::reply::{self, Body};
 use crate::session::{self, Lookup, Session};
 use crate::store::StreamStatus;
@@ -39,6 +41,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     }
     let bytes = read_body(body, &route.shared.config).await?;
     let message = jsonrpc::parse_body(&bytes)?;
+    access::note_message(&message, &bytes);
     if message.single_method() == Some("initialize") && !parts.headers.contains_key(SESSION_ID) {
         let principal = route.shared.caller(&parts).await?;
         return initialize(route, principal, parts.headers, bytes, message).await;
@@ -97,7 +100,10 @@ async fn initialize(
         .sessions
         .mint(&route.path, principal, &bytes, negotiated.names());
     let session = match minted {
-        Ok(session) => session,
+        Ok(session) => {
+            access::note_session(&session);
+            session
+        }
         Err(full) => {
             shared.log.metrics().session_refused(full);
             let id = message.request_ids().into_iter().next();
@@ -181,6 +187,7 @@ async fn find_session(
     };
     // A relay waiting for a credential to resume upstream gets this one.
     session.remember_credential(&request.headers, &route.shared.config.principal_header);
+    access::note_session(&session);
     Ok(session)
 }
 
@@ -322,6 +329,7 @@ async fn cancelled(route: &Route, target: &Target<'_>, session: &Session, id: &R
 }
 
 pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
+    access::note(|facts| facts.method = MethodLabel::GetStream);
     let (parts, _) = req.into_parts();
     let session = find_session(route, &parts).await?;
     note_use(route, &session).await?;
@@ -355,6 +363,7 @@ pub async fn get(route: &Route, req: Request<Incoming>) -> Result<Response<Body>
 }
 
 pub async fn delete(route: &Route, req: Request<Incoming>) -> Result<Response<Body>, Rejection> {
+    access::note(|facts| facts.method = MethodLabel::DeleteSession);
     let (parts, _) = req.into_parts();
     let session = find_session(route, &parts).await?;
     let upstream = match &route.upstream {

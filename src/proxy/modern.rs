@@ -14,6 +14,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::{read_body, Rejection, Route};
+use crate::access;
+use crate::metrics::requests::Method as MethodLabel;
 use crate::reply::{self, Body};
 use crate::upstream::headers;
 use crate::upstream::http::HttpUpstream;
@@ -25,6 +27,7 @@ pub async fn forward(
 ) -> Result<Response<Body>, Rejection> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(body, &route.shared.config).await?;
+    note_request(&parts.headers, bytes.len());
     if let Some(answer) = super::tasks::claim(route, upstream, &parts, &bytes).await? {
         return Ok(answer);
     }
@@ -39,4 +42,18 @@ pub async fn forward(
     *out.status_mut() = head.status;
     *out.headers_mut() = headers::to_client(&head.headers, session);
     Ok(out)
+}
+
+/// Notes what a modern request is from the headers that name it
+/// (`Mcp-Method`, `Mcp-Name`): the body is passed on unread.
+fn note_request(headers: &http::HeaderMap, size: usize) {
+    let method = headers::get_str(headers, &headers::MCP_METHOD);
+    let name = headers::get_str(headers, &headers::MCP_NAME);
+    access::note(|facts| {
+        facts.bytes_in = size;
+        facts.method = method.map_or(MethodLabel::Other, MethodLabel::of);
+        if facts.method == MethodLabel::ToolsCall {
+            facts.tool = name.map(Box::from);
+        }
+    });
 }

@@ -13,6 +13,7 @@ use http::{HeaderMap, Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::{Rejection, Route};
+use crate::access;
 use crate::dialect::last_event_id::{self, Presentation};
 use crate::dialect::legacy_tasks::Fetched;
 use crate::dialect::resume_token::Call;
@@ -68,6 +69,8 @@ impl Route {
         headers: &HeaderMap,
         showing: Showing,
     ) -> Result<Response<Body>, Rejection> {
+        let stream = showing.reader.stream();
+        access::note(|facts| facts.stream = Some(stream));
         let mut res = if headers::accepts(headers, "text/event-stream") {
             let version = headers::get_str(headers, &headers::PROTOCOL_VERSION)
                 .map(str::to_owned)
@@ -81,6 +84,7 @@ impl Route {
                 keepalive: Duration::from_secs(sse.keepalive_secs),
                 presenter: showing.presenter,
                 draining: self.shared.draining.clone(),
+                visit: access::current(),
             };
             reply::event_stream(last_event_id::serve(showing.reader, how))
         } else {
@@ -161,6 +165,7 @@ async fn json_answer(showing: Showing) -> Result<Response<Body>, Rejection> {
             }
             Next::End(_) => {
                 reader.wrote_to_end();
+                access::note_outcome(reader.outcome());
                 responses.extend(presenter.closing().into_iter().filter(is_response));
                 break;
             }
@@ -188,6 +193,7 @@ async fn json_answer(showing: Showing) -> Result<Response<Body>, Rejection> {
 
 /// One whole JSON-RPC response the proxy wrote itself.
 pub fn json(session: SessionId, body: Bytes) -> Response<Body> {
+    access::note_response(&body);
     let mut res = reply::json(StatusCode::OK, body);
     insert_session_header(res.headers_mut(), session);
     res

@@ -282,6 +282,7 @@ impl Rejection {
 
     /// The one place a refusal becomes a response.
     pub fn into_response(self) -> Response<Body> {
+        crate::access::note_error(self.code);
         let body = jsonrpc::error_response_with_data(
             self.id.as_ref(),
             self.code,

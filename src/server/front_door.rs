@@ -24,15 +24,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::access::Metered;
 use crate::config::LimitsConfig;
 use crate::edge::origin::Peer;
-use crate::reply::Body;
 use crate::tls::CertificatePrincipal;
 
 /// What serves the requests of every connection.
 #[async_trait::async_trait]
 pub trait Handler: Send + Sync + 'static {
-    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> http::Response<Body>;
+    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> http::Response<Metered>;
 }
 
 /// hyper refuses an HTTP/1 read buffer smaller than this (it panics).

@@ -27,11 +27,13 @@ use tokio_util::sync::CancellationToken;
 
 use self::front_door::FrontDoor;
 use self::probes::Gate;
+use crate::access::{self, Access, Metered};
 use crate::config::{Backend, Config};
 use crate::edge::discovery::Passage;
 use crate::edge::origin::{Arrival, Peer};
 use crate::edge::{self, Edge};
 use crate::lifetime::{Recovered, Resumer};
+use crate::metrics::requests::Destination;
 use crate::proxy::{Rejection, Route, Shared};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
@@ -51,6 +53,8 @@ pub struct App {
     routes: Vec<Route>,
     edge: Edge,
     shared: Arc<Shared>,
+    /// Where each request's visit reports.
+    access: Arc<Access>,
     /// A stop was asked for: `/readyz` answers 503 "draining" while
     /// everything else is served as before (`Shared::draining` is the
     /// later step, when open answers end with a `retry:`).
@@ -131,9 +135,18 @@ impl App {
             .collect::<anyhow::Result<Vec<_>>>()?;
         settle_sessions(&shared, &routes).await?;
         let edge = Edge::new(&shared.config).map_err(anyhow::Error::msg)?;
+        let requests = shared.log.metrics().requests();
+        let mounts: Vec<&str> = routes.iter().map(|r| r.path.as_str()).collect();
+        requests.declare(&mounts, &shared.config.metrics_tools);
+        let access = Access::new(
+            requests.clone(),
+            shared.config.access_log,
+            !shared.config.metrics_tools.is_empty(),
+        );
         let app = Arc::new(App {
             routes,
             edge,
+            access,
             shared,
             unready: AtomicBool::new(false),
         });
@@ -174,16 +187,27 @@ impl App {
         }
     }
 
+    /// One request, a visit from its arrival to the end of its answer's
+    /// body (see [`crate::access`]).
+    pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
+        let visit = self.access.arrived(req.method(), req.uri());
+        let res = visit.scope(self.answer(req, peer)).await;
+        let status = res.status();
+        res.map(|body| Metered::watched(body, visit, status))
+    }
+
     /// One request through the edge: the paths that are not MCP (health,
     /// metrics), the checks of where it came from, then a discovery
     /// passage, a preflight or a route; its answer carries the public URL
     /// and CORS out.
-    pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
+    async fn answer(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
         let path = req.uri().path();
         if path == "/healthz" {
+            access::note(|facts| facts.route = Destination::Health);
             return self.health();
         }
         if path == "/metrics" && self.shared.config.metrics {
+            access::note(|facts| facts.route = Destination::Metrics);
             return self.metrics_page();
         }
         let (parts, body) = req.into_parts();
@@ -202,6 +226,9 @@ impl App {
             return Rejection::forbidden("Origin").into_response();
         }
         let (route, mut res) = self.dispatch(parts, body, &arrival).await;
+        if let Some(i) = route {
+            access::note(|facts| facts.route = Destination::Mount(i));
+        }
         let reached = route.map(|i| (&self.edge.mounts[i], self.routes[i].http()));
         self.edge
             .outgoing(&mut res, reached, &arrival, origin.as_ref())

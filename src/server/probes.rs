@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::front_door::Handler;
 use super::App;
+use crate::access::Metered;
 use crate::edge::origin::Peer;
 use crate::reply::{self, Body};
 
@@ -61,16 +62,19 @@ impl Gate {
 
 #[async_trait::async_trait]
 impl Handler for Gate {
-    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
-        match req.uri().path() {
-            "/livez" => return plain(StatusCode::OK, "live"),
-            "/readyz" => {
-                return match self.readiness() {
-                    Ok(()) => plain(StatusCode::OK, "ready"),
-                    Err(why) => plain(StatusCode::SERVICE_UNAVAILABLE, &why),
-                }
-            }
-            _ => {}
+    async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
+        // A probe is asked every few seconds: it is neither counted nor
+        // written to the access log.
+        let probe = match req.uri().path() {
+            "/livez" => Some(plain(StatusCode::OK, "live")),
+            "/readyz" => Some(match self.readiness() {
+                Ok(()) => plain(StatusCode::OK, "ready"),
+                Err(why) => plain(StatusCode::SERVICE_UNAVAILABLE, &why),
+            }),
+            _ => None,
+        };
+        if let Some(answer) = probe {
+            return answer.map(Metered::unwatched);
         }
         let app = match self.app.get() {
             Some(app) => app,
@@ -78,7 +82,10 @@ impl Handler for Gate {
                 self.settled.cancelled().await;
                 match self.app.get() {
                     Some(app) => app,
-                    None => return plain(StatusCode::SERVICE_UNAVAILABLE, "not started"),
+                    None => {
+                        let refused = plain(StatusCode::SERVICE_UNAVAILABLE, "not started");
+                        return refused.map(Metered::unwatched);
+                    }
                 }
             }
         };

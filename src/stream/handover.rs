@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use crate::id::Seq;
-use crate::store::{Entry, StreamStatus};
+use crate::store::{Entry, Finish};
 
 /// The last entries appended to a stream by this process, while a reader
 /// is attached to it here.
@@ -33,8 +33,8 @@ pub struct Handed(Mutex<Option<Batch>>);
 struct Batch {
     first: Seq,
     messages: Vec<Bytes>,
-    /// The status the batch ended the stream with.
-    end: Option<StreamStatus>,
+    /// How the batch ended the stream.
+    end: Option<Finish>,
 }
 
 /// The most entries held for one reader: a reader that falls behind a
@@ -55,14 +55,14 @@ impl Batch {
 pub struct Taken {
     /// The entries after the cursor (`None`: read the store).
     pub entries: Option<Vec<Entry>>,
-    /// The status the batch ended the stream with, and the seq it ended at.
-    pub end: Option<(Seq, StreamStatus)>,
+    /// How the batch ended the stream, and the seq it ended at.
+    pub end: Option<(Seq, Finish)>,
 }
 
 impl Handed {
     /// Leaves the entries just appended, ending at `last`: joined to the
     /// run held when they follow it, else in its place.
-    pub fn put(&self, last: Seq, messages: &[Bytes], end: Option<StreamStatus>) {
+    pub fn put(&self, last: Seq, messages: &[Bytes], end: Option<Finish>) {
         let first = last + 1 - messages.len() as Seq;
         let mut slot = self.slot();
         if let Some(run) = slot.as_mut() {
@@ -96,7 +96,7 @@ impl Handed {
         let through = run.last().min(upto);
         let take = (through + 1).saturating_sub(cursor + 1) as usize;
         let end = match run.end {
-            Some(status) if through == run.last() => Some((through, status)),
+            Some(finish) if through == run.last() => Some((through, finish)),
             _ => None,
         };
         let drained = (skip + take).min(run.messages.len());
@@ -130,6 +130,15 @@ impl Handed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Outcome, StreamStatus};
+
+    fn completed() -> Finish {
+        Finish {
+            status: StreamStatus::Completed,
+            outcome: Some(Outcome::Result),
+            at_ms: 1,
+        }
+    }
 
     fn numbered(range: std::ops::Range<u64>) -> Vec<Bytes> {
         range.map(|i| Bytes::from(i.to_string())).collect()
@@ -144,23 +153,23 @@ mod tests {
     fn appends_that_follow_one_another_are_taken_in_one_read() {
         let handed = Handed::default();
         handed.put(2, &numbered(1..3), None);
-        handed.put(3, &numbered(3..4), Some(StreamStatus::Completed));
+        handed.put(3, &numbered(3..4), Some(completed()));
         let taken = handed.after(0, 3);
         assert_eq!(seqs(&taken), vec![1, 2, 3]);
-        assert_eq!(taken.end, Some((3, StreamStatus::Completed)));
+        assert_eq!(taken.end, Some((3, completed())));
     }
 
     #[test]
     fn entries_past_the_durable_mark_wait_for_the_next_read() {
         let handed = Handed::default();
-        handed.put(3, &numbered(1..4), Some(StreamStatus::Completed));
+        handed.put(3, &numbered(1..4), Some(completed()));
         let first = handed.after(0, 2);
         assert_eq!(seqs(&first), vec![1, 2]);
         assert_eq!(first.end, None, "the end is not durable yet");
         assert!(handed.after(2, 2).entries.is_none(), "nothing durable left");
         let rest = handed.after(2, 3);
         assert_eq!(seqs(&rest), vec![3]);
-        assert_eq!(rest.end, Some((3, StreamStatus::Completed)));
+        assert_eq!(rest.end, Some((3, completed())));
     }
 
     #[test]

@@ -221,16 +221,15 @@ impl Log {
         along: Along<'_>,
     ) -> Result<Seq> {
         let last = self.store.write(stream, messages, along).await?;
-        let status = along.end.map(|end| end.status);
-        self.appended(stream, last, messages, status);
-        if let Some(status) = status {
-            self.left_live(stream, status);
+        self.appended(stream, last, messages, along.end);
+        if let Some(end) = along.end {
+            self.left_live(stream, end.status);
         }
         Ok(last)
     }
 
     /// Counts an append and hands it to the stream's reader here.
-    fn appended(&self, stream: StreamId, last: Seq, messages: &[Bytes], end: Option<StreamStatus>) {
+    fn appended(&self, stream: StreamId, last: Seq, messages: &[Bytes], end: Option<Finish>) {
         self.metrics.appended(messages);
         if let Some(attached) = self.readers.get(&stream) {
             attached.handed.put(last, messages, end);

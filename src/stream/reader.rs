@@ -17,7 +17,7 @@ use super::handover::Handed;
 use super::Log;
 use crate::id::{Seq, StreamId};
 use crate::jsonrpc;
-use crate::store::{Entry, ReaderLease, Result, StoreError, StreamStatus};
+use crate::store::{Entry, Finish, Outcome, ReaderLease, Result, StoreError, StreamStatus};
 
 /// How many entries a reader takes from the store at once.
 const READ_BATCH: usize = 256;
@@ -42,9 +42,11 @@ pub struct Reader {
     stream: StreamId,
     cursor: Seq,
     exclusive: Option<Exclusive>,
-    /// The status a handed batch ended the stream with, and its last seq:
-    /// a reader past it knows the end without asking the store.
-    ended: Option<(Seq, StreamStatus)>,
+    /// How a handed batch ended the stream, and its last seq: a reader
+    /// past it knows the end without asking the store.
+    ended: Option<(Seq, Finish)>,
+    /// How the stream's request ended, once this reader reached the end.
+    outcome: Option<Outcome>,
     /// For an exclusive reader, once it first waited: its hold on the stream
     /// against readers of other processes sharing the log.
     lease: Option<ReaderLease>,
@@ -93,6 +95,7 @@ impl Reader {
             touched: exclusive.is_some().then(tokio::time::Instant::now),
             exclusive,
             ended: None,
+            outcome: None,
             lease: None,
         }
     }
@@ -103,6 +106,12 @@ impl Reader {
 
     pub fn cursor(&self) -> Seq {
         self.cursor
+    }
+
+    /// How the stream's request ended (a result or a JSON-RPC error), once
+    /// [`Reader::next`] said `End`.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
     }
 
     /// Notes that this reader's answer ran to the stream's end (see
@@ -146,13 +155,17 @@ impl Reader {
                 // A stream leaves `Live` only after its last append, so a
                 // finished watermark at or below the cursor means the reader
                 // has seen everything.
-                if let Some((last, status)) = self.ended {
+                if let Some((last, end)) = self.ended {
                     if last <= self.cursor {
-                        return Ok(Next::End(status));
+                        self.outcome = end.outcome;
+                        return Ok(Next::End(end.status));
                     }
                 }
                 return Ok(match self.log.store.stream_meta(self.stream).await? {
-                    Some(meta) => Next::End(meta.status),
+                    Some(meta) => {
+                        self.outcome = meta.outcome;
+                        Next::End(meta.status)
+                    }
                     None => Next::Gone,
                 });
             }

@@ -9,6 +9,7 @@ pub mod dialects;
 pub mod guard;
 pub mod process;
 pub mod redis_server;
+pub mod scrape;
 pub mod tasks;
 pub mod tls;
 pub mod unwritable;

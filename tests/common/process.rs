@@ -22,6 +22,26 @@ impl ProxyProcess {
         env: &[(&str, &str)],
     ) -> Self {
         let proxy = Self::spawn(upstream_args, data_dir, addr, env);
+        proxy.up().await
+    }
+
+    /// Starts the binary as [`ProxyProcess::start`] does, with what it
+    /// logs written to `log` instead of the test's own output.
+    pub async fn start_logged(
+        upstream_args: &[&str],
+        data_dir: &std::path::Path,
+        addr: std::net::SocketAddr,
+        env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Self {
+        let file = std::fs::File::create(log).expect("log file");
+        let proxy = Self::spawn_to(upstream_args, data_dir, addr, env, file.into());
+        proxy.up().await
+    }
+
+    /// Waits until `/healthz` answers.
+    async fn up(self) -> Self {
+        let (addr, proxy) = (self.addr, self);
         let health = McpClient::new(format!("http://{addr}/healthz"));
         let deadline = tokio::time::Instant::now() + LIMIT;
         loop {
@@ -46,6 +66,16 @@ impl ProxyProcess {
         addr: std::net::SocketAddr,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_to(upstream_args, data_dir, addr, env, Stdio::inherit())
+    }
+
+    fn spawn_to(
+        upstream_args: &[&str],
+        data_dir: &std::path::Path,
+        addr: std::net::SocketAddr,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
             .args(upstream_args)
             .args(["--listen", &addr.to_string()])
@@ -54,7 +84,7 @@ impl ProxyProcess {
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("proxy binary starts");
         Self { child, addr }

@@ -13,23 +13,34 @@
 //! what the proxy answers. Labels come from closed enums, never from client
 //! or upstream input, so a client cannot grow the series count.
 
+mod labels;
+mod live;
+pub mod requests;
+
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashSet;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use self::labels::{
+    AfterLabel, BoundLabel, DialectLabel, ExpiryLabel, KindLabel, ModeLabel, ReasonLabel,
+    RefusalLabels, StatusLabel,
+};
+pub use self::labels::{
+    Dropped, Replayed, ResumedAfter, SessionBound, SessionExpiry, TaskEnd, UpstreamFailure,
+};
+pub use self::live::LiveStreams;
+use self::requests::Requests;
 use crate::auth::{Caller, PrincipalMode, Refusal, RefusalReason};
-use crate::id::StreamId;
 use crate::session::Full;
-
 use crate::store::commit::FlushObserver;
 
 /// What `GET /metrics` answers with.
@@ -37,280 +48,6 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Prefix of every series.
 const PREFIX: &str = "mcp_proxy";
-
-/// Which dialect served a replay.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Replayed {
-    /// A GET with `Last-Event-ID`.
-    LastEventId,
-    /// `requests/resume` (seed 002).
-    ResumableRequests,
-    /// `stream/resume` (seed 003).
-    Streams,
-    /// A `tools/call` continued with its resume token (seeds 000/001).
-    ResumeTokens,
-    /// `tasks/result` (the 2025-11-25 tasks).
-    Tasks,
-}
-
-impl Replayed {
-    pub const ALL: &'static [Self] = &[
-        Replayed::LastEventId,
-        Replayed::ResumableRequests,
-        Replayed::Streams,
-        Replayed::ResumeTokens,
-        Replayed::Tasks,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Replayed::LastEventId => "last_event_id",
-            Replayed::ResumableRequests => "resumable_requests",
-            Replayed::Streams => "streams",
-            Replayed::ResumeTokens => "resume_tokens",
-            Replayed::Tasks => "tasks",
-        }
-    }
-}
-
-/// How talking to an upstream failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UpstreamFailure {
-    /// Not reached at all (refused, DNS, TLS; a stdio program that does not
-    /// start).
-    Connect,
-    /// A stream or pipe broke mid-answer.
-    Broken,
-    /// A message over the proxy's size limit.
-    TooLarge,
-    /// At capacity (stdio: too many children).
-    Busy,
-    /// Answered a request with an HTTP error status (4xx/5xx).
-    Status,
-    /// Went past its idle timeout or request deadline.
-    Timeout,
-}
-
-impl From<&UpstreamFailure> for UpstreamFailure {
-    fn from(kind: &UpstreamFailure) -> Self {
-        *kind
-    }
-}
-
-impl UpstreamFailure {
-    pub const ALL: &'static [Self] = &[
-        UpstreamFailure::Connect,
-        UpstreamFailure::Broken,
-        UpstreamFailure::TooLarge,
-        UpstreamFailure::Busy,
-        UpstreamFailure::Status,
-        UpstreamFailure::Timeout,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UpstreamFailure::Connect => "connect",
-            UpstreamFailure::Broken => "broken",
-            UpstreamFailure::TooLarge => "too_large",
-            UpstreamFailure::Busy => "busy",
-            UpstreamFailure::Status => "status",
-            UpstreamFailure::Timeout => "timeout",
-        }
-    }
-}
-
-/// What an upstream stream was resumed after (with its own Last-Event-ID).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ResumedAfter {
-    /// The stream broke while its relay was reading it.
-    Cut,
-    /// A restarted proxy picked up a stream its previous run was relaying.
-    Restart,
-    /// A resumed stream stayed silent while its request was unanswered: the
-    /// upstream is asked again (it may replay and never re-attach live).
-    Silence,
-}
-
-impl ResumedAfter {
-    pub const ALL: &'static [Self] = &[
-        ResumedAfter::Cut,
-        ResumedAfter::Restart,
-        ResumedAfter::Silence,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResumedAfter::Cut => "cut",
-            ResumedAfter::Restart => "restart",
-            ResumedAfter::Silence => "silence",
-        }
-    }
-}
-
-/// Why an upstream message was kept out of the stream it arrived on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dropped {
-    /// A response to a request that is no live request of the session.
-    ForeignResponse,
-    /// Progress whose token belongs to no live request of the session.
-    ForeignProgress,
-    /// An upstream event id already logged for the stream (replays overlap).
-    DuplicateEvent,
-    /// Progress no later than the latest logged for its token (a replay of
-    /// another stream's events carrying what the stream already holds).
-    StaleProgress,
-    /// A JSON object that is no JSON-RPC message (a replayed priming event
-    /// stored as `{}`).
-    NotAMessage,
-}
-
-impl Dropped {
-    pub const ALL: &'static [Self] = &[
-        Dropped::ForeignResponse,
-        Dropped::ForeignProgress,
-        Dropped::DuplicateEvent,
-        Dropped::StaleProgress,
-        Dropped::NotAMessage,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dropped::ForeignResponse => "foreign_response",
-            Dropped::ForeignProgress => "foreign_progress",
-            Dropped::DuplicateEvent => "duplicate_event",
-            Dropped::StaleProgress => "stale_progress",
-            Dropped::NotAMessage => "not_a_message",
-        }
-    }
-}
-
-/// How a task ended (or paused for input), as the metric labels it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TaskEnd {
-    Completed,
-    Failed,
-    Cancelled,
-    InputRequired,
-}
-
-impl TaskEnd {
-    pub const ALL: &'static [Self] = &[
-        TaskEnd::Completed,
-        TaskEnd::Failed,
-        TaskEnd::Cancelled,
-        TaskEnd::InputRequired,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskEnd::Completed => "completed",
-            TaskEnd::Failed => "failed",
-            TaskEnd::Cancelled => "cancelled",
-            TaskEnd::InputRequired => "input_required",
-        }
-    }
-}
-
-/// Which bound on open sessions refused an `initialize`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SessionBound {
-    /// `max_sessions_per_principal` (429).
-    Principal,
-    /// `max_sessions` (503).
-    Total,
-}
-
-impl SessionBound {
-    pub const ALL: &'static [Self] = &[SessionBound::Principal, SessionBound::Total];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionBound::Principal => "principal",
-            SessionBound::Total => "total",
-        }
-    }
-}
-
-impl From<Full> for SessionBound {
-    fn from(full: Full) -> Self {
-        match full {
-            Full::Principal(_) => SessionBound::Principal,
-            Full::Total(_) => SessionBound::Total,
-        }
-    }
-}
-
-/// Why the sweeper ended a session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SessionExpiry {
-    /// No request for `session_idle_secs` (or closed, past retention).
-    Idle,
-    /// No request since `initialize` for `unused_session_secs`.
-    Unused,
-}
-
-impl SessionExpiry {
-    pub const ALL: &'static [Self] = &[SessionExpiry::Idle, SessionExpiry::Unused];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SessionExpiry::Idle => "idle",
-            SessionExpiry::Unused => "unused",
-        }
-    }
-}
-
-/// Label values are written as their `as_str`.
-macro_rules! label_value {
-    ($($t:ty),*) => {$(
-        impl EncodeLabelValue for $t {
-            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
-                fmt::Write::write_str(encoder, self.as_str())
-            }
-        }
-    )*};
-}
-label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
-label_value!(PrincipalMode, RefusalReason, SessionBound, SessionExpiry);
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct DialectLabel {
-    dialect: Replayed,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct KindLabel {
-    kind: UpstreamFailure,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct AfterLabel {
-    after: ResumedAfter,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ReasonLabel {
-    reason: Dropped,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct StatusLabel {
-    status: TaskEnd,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct RefusalLabels {
-    mode: PrincipalMode,
-    reason: RefusalReason,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ModeLabel {
-    mode: PrincipalMode,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct BoundLabel {
-    reason: SessionBound,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ExpiryLabel {
-    reason: SessionExpiry,
-}
 
 /// Every series of the process.
 pub struct Metrics {
@@ -336,6 +73,7 @@ pub struct Metrics {
     auth_unavailable: Family<ModeLabel, Counter>,
     sessions_refused: Family<BoundLabel, Counter>,
     sessions_expired: Family<ExpiryLabel, Counter>,
+    requests: Arc<Requests>,
 }
 
 impl Default for Metrics {
@@ -447,6 +185,7 @@ impl Metrics {
         );
         let (auth_refusals, auth_unavailable) = register_auth(&mut registry);
         let (sessions_refused, sessions_expired) = register_sessions(&mut registry);
+        let requests = Arc::new(Requests::register(&mut registry));
         Self {
             registry,
             ready,
@@ -469,7 +208,13 @@ impl Metrics {
             auth_unavailable,
             sessions_refused,
             sessions_expired,
+            requests,
         }
+    }
+
+    /// The request series (`server`'s, through `access`).
+    pub fn requests(&self) -> &Arc<Requests> {
+        &self.requests
     }
 
     /// Messages that were just appended (durably) to the log.
@@ -686,52 +431,6 @@ where
     family
 }
 
-/// The streams this process opened that have not left `Live` yet, for the
-/// `streams_live` gauge. Streams leave when the log finishes or deletes
-/// them; a stream deleted with its session bypasses the log, so the set is
-/// also pruned against the store (whose watermark says "finished" for a
-/// gone stream too) when scraped, and when it has doubled since the last
-/// prune — bounded, and O(1) per open amortised, even if nobody scrapes.
-#[derive(Default)]
-pub struct LiveStreams {
-    ids: DashSet<StreamId>,
-    /// The set's size after the last prune.
-    pruned_to: AtomicUsize,
-}
-
-/// Below this many, the set is never pruned on open.
-const PRUNE_FLOOR: usize = 1024;
-
-impl LiveStreams {
-    pub fn opened(&self, id: StreamId, finished: impl Fn(StreamId) -> bool) {
-        self.ids.insert(id);
-        let limit = self
-            .pruned_to
-            .load(Ordering::Relaxed)
-            .max(PRUNE_FLOOR / 2)
-            .saturating_mul(2);
-        if self.ids.len() > limit {
-            self.prune(finished);
-        }
-    }
-
-    pub fn ended(&self, id: StreamId) {
-        self.ids.remove(&id);
-    }
-
-    /// How many are live, after dropping those the store says are not.
-    pub fn count(&self, finished: impl Fn(StreamId) -> bool) -> usize {
-        self.prune(finished)
-    }
-
-    fn prune(&self, finished: impl Fn(StreamId) -> bool) -> usize {
-        self.ids.retain(|id| !finished(*id));
-        let left = self.ids.len();
-        self.pruned_to.store(left, Ordering::Relaxed);
-        left
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,25 +503,5 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
-    }
-
-    #[test]
-    fn live_streams_forget_what_the_store_says_finished() {
-        let live = LiveStreams::default();
-        let (a, b) = (StreamId::random(), StreamId::random());
-        live.opened(a, |_| false);
-        live.opened(b, |_| false);
-        live.ended(a);
-        assert_eq!(live.count(|_| false), 1);
-        assert_eq!(live.count(|id| id == b), 0);
-    }
-
-    #[test]
-    fn live_streams_stay_bounded_when_nobody_scrapes() {
-        let live = LiveStreams::default();
-        for _ in 0..10 * PRUNE_FLOOR {
-            live.opened(StreamId::random(), |_| true);
-        }
-        assert!(live.ids.len() <= PRUNE_FLOOR, "{}", live.ids.len());
     }
 }
