@@ -167,7 +167,13 @@ fn config(cli: &Cli) -> Result<Config, String> {
     Ok(config)
 }
 
-fn init_logging(format: LogFormat) {
+/// Lines go to stderr through a thread of their own: a request thread
+/// formats its access line and hands it over, and never waits on stderr (a
+/// pipe to journald or a container runtime can stall). Past 128k lines
+/// waiting, more are dropped rather than waited for. What is queued is
+/// written when the returned guard drops, at the end of `main`.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only for a terminal: a log file or journald gets plain text.
@@ -175,11 +181,12 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(terminal)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 /// The configuration the proxy would run with, checked as at start: its
@@ -249,7 +256,7 @@ fn main() -> ExitCode {
         if cli.data_dir.is_none() && cli.config.is_none() {
             config.data_dir = PathBuf::from("./mcp-resume-proxy-demo-data");
         }
-        init_logging(config.log_format);
+        let _log = init_logging(config.log_format);
         return match runtime.block_on(mcp_resume_proxy::demo::run(config)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -273,8 +280,12 @@ fn main() -> ExitCode {
         println!("{what}: the configuration is valid");
         return ExitCode::SUCCESS;
     }
-    init_logging(config.log_format);
-    match runtime.block_on(mcp_resume_proxy::run(config)) {
+    let _log = init_logging(config.log_format);
+    let ran = runtime.block_on(mcp_resume_proxy::run(config));
+    // What the runtime's tasks log as they are dropped still reaches the
+    // log writer, which stops after this.
+    drop(runtime);
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("mcp-resume-proxy: {e:#}");
