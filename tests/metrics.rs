@@ -32,6 +32,9 @@ async fn the_page_is_openmetrics_text_with_a_type_for_every_series() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     for (name, kind) in [
         ("mcp_proxy_ready", "gauge"),
+        ("mcp_proxy_store_writable", "gauge"),
+        ("mcp_proxy_log_size_bytes", "gauge"),
+        ("mcp_proxy_log_quota_bytes", "gauge"),
         ("mcp_proxy_sessions_open", "gauge"),
         ("mcp_proxy_streams_live", "gauge"),
         ("mcp_proxy_entries_appended", "counter"),
@@ -45,6 +48,22 @@ async fn the_page_is_openmetrics_text_with_a_type_for_every_series() {
         let line = format!("# TYPE {name} {kind}");
         assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
     }
+}
+
+#[tokio::test]
+async fn the_log_s_size_and_quota_are_read_when_scraped() {
+    let rig = Rig::with(Default::default(), |c| {
+        c.limits.max_log_bytes = Some(1 << 30)
+    })
+    .await;
+    a_session_with_one_call(&rig, 2).await;
+    let text = scrape(&rig.client).await;
+    assert_eq!(value(&text, "mcp_proxy_store_writable"), 1.0);
+    assert!(value(&text, "mcp_proxy_log_size_bytes") > 0.0, "{text}");
+    assert_eq!(
+        value(&text, "mcp_proxy_log_quota_bytes"),
+        f64::from(1u32 << 30)
+    );
 }
 
 #[tokio::test]

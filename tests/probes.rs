@@ -197,6 +197,11 @@ async fn readyz_names_a_log_that_cannot_be_written() {
         get(server.addr, "/readyz").await,
         answer(StatusCode::SERVICE_UNAVAILABLE, unwritable::WHY)
     );
+    let (_, page) = get(server.addr, "/metrics").await;
+    assert!(
+        page.lines().any(|l| l == "mcp_proxy_store_writable 0"),
+        "{page}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

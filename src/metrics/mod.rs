@@ -53,6 +53,9 @@ const PREFIX: &str = "mcp_proxy";
 pub struct Metrics {
     registry: Registry,
     ready: Gauge,
+    store_writable: Gauge,
+    log_size: Gauge,
+    log_quota: Gauge,
     sessions_open: Gauge,
     streams_live: Gauge,
     streams_retained: Gauge,
@@ -90,6 +93,26 @@ impl Metrics {
             "ready",
             "1 while GET /readyz answers 200; 0 while the proxy drains or its log cannot be written (a failed flush, Redis unreachable past the lease)",
             ready.clone(),
+        );
+        let store_writable = Gauge::default();
+        registry.register(
+            "store_writable",
+            "1 while the log can be written; 0 once a flush failed (journal, sled) or Redis went unreachable past the lease",
+            store_writable.clone(),
+        );
+        let log_size = Gauge::default();
+        registry.register_with_unit(
+            "log_size",
+            "Bytes the log occupies on this machine's disk (0 with Redis): what limits.max_log_bytes is checked against",
+            Unit::Bytes,
+            log_size.clone(),
+        );
+        let log_quota = Gauge::default();
+        registry.register_with_unit(
+            "log_quota",
+            "limits.max_log_bytes, past which new calls are refused (0: no quota)",
+            Unit::Bytes,
+            log_quota.clone(),
         );
         let sessions_open = Gauge::default();
         registry.register(
@@ -189,6 +212,9 @@ impl Metrics {
         Self {
             registry,
             ready,
+            store_writable,
+            log_size,
+            log_quota,
             sessions_open,
             streams_live,
             streams_retained,
@@ -343,6 +369,15 @@ impl Metrics {
         let seen = self.released_seen.swap(released_total, Ordering::Relaxed);
         self.streams_released_early
             .inc_by(released_total.saturating_sub(seen));
+    }
+
+    /// Takes in the store's state before a render: whether it can be
+    /// written, its size on disk and the quota on it.
+    pub fn observe_store(&self, writable: bool, size: u64, quota: Option<u64>) {
+        self.store_writable.set(i64::from(writable));
+        self.log_size.set(i64::try_from(size).unwrap_or(i64::MAX));
+        let quota = quota.map_or(0, |q| i64::try_from(q).unwrap_or(i64::MAX));
+        self.log_quota.set(quota);
     }
 
     /// Takes in whether `/readyz` would answer 200 now, before a render.

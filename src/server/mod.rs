@@ -332,6 +332,9 @@ impl App {
         log.metrics()
             .observe_retention(store.retained_count(), store.released_early());
         log.metrics().observe_ready(self.readiness().is_ok());
+        let quota = self.shared.config.limits.max_log_bytes;
+        log.metrics()
+            .observe_store(store.health().is_ok(), store.size_on_disk(), quota);
         let text = log
             .metrics()
             .render(self.shared.sessions.open(), log.live_streams());
