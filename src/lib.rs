@@ -20,6 +20,7 @@
 //!
 //! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
 //! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
+//! - [`logging`]: the process's log lines, buffered and written to stderr by a thread of their own.
 //! - [`server`]: start-up (bind, open the log, recover, serve), probes, accept loop, front door, routes, drain.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
@@ -64,6 +65,7 @@ pub mod id;
 pub mod inspect;
 pub mod jsonrpc;
 pub mod lifetime;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod relay;

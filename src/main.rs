@@ -167,28 +167,6 @@ fn config(cli: &Cli) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Lines go to stderr through a thread of their own: a request thread
-/// formats its access line and hands it over, and never waits on stderr (a
-/// pipe to journald or a container runtime can stall). Past 128k lines
-/// waiting, more are dropped rather than waited for. What is queued is
-/// written when the returned guard drops, at the end of `main`.
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a terminal: a log file or journald gets plain text.
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(terminal)
-        .with_writer(writer);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-    guard
-}
-
 /// The configuration the proxy would run with, checked as at start: its
 /// values, and the TLS files it names (a file that cannot be read is as much
 /// a configuration error as a key that cannot be parsed: both exit with
@@ -256,7 +234,7 @@ fn main() -> ExitCode {
         if cli.data_dir.is_none() && cli.config.is_none() {
             config.data_dir = PathBuf::from("./mcp-resume-proxy-demo-data");
         }
-        let _log = init_logging(config.log_format);
+        let _log = mcp_resume_proxy::logging::init(config.log_format);
         return match runtime.block_on(mcp_resume_proxy::demo::run(config)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -280,10 +258,10 @@ fn main() -> ExitCode {
         println!("{what}: the configuration is valid");
         return ExitCode::SUCCESS;
     }
-    let _log = init_logging(config.log_format);
+    let _log = mcp_resume_proxy::logging::init(config.log_format);
     let ran = runtime.block_on(mcp_resume_proxy::run(config));
-    // What the runtime's tasks log as they are dropped still reaches the
-    // log writer, which stops after this.
+    // What the runtime's tasks log as they are dropped is still written:
+    // the log's buffer is written out after this.
     drop(runtime);
     match ran {
         Ok(()) => ExitCode::SUCCESS,

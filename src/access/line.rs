@@ -16,6 +16,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::{Answered, Facts, Rpc};
+use crate::id::hex_into;
 use crate::metrics::requests::Outcome;
 
 /// The longest request id written whole.
@@ -29,10 +30,10 @@ pub fn short(id: &str) -> Box<str> {
     }
 }
 
-/// A principal as the line writes it.
-pub fn pseudonym(principal: &str) -> String {
+/// A principal as the line writes it, in `out`.
+pub fn pseudonym_into<'a>(principal: &str, out: &'a mut [u8; 16]) -> &'a str {
     let digest = Sha256::digest(principal.as_bytes());
-    crate::id::hex(&digest[..8])
+    hex_into(&digest[..8], out)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -47,13 +48,19 @@ pub(super) fn write(
     outcome: Outcome,
     total: Duration,
 ) {
+    if !tracing::enabled!(target: "access", tracing::Level::INFO) {
+        // Filtered out (`RUST_LOG=…,access=off`): nothing to compute.
+        return;
+    }
+    // Every id is written from a buffer on the stack: a line allocates
+    // only what the log writer does.
+    let (mut session_hex, mut principal_hex, mut stream_hex) = ([0; 8], [0; 16], [0; 32]);
     let session = facts.session.as_ref();
-    let short_session = session.map(|s| {
-        let mut id = s.id.to_string();
-        id.truncate(8);
-        id
-    });
-    let principal = session.map(|s| pseudonym(s.principal()));
+    let short_session = session.map(|s| hex_into(&s.id.as_bytes()[..4], &mut session_hex));
+    let principal = session.map(|s| pseudonym_into(s.principal(), &mut principal_hex));
+    let stream = facts
+        .stream
+        .map(|s| hex_into(s.as_bytes(), &mut stream_hex));
     let rpc_code = match facts.rpc {
         Some(Rpc::Error(code)) => code,
         _ => None,
@@ -66,9 +73,9 @@ pub(super) fn write(
         mcp_method = facts.method.as_str(),
         tool = facts.tool.as_deref(),
         request_id = facts.request_id.as_deref(),
-        session = short_session.as_deref(),
-        principal = principal.as_deref(),
-        stream = facts.stream.map(|s| s.to_string()).as_deref(),
+        session = short_session,
+        principal,
+        stream,
         resumed = facts.resumed.map(|d| d.as_str()),
         outcome = outcome.as_str(),
         rpc_code,
@@ -94,6 +101,6 @@ mod tests {
     #[test]
     fn a_principal_is_written_as_the_start_of_its_sha256() {
         // printf %s alice | sha256sum
-        assert_eq!(pseudonym("alice"), "2bd806c97f0e00af");
+        assert_eq!(pseudonym_into("alice", &mut [0; 16]), "2bd806c97f0e00af");
     }
 }
