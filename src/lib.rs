@@ -86,11 +86,24 @@ pub use server::Server;
 /// Runs the proxy until SIGTERM or SIGINT. SIGTERM (an orchestrator's
 /// stop) drains first ([`Server::drain_then_shutdown`]; a second signal
 /// cuts the drain short); SIGINT (Ctrl-C at a terminal) shuts down at once.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+/// SIGHUP reloads: `reread` makes the configuration again (the file and the
+/// flags), and [`Server::reload`] applies it or keeps the running one; the
+/// log says which, and why.
+pub async fn run(
+    config: Config,
+    reread: impl Fn() -> Result<Config, String>,
+) -> anyhow::Result<()> {
     let server = Server::start(config).await?;
     tracing::info!(addr = %server.addr, "mcp-resume-proxy listening");
     let mut signals = StopSignals::new();
-    match signals.next().await {
+    let mut hangups = Hangups::new();
+    let stop = loop {
+        tokio::select! {
+            stop = signals.next() => break stop,
+            () = hangups.next() => reload(&server, &reread),
+        }
+    };
+    match stop {
         StopSignal::Terminate => {
             server
                 .drain_then_shutdown(async move {
@@ -104,6 +117,46 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// One reload, said in the log.
+fn reload(server: &Server, reread: &impl Fn() -> Result<Config, String>) {
+    let applied = match reread() {
+        Ok(config) => server.reload(config).map_err(|refused| refused.0),
+        Err(why) => {
+            server.refused_reload();
+            Err(why)
+        }
+    };
+    match applied {
+        Ok(changed) => tracing::info!(changed = ?changed, "configuration reloaded"),
+        Err(why) => tracing::error!(%why, "configuration not reloaded; the running one stays"),
+    }
+}
+
+/// SIGHUP, listened to from creation on (never, where it cannot be).
+struct Hangups {
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            hup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(hup) = &mut self.hup {
+            if hup.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    }
 }
 
 /// The signal that asked the process to stop.

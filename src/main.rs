@@ -259,7 +259,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let _log = mcp_resume_proxy::logging::init(config.log_format);
-    let ran = runtime.block_on(mcp_resume_proxy::run(config));
+    let ran = runtime.block_on(mcp_resume_proxy::run(config, || checked_config(&cli)));
     // What the runtime's tasks log as they are dropped is still written:
     // the log's buffer is written out after this.
     drop(runtime);

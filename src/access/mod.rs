@@ -31,7 +31,7 @@ use self::away::Departures;
 pub use self::body::Metered;
 use crate::id::StreamId;
 use crate::jsonrpc::{self, Body as Message};
-use crate::metrics::requests::{Destination, Method, Outcome, Request, Requests};
+use crate::metrics::requests::{Destination, Method, Outcome, Request, Table};
 use crate::metrics::Replayed;
 use crate::session::Session;
 
@@ -42,20 +42,31 @@ tokio::task_local! {
 /// What every visit of an app reports to: the request series, and whether
 /// access-log lines are written.
 pub struct Access {
-    requests: Arc<Requests>,
+    requests: Arc<Table>,
     lines: bool,
     /// Whether `tools/call` requests carry their tool's name to the series.
     tool_labels: bool,
-    departures: Departures,
+    /// Kept across reloads: a client away during one still comes back.
+    departures: Arc<Departures>,
 }
 
 impl Access {
-    pub fn new(requests: Arc<Requests>, lines: bool, tool_labels: bool) -> Arc<Self> {
+    pub fn new(requests: Arc<Table>, lines: bool, tool_labels: bool) -> Arc<Self> {
         Arc::new(Self {
             requests,
             lines,
             tool_labels,
-            departures: Departures::default(),
+            departures: Arc::default(),
+        })
+    }
+
+    /// The same, for a reloaded configuration: the departures carry over.
+    pub fn reconfigured(&self, requests: Arc<Table>, lines: bool, tool_labels: bool) -> Arc<Self> {
+        Arc::new(Self {
+            requests,
+            lines,
+            tool_labels,
+            departures: self.departures.clone(),
         })
     }
 

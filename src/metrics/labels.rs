@@ -237,10 +237,41 @@ macro_rules! label_value {
         }
     )*};
 }
+/// How a reload ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reload {
+    /// The new configuration serves.
+    Applied,
+    /// It did not parse, validate or load, or changed what needs a
+    /// restart: the running one stays.
+    Refused,
+}
+
+impl Reload {
+    pub const ALL: &'static [Self] = &[Reload::Applied, Reload::Refused];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reload::Applied => "applied",
+            Reload::Refused => "refused",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReloadLabel {
+    pub(super) result: Reload,
+}
+
 pub(super) use label_value;
 
 label_value!(Replayed, UpstreamFailure, ResumedAfter, Dropped, TaskEnd);
-label_value!(PrincipalMode, RefusalReason, SessionBound, SessionExpiry);
+label_value!(
+    PrincipalMode,
+    RefusalReason,
+    SessionBound,
+    SessionExpiry,
+    Reload
+);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct DialectLabel {

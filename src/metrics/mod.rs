@@ -32,7 +32,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use self::labels::{
     AfterLabel, BoundLabel, DialectLabel, ExpiryLabel, KindLabel, ModeLabel, ReasonLabel,
-    RefusalLabels, StatusLabel,
+    RefusalLabels, Reload, ReloadLabel, StatusLabel,
 };
 pub use self::labels::{
     Dropped, Replayed, ResumedAfter, SessionBound, SessionExpiry, TaskEnd, UpstreamFailure,
@@ -77,6 +77,7 @@ pub struct Metrics {
     sessions_refused: Family<BoundLabel, Counter>,
     sessions_expired: Family<ExpiryLabel, Counter>,
     requests: Arc<Requests>,
+    reloads: Family<ReloadLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -209,6 +210,12 @@ impl Metrics {
         let (auth_refusals, auth_unavailable) = register_auth(&mut registry);
         let (sessions_refused, sessions_expired) = register_sessions(&mut registry);
         let requests = Arc::new(Requests::register(&mut registry));
+        let reloads = labelled(Reload::ALL.iter().map(|&result| ReloadLabel { result }));
+        registry.register(
+            "config_reloads",
+            "Configuration reloads (SIGHUP): applied, or refused (the file did not parse, validate or load, or changed what needs a restart) with the running configuration kept",
+            reloads.clone(),
+        );
         Self {
             registry,
             ready,
@@ -235,7 +242,18 @@ impl Metrics {
             sessions_refused,
             sessions_expired,
             requests,
+            reloads,
         }
+    }
+
+    /// A reload was applied (`true`) or refused.
+    pub fn reloaded(&self, applied: bool) {
+        let result = if applied {
+            Reload::Applied
+        } else {
+            Reload::Refused
+        };
+        self.reloads.get_or_create(&ReloadLabel { result }).inc();
     }
 
     /// The request series (`server`'s, through `access`).

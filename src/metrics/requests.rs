@@ -3,13 +3,14 @@
 //! `tools/call` requests by tool, for the tool names an operator listed; and
 //! how long a client was away before it came back for a stream.
 //!
-//! Every series is made once the routes are known (start-up), and its
-//! handle kept in a table indexed by route, method and outcome: recording a
-//! request is a few atomic adds, with no label lookup, no lock and no
-//! allocation. Before the routes are declared, recording does nothing.
+//! Every series is made once the routes are known (at start-up, and again
+//! for the routes of a reloaded configuration), and its handle kept in a
+//! [`Table`] indexed by route, method and outcome: recording a request is a
+//! few atomic adds, with no label lookup, no lock and no allocation. A
+//! table made again for the same route names hands out the same series.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -270,19 +271,18 @@ pub struct Request<'a> {
     pub total: Duration,
 }
 
-/// The request families, and once the routes are declared, the table of
-/// their series.
+/// The request families.
 pub struct Requests {
     total: Family<RequestLabels, Counter>,
     first_byte: Family<TimingLabels, Histogram>,
     duration: Family<TimingLabels, Histogram>,
     tools: Family<ToolLabels, Counter>,
     away: Family<DialectLabel, Histogram>,
-    table: OnceLock<Table>,
 }
 
-/// Every series of every route, indexed: `routes[route][method]`.
-struct Table {
+/// Every series of every route of one configuration, indexed:
+/// `routes[route][method]`.
+pub struct Table {
     routes: Vec<RouteSeries>,
     tool_names: Vec<Arc<str>>,
     away: Vec<Histogram>,
@@ -309,7 +309,6 @@ impl Requests {
             duration: Family::new_with_constructor(latency),
             tools: Family::default(),
             away: Family::new_with_constructor(|| Histogram::new(AWAY_BUCKETS)),
-            table: OnceLock::new(),
         };
         registry.register(
             "requests",
@@ -343,9 +342,9 @@ impl Requests {
     }
 
     /// Makes every series, at zero, for these mount paths and tool names
-    /// (at most [`MAX_TOOL_LABELS`] of them). Once: a second call changes
-    /// nothing.
-    pub fn declare(&self, mounts: &[&str], tools: &[String]) {
+    /// (at most [`MAX_TOOL_LABELS`] of them); those that exist already are
+    /// taken as they are.
+    pub fn declare(&self, mounts: &[&str], tools: &[String]) -> Arc<Table> {
         let mut names: Vec<Arc<str>> = mounts.iter().map(|m| Arc::from(*m)).collect();
         names.extend(["/healthz", "/metrics", "other"].map(Arc::from));
         let mut tool_names: Vec<Arc<str>> = tools
@@ -362,11 +361,11 @@ impl Requests {
             .iter()
             .map(|&dialect| self.away.get_or_create(&DialectLabel { dialect }).clone())
             .collect();
-        let _ = self.table.set(Table {
+        Arc::new(Table {
             routes,
             tool_names,
             away,
-        });
+        })
     }
 
     fn route_series(&self, route: &Arc<str>, tools: &[Arc<str>]) -> RouteSeries {
@@ -414,12 +413,12 @@ impl Requests {
                 .collect(),
         }
     }
+}
 
+impl Table {
     /// Counts one request that ended.
     pub fn record(&self, request: &Request<'_>) {
-        let Some(table) = self.table.get() else {
-            return;
-        };
+        let table = self;
         let route = match request.route {
             Destination::Mount(i) => i,
             Destination::Health => table.routes.len() - 3,
@@ -447,11 +446,9 @@ impl Requests {
 
     /// A client came back for a stream after `away`.
     pub fn came_back(&self, dialect: Replayed, away: Duration) {
-        if let Some(table) = self.table.get() {
-            let i = Replayed::ALL.iter().position(|d| *d == dialect);
-            if let Some(histogram) = i.and_then(|i| table.away.get(i)) {
-                histogram.observe(away.as_secs_f64());
-            }
+        let i = Replayed::ALL.iter().position(|d| *d == dialect);
+        if let Some(histogram) = i.and_then(|i| self.away.get(i)) {
+            histogram.observe(away.as_secs_f64());
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::access::Metered;
-use crate::config::LimitsConfig;
+use crate::config::Config;
 use crate::edge::origin::Peer;
 use crate::tls::CertificatePrincipal;
 
@@ -46,10 +46,13 @@ pub struct FrontDoor {
     /// From accept to the first request head: TLS handshake, protocol
     /// detection and the head itself.
     first_head_within: Duration,
+    /// How long open connections get to finish at shutdown.
+    pub grace: Duration,
 }
 
 impl FrontDoor {
-    pub fn new(app: Arc<dyn Handler>, tls: Option<TlsAcceptor>, limits: &LimitsConfig) -> Self {
+    pub fn new(app: Arc<dyn Handler>, tls: Option<TlsAcceptor>, config: &Config) -> Self {
+        let limits = &config.limits;
         let mut http = auto::Builder::new(TokioExecutor::new());
         http.http1()
             .timer(TokioTimer::new())
@@ -65,6 +68,7 @@ impl FrontDoor {
             tls,
             http,
             first_head_within: limits.header_read_timeout(),
+            grace: Duration::from_secs(config.shutdown_grace_secs),
         }
     }
 

@@ -12,29 +12,36 @@
 //! mount's [`Route`] (the proxy), unless the edge passes it to the
 //! upstream's origin as plain HTTP.
 
+mod configured;
 pub mod front_door;
 mod probes;
+mod reload;
+
+pub use self::reload::Refused;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use self::configured::{Configured, Lasting};
 use self::front_door::FrontDoor;
 use self::probes::Gate;
-use crate::access::{self, Access, Metered};
+use crate::access::{self, Metered};
 use crate::config::{Backend, Config};
+use crate::edge;
 use crate::edge::discovery::Passage;
 use crate::edge::origin::{Arrival, Peer};
-use crate::edge::{self, Edge};
 use crate::lifetime::{Recovered, Resumer};
 use crate::metrics::requests::Destination;
-use crate::proxy::{Rejection, Route, Shared};
+use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
@@ -42,21 +49,16 @@ use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StoreError, StreamMeta};
 use crate::stream::Log;
-use crate::token::Keyring;
-use crate::upstream::http::HttpUpstream;
-use crate::upstream::stdio::StdioUpstream;
 use crate::upstream::Upstream;
 use crate::workers::Workers;
 
-/// Everything a request needs, built once at start-up.
+/// Everything a request needs: what the running configuration makes of
+/// the proxy (swapped whole by a reload), and what outlives it.
 pub struct App {
-    routes: Vec<Route>,
-    edge: Edge,
-    shared: Arc<Shared>,
-    /// Where each request's visit reports.
-    access: Arc<Access>,
+    configured: ArcSwap<Configured>,
+    lasting: Lasting,
     /// A stop was asked for: `/readyz` answers 503 "draining" while
-    /// everything else is served as before (`Shared::draining` is the
+    /// everything else is served as before (`Lasting::draining` is the
     /// later step, when open answers end with a `retry:`).
     unready: AtomicBool,
 }
@@ -68,13 +70,6 @@ impl App {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             anyhow::anyhow!("cannot create data_dir {}: {e}", config.data_dir.display())
         })?;
-        let tokens = &config.tokens;
-        let previous = tokens.previous_key_file.as_deref().map(|file| {
-            let window = tokens.previous_key_window_secs.saturating_mul(1000);
-            (file, crate::store::now_ms().saturating_add(window))
-        });
-        let keyring = Keyring::load(&config.data_dir, tokens.key_file.as_deref(), previous)
-            .map_err(|e| anyhow::anyhow!("cannot load the token key: {e}"))?;
         // Connections the workers keep for themselves: Redis and upstream.
         let workers = config.workers();
         let (dir, sync) = (config.data_dir.clone(), config.store.sync);
@@ -99,58 +94,19 @@ impl App {
         store.set_retained_bound(config.limits.max_retained_streams);
         let log = Log::new(store);
         let sessions = Sessions::with_limits(log.store().clone(), &config.limits);
-        let auth = crate::auth::Authenticator::new(&config)?;
-        let shared = Arc::new(Shared {
-            config,
+        let lasting = Lasting {
             log,
             sessions,
-            keyring,
-            auth,
             draining: CancellationToken::new(),
-        });
-        let routes = shared
-            .config
-            .upstream
-            .iter()
-            .map(|up| {
-                let upstream = match up.command {
-                    Some(_) => {
-                        Upstream::Stdio(Arc::new(StdioUpstream::new(up, &shared.config.limits)))
-                    }
-                    None => Upstream::Http(Arc::new(
-                        HttpUpstream::new(up, workers).map_err(anyhow::Error::msg)?,
-                    )),
-                };
-                let mut dialects = shared.config.dialects.clone();
-                dialects.resume_tokens = up.resume_tokens.clone();
-                dialects.tasks = up.tasks.clone();
-                Ok(Route {
-                    path: up.path.trim_end_matches('/').to_owned(),
-                    upstream,
-                    dialects,
-                    tasks: Default::default(),
-                    shared: shared.clone(),
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        settle_sessions(&shared, &routes).await?;
-        let edge = Edge::new(&shared.config).map_err(anyhow::Error::msg)?;
-        let requests = shared.log.metrics().requests();
-        let mounts: Vec<&str> = routes.iter().map(|r| r.path.as_str()).collect();
-        requests.declare(&mounts, &shared.config.metrics_tools);
-        let access = Access::new(
-            requests.clone(),
-            shared.config.access_log,
-            !shared.config.metrics_tools.is_empty(),
-        );
+        };
+        let configured = Configured::build(config, &lasting, None)?;
+        settle_sessions(&lasting, &configured.routes).await?;
         let app = Arc::new(App {
-            routes,
-            edge,
-            access,
-            shared,
+            configured: ArcSwap::from_pointee(configured),
+            lasting,
             unready: AtomicBool::new(false),
         });
-        let recovered = crate::lifetime::recover(&app.shared.log, app.as_ref()).await?;
+        let recovered = crate::lifetime::recover(&app.lasting.log, app.as_ref()).await?;
         if recovered != Recovered::default() {
             tracing::warn!(
                 resumed = recovered.resumed,
@@ -158,7 +114,7 @@ impl App {
                 "streams a previous run left live"
             );
         }
-        app.shared
+        app.lasting
             .log
             .metrics()
             .recovered(recovered.resumed + recovered.finished);
@@ -171,16 +127,17 @@ impl App {
         if self.unready.load(Ordering::Relaxed) {
             return Err("draining".into());
         }
-        self.shared.log.store().health()
+        self.lasting.log.store().health()
     }
 
-    fn route_of(&self, path: &str) -> Option<&Route> {
-        self.routes.iter().find(|r| r.path == path)
+    /// What the running configuration makes of the proxy.
+    fn now(&self) -> Arc<Configured> {
+        self.configured.load_full()
     }
 
     /// Stops what runs on behalf of clients: stdio children.
     pub async fn stop_upstreams(&self) {
-        for route in &self.routes {
+        for route in &self.now().routes {
             if let Upstream::Stdio(stdio) = &route.upstream {
                 stdio.shutdown().await;
             }
@@ -190,8 +147,9 @@ impl App {
     /// One request, a visit from its arrival to the end of its answer's
     /// body (see [`crate::access`]).
     pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
-        let visit = self.access.arrived(req.method(), req.uri());
-        let res = visit.scope(self.answer(req, peer)).await;
+        let now = self.now();
+        let visit = now.access.arrived(req.method(), req.uri());
+        let res = visit.scope(self.answer(&now, req, peer)).await;
         let status = res.status();
         res.map(|body| Metered::watched(body, visit, status))
     }
@@ -200,45 +158,39 @@ impl App {
     /// metrics), the checks of where it came from, then a discovery
     /// passage, a preflight or a route; its answer carries the public URL
     /// and CORS out.
-    async fn answer(&self, req: Request<Incoming>, peer: Peer) -> Response<Body> {
+    async fn answer(&self, now: &Configured, req: Request<Incoming>, peer: Peer) -> Response<Body> {
         let path = req.uri().path();
         if path == "/healthz" {
             access::note(|facts| facts.route = Destination::Health);
             return self.health();
         }
-        if path == "/metrics" && self.shared.config.metrics {
+        if path == "/metrics" && now.shared.config.metrics {
             access::note(|facts| facts.route = Destination::Metrics);
-            return self.metrics_page();
+            return self.metrics_page(now);
         }
         let (parts, body) = req.into_parts();
-        let arrival = self.edge.origins.arrival(&parts, peer);
-        if !self
-            .edge
-            .host_allowed(&arrival, self.shared.config.listen.ip().is_loopback())
-        {
+        let edge = &now.edge;
+        let arrival = edge.origins.arrival(&parts, peer);
+        if !edge.host_allowed(&arrival, now.shared.config.listen.ip().is_loopback()) {
             return Rejection::forbidden("Host").into_response();
         }
         let origin = parts.headers.get(http::header::ORIGIN).cloned();
-        if origin
-            .as_ref()
-            .is_some_and(|o| !self.edge.origin_allowed(o))
-        {
+        if origin.as_ref().is_some_and(|o| !edge.origin_allowed(o)) {
             return Rejection::forbidden("Origin").into_response();
         }
-        let (route, mut res) = self.dispatch(parts, body, &arrival).await;
+        let (route, mut res) = Self::dispatch(now, parts, body, &arrival).await;
         if let Some(i) = route {
             access::note(|facts| facts.route = Destination::Mount(i));
         }
-        let reached = route.map(|i| (&self.edge.mounts[i], self.routes[i].http()));
-        self.edge
-            .outgoing(&mut res, reached, &arrival, origin.as_ref())
+        let reached = route.map(|i| (&edge.mounts[i], now.routes[i].http()));
+        edge.outgoing(&mut res, reached, &arrival, origin.as_ref())
             .await;
         res
     }
 
     /// The answer, and the route (by index) that gave it.
     async fn dispatch(
-        &self,
+        now: &Configured,
         parts: http::request::Parts,
         body: Incoming,
         arrival: &Arrival,
@@ -246,33 +198,31 @@ impl App {
         let preflight = edge::cors::is_preflight(&parts.method, &parts.headers);
         if let (true, Some(cors), Some(origin)) = (
             preflight,
-            &self.edge.cors,
+            &now.edge.cors,
             parts.headers.get(http::header::ORIGIN),
         ) {
             let origin = origin.to_str().unwrap_or_default();
             return (None, edge::cors::preflight(cors, origin, &parts.headers));
         }
         let path = parts.uri.path().trim_end_matches('/');
-        let route = self.routes.iter().position(|r| r.path == path);
+        let route = now.routes.iter().position(|r| r.path == path);
         let passage = match route {
             // A browser's preflight of an MCP endpoint is the upstream's to
             // answer when no `[cors]` says otherwise.
-            Some(i) if preflight => self.edge.mounts[i].urls.as_ref().map(|urls| Passage {
+            Some(i) if preflight => now.edge.mounts[i].urls.as_ref().map(|urls| Passage {
                 route: i,
                 path: urls.upstream_path().to_owned(),
                 fallback: None,
                 metadata: false,
             }),
             Some(_) => None,
-            None => self.edge.passage(parts.uri.path()),
+            None => now.edge.passage(parts.uri.path()),
         };
-        let passage = passage.map(|p| self.edge.mounts[p.route].metadata_passage(p));
+        let passage = passage.map(|p| now.edge.mounts[p.route].metadata_passage(p));
         let reached = passage.as_ref().map(|p| p.route).or(route);
         let answer = match (passage, route) {
-            (Some(passage), _) => self.pass(&passage, parts, body, arrival).await,
-            (None, Some(i)) => Ok(self.routes[i]
-                .handle(Request::from_parts(parts, body))
-                .await),
+            (Some(passage), _) => Self::pass(now, &passage, parts, body, arrival).await,
+            (None, Some(i)) => Ok(now.routes[i].handle(Request::from_parts(parts, body)).await),
             (None, None) => Err(Rejection::not_found()),
         };
         (reached, answer.unwrap_or_else(Rejection::into_response))
@@ -281,17 +231,17 @@ impl App {
     /// A discovery, authorization or preflight request, forwarded to the
     /// upstream's origin as plain HTTP.
     async fn pass(
-        &self,
+        now: &Configured,
         passage: &Passage,
         parts: http::request::Parts,
         body: Incoming,
         arrival: &Arrival,
     ) -> Result<Response<Body>, Rejection> {
-        let mount = &self.edge.mounts[passage.route];
-        let (Some(upstream), Some(urls)) = (self.routes[passage.route].http(), &mount.urls) else {
+        let mount = &now.edge.mounts[passage.route];
+        let (Some(upstream), Some(urls)) = (now.routes[passage.route].http(), &mount.urls) else {
             return Err(Rejection::not_found());
         };
-        let body = crate::proxy::read_body(body, &self.shared.config).await?;
+        let body = crate::proxy::read_body(body, &now.shared.config).await?;
         let origin = arrival.origin();
         let forward = edge::passage::Forward {
             upstream,
@@ -316,7 +266,7 @@ impl App {
     /// that an orchestrator restarts the proxy (which recovers from what
     /// the disk holds) and a load balancer sends new calls elsewhere.
     fn health(&self) -> Response<Body> {
-        if self.shared.log.store().flush_failed() {
+        if self.lasting.log.store().flush_failed() {
             return reply::json(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &b"{\"status\":\"failing\",\"reason\":\"a log flush failed; restart the proxy\"}"[..],
@@ -326,18 +276,18 @@ impl App {
     }
 
     /// `GET /metrics`: the exposition, with the gauges counted now.
-    fn metrics_page(&self) -> Response<Body> {
-        let log = &self.shared.log;
+    fn metrics_page(&self, now: &Configured) -> Response<Body> {
+        let log = &self.lasting.log;
         let store = log.store();
         log.metrics()
             .observe_retention(store.retained_count(), store.released_early());
         log.metrics().observe_ready(self.readiness().is_ok());
-        let quota = self.shared.config.limits.max_log_bytes;
+        let quota = now.shared.config.limits.max_log_bytes;
         log.metrics()
             .observe_store(store.health().is_ok(), store.size_on_disk(), quota);
         let text = log
             .metrics()
-            .render(self.shared.sessions.open(), log.live_streams());
+            .render(self.lasting.sessions.open(), log.live_streams());
         let mut res = Response::new(reply::full(text));
         res.headers_mut().insert(
             http::header::CONTENT_TYPE,
@@ -365,15 +315,15 @@ async fn blocking<T: Send + 'static>(
 /// `[limits]` as if opened now, and unused ones may still expire early.
 /// Sessions of a path no longer mounted can never be used again: they
 /// count for nothing and wait for idle expiry.
-async fn settle_sessions(shared: &Shared, routes: &[Route]) -> anyhow::Result<()> {
-    for record in shared.log.store().list_sessions().await? {
+async fn settle_sessions(lasting: &Lasting, routes: &[Route]) -> anyhow::Result<()> {
+    for record in lasting.log.store().list_sessions().await? {
         if record.closed_ms.is_some() {
             continue;
         }
         let route = routes.iter().find(|r| r.path == record.route);
         match route.map(|r| &r.upstream) {
-            Some(Upstream::Stdio(_)) => shared.sessions.close(record.id).await?,
-            Some(Upstream::Http(_)) => shared.sessions.recovered(&record),
+            Some(Upstream::Stdio(_)) => lasting.sessions.close(record.id).await?,
+            Some(Upstream::Http(_)) => lasting.sessions.recovered(&record),
             None => {}
         }
     }
@@ -384,16 +334,16 @@ async fn settle_sessions(shared: &Shared, routes: &[Route]) -> anyhow::Result<()
 #[async_trait::async_trait]
 impl crate::lifetime::Canceller for App {
     async fn cancel(&self, stream: &StreamMeta, why: &str) {
-        let Ok(Some(session)) = self.shared.log.store().get_session(stream.session).await else {
+        let Ok(Some(session)) = self.lasting.log.store().get_session(stream.session).await else {
             return;
         };
-        if let Some(route) = self.route_of(&session.route) {
+        if let Some(route) = self.now().route_of(&session.route) {
             route.cancel(stream, why).await;
         }
     }
 
     async fn end_session(&self, session: &crate::store::SessionRecord) {
-        if let Some(route) = self.route_of(&session.route) {
+        if let Some(route) = self.now().route_of(&session.route) {
             route.end_upstream_session(session).await;
         }
     }
@@ -404,10 +354,10 @@ impl crate::lifetime::Canceller for App {
 #[async_trait::async_trait]
 impl Resumer for App {
     async fn resume(&self, stream: &StreamMeta) -> bool {
-        let Ok(Some(session)) = self.shared.log.store().get_session(stream.session).await else {
+        let Ok(Some(session)) = self.lasting.log.store().get_session(stream.session).await else {
             return false;
         };
-        match self.route_of(&session.route) {
+        match self.now().route_of(&session.route) {
             Some(route) => route.resume_after_restart(stream).await,
             None => false,
         }
@@ -418,18 +368,23 @@ impl Resumer for App {
 pub struct Server {
     pub addr: SocketAddr,
     app: Arc<App>,
+    /// The handler of every connection, kept for the front door a reload
+    /// builds.
+    gate: Arc<Gate>,
+    /// How each new connection is served; swapped by a reload.
+    front_door: Arc<ArcSwap<FrontDoor>>,
     stop: CancellationToken,
     workers: Arc<Workers>,
     done: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
-    /// `drain_delay_secs`.
-    drain_delay: Duration,
+    /// `drain_delay_secs`, as the last reload left it.
+    drain_delay: AtomicU64,
 }
 
 impl Server {
     /// The log this server writes (for tests and embedding).
     pub fn store(&self) -> &SharedStore {
-        self.app.shared.log.store()
+        self.app.lasting.log.store()
     }
 
     /// Binds, loads the TLS files, starts serving on the worker threads
@@ -452,21 +407,20 @@ impl Server {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         let addr = listener.local_addr()?;
-        let grace = Duration::from_secs(config.shutdown_grace_secs);
-        let drain_delay = Duration::from_secs(config.drain_delay_secs);
+        let drain_delay = AtomicU64::new(config.drain_delay_secs);
         let store_config = config.store.clone();
         let store_lease_ms = config.store.lease_ms;
-        let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let gate = Arc::new(Gate::default());
-        let front_door = Arc::new(FrontDoor::new(gate.clone(), tls, &config.limits));
+        let front_door =
+            reload::front_door(&config, gate.clone()).map_err(|e| anyhow::anyhow!(e.0))?;
+        let front_door = Arc::new(ArcSwap::from_pointee(front_door));
         let workers = Arc::new(Workers::start(config.workers())?);
         let stop = CancellationToken::new();
         let done = tokio::spawn(accept_loop(
             listener,
-            front_door,
+            front_door.clone(),
             workers.clone(),
             stop.clone(),
-            grace,
         ));
         let app = match App::open(config, store).await {
             Ok(app) => app,
@@ -482,19 +436,19 @@ impl Server {
         };
         gate.open(app.clone());
         let sweeper = crate::lifetime::spawn_sweeper(
-            app.shared.log.clone(),
-            app.shared.sessions.clone(),
+            app.lasting.log.clone(),
+            app.lasting.sessions.clone(),
             store_config,
             app.clone(),
             stop.clone(),
         );
-        if app.shared.log.store().shared() {
+        if app.lasting.log.store().shared() {
             // Other instances may die while this one serves: look for their
             // streams twice per lease, and at least every second (an
             // instance that stops gracefully gives its lease up at once).
             let every = Duration::from_millis(store_lease_ms / 2).min(Duration::from_secs(1));
             crate::lifetime::spawn_takeover(
-                app.shared.log.clone(),
+                app.lasting.log.clone(),
                 app.clone(),
                 every,
                 stop.clone(),
@@ -503,12 +457,43 @@ impl Server {
         Ok(Server {
             addr,
             app,
+            gate,
+            front_door,
             stop,
             workers,
             done,
             sweeper,
             drain_delay,
         })
+    }
+
+    /// Applies `config` (a reload: see `reload.rs`), or says why not and
+    /// keeps the running configuration.
+    pub fn reload(&self, config: Config) -> Result<Vec<String>, Refused> {
+        let metrics = self.app.lasting.log.metrics();
+        let was = self.app.now();
+        let prepared = reload::front_door(&config, self.gate.clone())
+            .and_then(|door| Ok((door, self.app.prepare(config.clone())?)));
+        let (door, prepared) = match prepared {
+            Ok(both) => both,
+            Err(refused) => {
+                metrics.reloaded(false);
+                return Err(refused);
+            }
+        };
+        let changed = reload::changed(&was.shared.config, &config);
+        self.drain_delay
+            .store(config.drain_delay_secs, Ordering::Relaxed);
+        self.front_door.store(Arc::new(door));
+        self.app.install(prepared);
+        metrics.reloaded(true);
+        Ok(changed)
+    }
+
+    /// Counts a reload refused before it reached [`Server::reload`] (the
+    /// file did not parse or validate).
+    pub fn refused_reload(&self) {
+        self.app.lasting.log.metrics().reloaded(false);
     }
 
     /// Stops being ready: `/readyz` answers 503 "draining" from now on,
@@ -523,13 +508,14 @@ impl Server {
     /// `hurry` resolves: a second signal), then [`Server::shutdown`].
     pub async fn drain_then_shutdown(self, hurry: impl std::future::Future<Output = ()>) {
         self.drain();
-        if !self.drain_delay.is_zero() {
+        let delay = Duration::from_secs(self.drain_delay.load(Ordering::Relaxed));
+        if !delay.is_zero() {
             tracing::info!(
-                secs = self.drain_delay.as_secs(),
+                secs = delay.as_secs(),
                 "draining: /readyz answers 503 while requests are served as before"
             );
             tokio::select! {
-                () = tokio::time::sleep(self.drain_delay) => {}
+                () = tokio::time::sleep(delay) => {}
                 () = hurry => tracing::info!("drain cut short"),
             }
         }
@@ -544,12 +530,12 @@ impl Server {
     /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
         self.drain();
-        self.app.shared.draining.cancel();
+        self.app.lasting.draining.cancel();
         self.stop.cancel();
         let _ = self.done.await;
         self.sweeper.abort();
         self.app.stop_upstreams().await;
-        let store = self.app.shared.log.store();
+        let store = self.app.lasting.log.store();
         if let Err(e) = store.flush().await {
             tracing::error!(error = %e, "cannot flush the log at shutdown");
         }
@@ -574,10 +560,9 @@ impl Server {
 /// once the connections have ended or run out of grace.
 async fn accept_loop(
     listener: TcpListener,
-    front_door: Arc<FrontDoor>,
+    front_door: Arc<ArcSwap<FrontDoor>>,
     workers: Arc<Workers>,
     stop: CancellationToken,
-    grace: Duration,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
@@ -603,7 +588,7 @@ async fn accept_loop(
                 continue;
             }
         };
-        let (front_door, watcher) = (front_door.clone(), graceful.watcher());
+        let (front_door, watcher) = (front_door.load_full(), graceful.watcher());
         workers.serve(async move {
             match tokio::net::TcpStream::from_std(socket) {
                 Ok(socket) => front_door.serve(socket, peer, watcher).await,
@@ -612,6 +597,7 @@ async fn accept_loop(
         });
     }
     drop(listener);
+    let grace = front_door.load().grace;
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

@@ -26,6 +26,7 @@ pub mod stray;
 mod table;
 
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::{DashMap, DashSet};
@@ -442,7 +443,7 @@ pub struct Sessions {
     /// The open sessions this instance counts against its bounds.
     places: Places,
     /// How long a session may stay unused.
-    unused_ms: u64,
+    unused_ms: AtomicU64,
 }
 
 impl Sessions {
@@ -457,10 +458,18 @@ impl Sessions {
             live: DashMap::new(),
             by_principal: Arc::default(),
             places: Places::new(limits),
-            unused_ms: limits.unused_session_secs.saturating_mul(1000),
+            unused_ms: AtomicU64::new(limits.unused_session_secs.saturating_mul(1000)),
         });
         sessions.follow_changes();
         sessions
+    }
+
+    /// New bounds from a reloaded `[limits]`: for the sessions opened, and
+    /// the unused ones swept, from now on.
+    pub fn set_limits(&self, limits: &LimitsConfig) {
+        self.places.set_bounds(limits);
+        let unused_ms = limits.unused_session_secs.saturating_mul(1000);
+        self.unused_ms.store(unused_ms, Ordering::Relaxed);
     }
 
     /// With a shared log, keeps the cached sessions in step with what other
@@ -722,7 +731,8 @@ impl Sessions {
     /// Sessions unused for `limits.unused_session_secs` at `now_ms`: the
     /// sweep's candidates for [`Sessions::expire_unused`].
     pub fn unused_long(&self, now_ms: u64) -> Vec<SessionId> {
-        self.places.unused_by(now_ms.saturating_sub(self.unused_ms))
+        let unused_ms = self.unused_ms.load(Ordering::Relaxed);
+        self.places.unused_by(now_ms.saturating_sub(unused_ms))
     }
 
     /// Ends the session `id` if it is still unused (and open): `true` when

@@ -12,6 +12,7 @@
 //! concurrent `initialize`s could both pass a bound with one place left.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::config::LimitsConfig;
@@ -28,8 +29,9 @@ pub enum Full {
 
 /// Places held, per principal and in all.
 pub struct Places {
-    max: usize,
-    per_principal: usize,
+    /// The bounds, changed by a reload (a place already held is kept).
+    max: AtomicUsize,
+    per_principal: AtomicUsize,
     inner: Mutex<Inner>,
 }
 
@@ -47,10 +49,17 @@ struct Inner {
 impl Places {
     pub fn new(limits: &LimitsConfig) -> Self {
         Self {
-            max: limits.max_sessions,
-            per_principal: limits.max_sessions_per_principal,
+            max: AtomicUsize::new(limits.max_sessions),
+            per_principal: AtomicUsize::new(limits.max_sessions_per_principal),
             inner: Mutex::default(),
         }
+    }
+
+    /// New bounds, for the places taken from now on.
+    pub fn set_bounds(&self, limits: &LimitsConfig) {
+        self.max.store(limits.max_sessions, Ordering::Relaxed);
+        let per_principal = limits.max_sessions_per_principal;
+        self.per_principal.store(per_principal, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -67,15 +76,17 @@ impl Places {
         principal: Option<&str>,
         created_ms: u64,
     ) -> Result<(), Full> {
+        let max = self.max.load(Ordering::Relaxed);
+        let per_principal = self.per_principal.load(Ordering::Relaxed);
         let mut inner = self.lock();
         if let Some(principal) = principal {
             let held = inner.by_principal.get(principal).copied().unwrap_or(0);
-            if held >= self.per_principal {
-                return Err(Full::Principal(self.per_principal));
+            if held >= per_principal {
+                return Err(Full::Principal(per_principal));
             }
         }
-        if inner.held.len() >= self.max {
-            return Err(Full::Total(self.max));
+        if inner.held.len() >= max {
+            return Err(Full::Total(max));
         }
         inner.hold(id, principal);
         inner.unused.insert(id, created_ms);

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use crate::metrics::UpstreamFailure;
 
 /// The server behind one route.
+#[derive(Clone)]
 pub enum Upstream {
     Http(Arc<http::HttpUpstream>),
     Stdio(Arc<stdio::StdioUpstream>),
