@@ -113,6 +113,16 @@ async fn a_changed_upstream_url_lets_running_calls_finish_and_takes_new_ones() {
     read_all(client.send(Call::post(&call).session(&fresh)).await).await;
     assert_eq!(a.stats.calls_started.load(Ordering::Relaxed), 1);
     assert_eq!(b.stats.calls_started.load(Ordering::Relaxed), 1);
+    // The session begun on the old server goes on, on the new one.
+    let call = tool_call(4, "echo", json!({"text": "old session, to b"}));
+    let answer = messages(client.send(Call::post(&call).session(&sid)).await).await;
+    assert!(
+        answer
+            .iter()
+            .any(|m| m["id"] == 4 && m.get("result").is_some()),
+        "{answer:?}"
+    );
+    assert_eq!(b.stats.calls_started.load(Ordering::Relaxed), 2);
     let log = proxy.logged("configuration reloaded").await;
     assert!(log.contains("configuration reloaded"), "{log}");
 }
@@ -243,4 +253,44 @@ async fn a_certificate_file_that_does_not_load_keeps_the_running_one() {
     let seen = certificate_seen(server.addr, &pki).await;
     assert_eq!(seen.as_deref(), Some(pki.server.cert.as_ref()));
     server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_rotated_token_key_still_opens_the_handles_of_the_previous_one() {
+    let a = demo().await;
+    let keys = tempfile::tempdir().expect("temp dir");
+    let (old, new) = (keys.path().join("old.key"), keys.path().join("new.key"));
+    std::fs::write(&old, [1u8; 32]).expect("old key");
+    std::fs::write(&new, [2u8; 32]).expect("new key");
+    let tokens = |file: &std::path::Path, previous: Option<&std::path::Path>| {
+        let previous = previous.map_or(String::new(), |p| {
+            format!("previous_key_file = \"{}\"\n", p.display())
+        });
+        format!(
+            "[tokens]\nkey_file = \"{}\"\n{previous}{}",
+            file.display(),
+            upstream_toml(&a.url())
+        )
+    };
+    let proxy = Reloadable::start(&tokens(&old, None)).await;
+    let client = proxy.proxy.client();
+    let sid = client.initialize(V_LATEST).await;
+    let res = client
+        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
+        .await;
+    let events = read_all(res).await;
+    let first = events
+        .iter()
+        .find_map(|e| e.id.clone())
+        .expect("an event id");
+    let resume = || Call::get().session(&sid).header("last-event-id", &first);
+    let page = proxy.reload(&tokens(&new, Some(&old))).await;
+    assert_eq!(sample(&page, APPLIED), 1.0);
+    let res = client.send(resume()).await;
+    assert_eq!(res.status(), StatusCode::OK, "the old key still opens it");
+    read_all(res).await;
+    let page = proxy.reload(&tokens(&new, None)).await;
+    assert_eq!(sample(&page, APPLIED), 2.0);
+    let res = client.send(resume()).await;
+    assert_ne!(res.status(), StatusCode::OK, "the old key is gone");
 }
