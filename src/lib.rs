@@ -20,6 +20,7 @@
 //!
 //! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
 //! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
+//! - [`pid_file`]: where `mcp-resume-proxy reload` finds the running proxy to send SIGHUP to.
 //! - [`logging`]: the process's log lines, buffered and written to stderr by a thread of their own.
 //! - [`server`]: start-up (bind, open the log, recover, serve), probes, accept loop, front door, routes, drain.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
@@ -67,6 +68,7 @@ pub mod jsonrpc;
 pub mod lifetime;
 pub mod logging;
 pub mod metrics;
+pub mod pid_file;
 pub mod proxy;
 pub mod relay;
 pub mod reply;
@@ -93,8 +95,12 @@ pub async fn run(
     config: Config,
     reread: impl Fn() -> Result<Config, String>,
 ) -> anyhow::Result<()> {
+    let data_dir = config.data_dir.clone();
     let server = Server::start(config).await?;
     tracing::info!(addr = %server.addr, "mcp-resume-proxy listening");
+    let _pid = pid_file::write(&data_dir)
+        .inspect_err(|e| tracing::warn!(error = %e, "cannot write the pid file; `reload` will not find this process (SIGHUP still works)"))
+        .ok();
     let mut signals = StopSignals::new();
     let mut hangups = Hangups::new();
     let stop = loop {

@@ -51,6 +51,11 @@ enum Command {
     /// with it, 2 with the reason when it would not. For CI, and before a
     /// reload.
     Check,
+    /// Checks the configuration as `check` does, then has the proxy running
+    /// on its data directory apply it (SIGHUP): exits 0 once signalled (the
+    /// proxy's log says whether it applied it), 2 when the configuration is
+    /// invalid, 1 when no proxy runs there.
+    Reload,
     /// Runs the demo MCP server on stdin/stdout (a stdio upstream for tests
     /// and experiments).
     #[command(hide = true)]
@@ -250,6 +255,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Reload) = cli.command {
+        return match mcp_resume_proxy::pid_file::signal_reload(&config.data_dir) {
+            Ok(pid) => {
+                println!("sent SIGHUP to the proxy (pid {pid}); its log says whether the configuration applied");
+                ExitCode::SUCCESS
+            }
+            Err(why) => {
+                eprintln!("mcp-resume-proxy: {why}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(Command::Check) = cli.command {
         let what = cli
             .config

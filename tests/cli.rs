@@ -24,6 +24,7 @@ fn help_and_version_work() {
         "demo",
         "streams",
         "check",
+        "reload",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }

@@ -25,7 +25,7 @@ struct Reloadable {
     proxy: ProxyProcess,
     file: std::path::PathBuf,
     log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Reloadable {
@@ -43,7 +43,7 @@ impl Reloadable {
             proxy,
             file,
             log,
-            _dir: dir,
+            dir,
         }
     }
 
@@ -293,4 +293,72 @@ async fn a_rotated_token_key_still_opens_the_handles_of_the_previous_one() {
     assert_eq!(sample(&page, APPLIED), 2.0);
     let res = client.send(resume()).await;
     assert_ne!(res.status(), StatusCode::OK, "the old key is gone");
+}
+
+/// `mcp-resume-proxy reload --config FILE --data-dir DIR`.
+fn reload_command(file: &std::path::Path, dir: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+        .arg("reload")
+        .arg("--config")
+        .arg(file)
+        .arg("--data-dir")
+        .arg(dir)
+        .output()
+        .expect("the reload command runs")
+}
+
+/// The page once a reload was counted.
+async fn counted(client: &McpClient) -> String {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let page = scrape(client).await;
+        if sample(&page, APPLIED) + sample(&page, REFUSED) > 0.0 {
+            return page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload was counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_reload_command_has_the_running_proxy_apply_its_file() {
+    let (a, b) = (demo().await, demo().await);
+    let proxy = Reloadable::start(&upstream_toml(&a.url())).await;
+    std::fs::write(&proxy.file, upstream_toml(&b.url())).expect("config file");
+    let out = reload_command(&proxy.file, proxy.dir.path());
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("sent SIGHUP to the proxy"), "{said}");
+    let page = counted(&proxy.proxy.client()).await;
+    assert_eq!(sample(&page, APPLIED), 1.0);
+}
+
+#[tokio::test]
+async fn the_reload_command_refuses_an_invalid_file_without_signalling() {
+    let a = demo().await;
+    let proxy = Reloadable::start(&upstream_toml(&a.url())).await;
+    let bad = format!("max_body = 1\n{}", upstream_toml(&a.url()));
+    std::fs::write(&proxy.file, bad).expect("config file");
+    let out = reload_command(&proxy.file, proxy.dir.path());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max_body"),
+        "{out:?}"
+    );
+    let page = scrape(&proxy.proxy.client()).await;
+    assert_eq!(sample(&page, APPLIED) + sample(&page, REFUSED), 0.0);
+}
+
+#[test]
+fn the_reload_command_without_a_running_proxy_exits_1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("proxy.toml");
+    std::fs::write(&file, upstream_toml("http://127.0.0.1:1/mcp")).expect("config file");
+    let out = reload_command(&file, dir.path());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no running proxy"), "{err}");
 }
