@@ -95,14 +95,17 @@ pub async fn run(
     config: Config,
     reread: impl Fn() -> Result<Config, String>,
 ) -> anyhow::Result<()> {
+    // Listened to before the port is bound: a signal that comes as soon as
+    // the proxy answers is never the default action (a stop without the
+    // log flushed, or a SIGHUP that kills).
+    let mut signals = StopSignals::new();
+    let mut hangups = Hangups::new();
     let data_dir = config.data_dir.clone();
     let server = Server::start(config).await?;
     tracing::info!(addr = %server.addr, "mcp-resume-proxy listening");
     let _pid = pid_file::write(&data_dir)
         .inspect_err(|e| tracing::warn!(error = %e, "cannot write the pid file; `reload` will not find this process (SIGHUP still works)"))
         .ok();
-    let mut signals = StopSignals::new();
-    let mut hangups = Hangups::new();
     let stop = loop {
         tokio::select! {
             stop = signals.next() => break stop,
@@ -178,6 +181,8 @@ pub enum StopSignal {
 pub struct StopSignals {
     #[cfg(unix)]
     term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
 }
 
 impl Default for StopSignals {
@@ -188,9 +193,13 @@ impl Default for StopSignals {
 
 impl StopSignals {
     pub fn new() -> Self {
+        #[cfg(unix)]
+        use tokio::signal::unix::{signal, SignalKind};
         Self {
             #[cfg(unix)]
-            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+            term: signal(SignalKind::terminate()).ok(),
+            #[cfg(unix)]
+            int: signal(SignalKind::interrupt()).ok(),
         }
     }
 
@@ -198,9 +207,9 @@ impl StopSignals {
     /// SIGINT cannot be listened to).
     pub async fn next(&mut self) -> StopSignal {
         #[cfg(unix)]
-        if let Some(term) = &mut self.term {
+        if let (Some(term), Some(int)) = (&mut self.term, &mut self.int) {
             return tokio::select! {
-                _ = tokio::signal::ctrl_c() => StopSignal::Interrupt,
+                _ = int.recv() => StopSignal::Interrupt,
                 _ = term.recv() => StopSignal::Terminate,
             };
         }

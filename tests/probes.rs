@@ -253,6 +253,43 @@ async fn healthz_answers_as_before_while_the_proxy_drains() {
     );
 }
 
+/// The head of the answer to an `initialize` POSTed over a connection of
+/// its own, as the proxy wrote it (a client library may hide `Connection`).
+async fn initialize_head(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = initialize(V_LATEST).to_string();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket
+        .write_all(request.as_bytes())
+        .await
+        .expect("request sent");
+    let mut head = Vec::new();
+    let mut buf = [0; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let read = tokio::time::timeout(LIMIT, socket.read(&mut buf)).await;
+        let n = read.expect("an answer in time").expect("read");
+        assert!(n > 0, "closed before the head");
+        head.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&head).to_lowercase()
+}
+
+#[tokio::test]
+async fn a_draining_proxy_closes_each_http1_connection_after_its_answer() {
+    let rig = Rig::start().await;
+    let head = initialize_head(addr_of(&rig)).await;
+    assert!(!head.contains("connection: close"), "{head}");
+    rig.proxy.as_ref().expect("a proxy").drain();
+    let head = initialize_head(addr_of(&rig)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+}
+
 #[tokio::test]
 async fn a_draining_proxy_counts_as_not_ready_in_the_metrics() {
     let rig = Rig::start().await;

@@ -149,7 +149,15 @@ impl App {
     pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
         let now = self.now();
         let visit = now.access.arrived(req.method(), req.uri());
-        let res = visit.scope(self.answer(&now, req, peer)).await;
+        let http1 = req.version() < http::Version::HTTP_2;
+        let mut res = visit.scope(self.answer(&now, req, peer)).await;
+        if http1 && self.unready.load(Ordering::Relaxed) {
+            // Draining: the client's next request opens a new connection,
+            // which the balancer gives to an instance that stays. (HTTP/2
+            // connections get a GOAWAY when the shutdown starts.)
+            let close = http::HeaderValue::from_static("close");
+            res.headers_mut().insert(http::header::CONNECTION, close);
+        }
         let status = res.status();
         res.map(|body| Metered::watched(body, visit, status))
     }
