@@ -85,7 +85,7 @@ impl Log {
         match backend {
             Backend::Redis => {
                 let store = &source.store;
-                let observer = RedisStore::observer(&store.redis_url, &store.key_prefix);
+                let observer = RedisStore::observer(store);
                 Ok(Log::Redis(Box::new(observer.await?)))
             }
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),

@@ -420,9 +420,23 @@ pub struct StoreConfig {
     pub session_idle_secs: u64,
     /// Seconds between sweeps for expired streams and sessions.
     pub sweep_secs: u64,
-    /// The Redis server of `backend = "redis"` (`url` is accepted too).
+    /// The Redis server of `backend = "redis"` (`url` is accepted too):
+    /// `redis://` or, over TLS, `rediss://`. Never a password in it.
     #[serde(alias = "url")]
     pub redis_url: String,
+    /// The ACL user Redis is reached as (`AUTH user password`); unset:
+    /// the URL's user, else `default`.
+    pub redis_username: Option<String>,
+    /// A file holding the password (its first line); else the environment
+    /// variable `MCP_RESUME_PROXY_REDIS_PASSWORD`; else none.
+    pub redis_password_file: Option<PathBuf>,
+    /// CA certificates (PEM) a `rediss://` server must chain to; unset: the
+    /// system's roots.
+    pub redis_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) for Redis' `tls-auth-clients`, with its
+    /// key in `redis_client_key`.
+    pub redis_client_cert: Option<PathBuf>,
+    pub redis_client_key: Option<PathBuf>,
     /// The start of every key `backend = "redis"` writes, so that several
     /// deployments can share one Redis.
     pub key_prefix: String,
@@ -541,6 +555,42 @@ fn default_max_children() -> usize {
 /// The most tool names `metrics_tools` may list.
 pub const MAX_METRICS_TOOLS: usize = 32;
 
+impl StoreConfig {
+    /// The Redis keys that must agree with one another: no password in the
+    /// URL (it would sit in the file and in every error message), TLS files
+    /// only for `rediss://`, a client certificate with its key.
+    fn check_redis(&self) -> Result<(), String> {
+        let url = &self.redis_url;
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+        let authority = rest.split('/').next().unwrap_or_default();
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if userinfo.contains(':') {
+                return Err(
+                    "store.redis_url holds a password: give it in store.redis_password_file \
+                     or MCP_RESUME_PROXY_REDIS_PASSWORD, never in the configuration"
+                        .into(),
+                );
+            }
+        }
+        let tls_files = [
+            ("redis_ca_file", &self.redis_ca_file),
+            ("redis_client_cert", &self.redis_client_cert),
+            ("redis_client_key", &self.redis_client_key),
+        ];
+        if let Some((key, _)) = tls_files.iter().find(|(_, f)| f.is_some()) {
+            if scheme != "rediss" {
+                return Err(format!(
+                    "store.{key} is for TLS: store.redis_url must start with rediss://"
+                ));
+            }
+        }
+        if self.redis_client_cert.is_some() != self.redis_client_key.is_some() {
+            return Err("store.redis_client_cert and store.redis_client_key go together".into());
+        }
+        Ok(())
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -590,6 +640,11 @@ impl Default for StoreConfig {
             session_idle_secs: 86_400,
             sweep_secs: 30,
             redis_url: "redis://127.0.0.1:6379/0".into(),
+            redis_username: None,
+            redis_password_file: None,
+            redis_ca_file: None,
+            redis_client_cert: None,
+            redis_client_key: None,
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
             sled_cache_bytes: crate::store::sled::DEFAULT_CACHE_BYTES,
@@ -712,6 +767,7 @@ impl Config {
                 "store.key_prefix = {prefix:?} must be non-empty and without braces"
             ));
         }
+        self.store.check_redis().map_err(ConfigError)?;
         if self.store.lease_ms < 300 {
             return fail(format!(
                 "store.lease_ms = {} is too short (minimum 300: it is renewed every third)",
@@ -1081,6 +1137,32 @@ mod tests {
         let c = Config::from_toml("[[upstream]]\nurl = \"http://a/\"\n").unwrap();
         assert!(c.access_log);
         assert!(c.metrics_tools.is_empty());
+    }
+
+    #[test]
+    fn a_password_in_the_redis_url_is_refused() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        for url in ["redis://:pw@r:6379/0", "rediss://user:pw@r:6380/0"] {
+            let toml = format!("[store]\nredis_url = \"{url}\"\n{up}");
+            let err = Config::from_toml(&toml).unwrap_err();
+            assert!(err.0.contains("store.redis_url holds a password"), "{err}");
+            assert!(!err.0.contains("pw"), "{err}");
+        }
+        let user_only = format!("[store]\nredis_url = \"rediss://user@r:6380/0\"\n{up}");
+        assert!(Config::from_toml(&user_only).is_ok());
+    }
+
+    #[test]
+    fn redis_tls_files_need_a_rediss_url_and_a_certificate_its_key() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let plain =
+            format!("[store]\nredis_url = \"redis://r/0\"\nredis_ca_file = \"/ca.pem\"\n{up}");
+        let err = Config::from_toml(&plain).unwrap_err();
+        assert!(err.0.contains("store.redis_ca_file is for TLS"), "{err}");
+        let half =
+            format!("[store]\nredis_url = \"rediss://r/0\"\nredis_client_cert = \"/c.pem\"\n{up}");
+        let err = Config::from_toml(&half).unwrap_err();
+        assert!(err.0.contains("go together"), "{err}");
     }
 
     #[test]

@@ -82,12 +82,11 @@ impl App {
             }
             (None, Backend::Redis) => {
                 let store = &config.store;
-                let lease = Duration::from_millis(store.lease_ms);
                 let lifetimes = Lifetimes::mirror(
                     Duration::from_secs(store.retention_secs),
                     Duration::from_secs(store.session_idle_secs),
                 );
-                let opened = RedisStore::open(&store.redis_url, &store.key_prefix, lease).await?;
+                let opened = RedisStore::open_configured(store).await?;
                 Arc::new(opened.with_lifetimes(lifetimes).with_workers(workers))
             }
         };

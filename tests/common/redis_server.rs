@@ -102,6 +102,19 @@ pub struct RedisServer {
     pub port: u16,
     dir: Option<tempfile::TempDir>,
     persistence: Persistence,
+    /// With TLS: the port it serves TLS on, and what it is run with.
+    tls: Option<Tls>,
+}
+
+/// A server's TLS: its port, its certificate and key files, and ACL users
+/// (name, password) besides `default`.
+#[derive(Clone)]
+pub struct Tls {
+    pub port: u16,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub users: Vec<(String, String)>,
 }
 
 impl RedisServer {
@@ -117,14 +130,46 @@ impl RedisServer {
             port: 0,
             dir: Some(dir),
             persistence,
+            tls: None,
         };
+        server.first_run()?;
+        Ok(server)
+    }
+
+    /// Starts one serving TLS too (on `tls.port`, chosen here), with its
+    /// ACL users; the plain port stays, for the readiness check.
+    pub fn start_tls(mut tls: Tls) -> Result<RedisServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-redis-tls-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
+        tls.port = free_port()?;
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence: Persistence::None,
+            tls: Some(tls),
+        };
+        server.first_run()?;
+        Ok(server)
+    }
+
+    /// The URL of its TLS port, by the name its certificate holds.
+    pub fn tls_url(&self) -> String {
+        let port = self.tls.as_ref().map_or(0, |t| t.port);
+        format!("rediss://localhost:{port}/0")
+    }
+
+    fn first_run(&mut self) -> Result<(), String> {
+        let server = self;
         // The free port is free when asked, not necessarily when Redis binds
         // it (another process may take it in between): a few fresh tries.
         let mut tries = 0;
         loop {
             server.port = free_port()?;
             match server.run() {
-                Ok(()) => return Ok(server),
+                Ok(()) => return Ok(()),
                 Err(Start::Exited(_)) if tries < 4 => tries += 1,
                 Err(Start::Exited(why) | Start::Failed(why)) => return Err(why),
             }
@@ -151,6 +196,20 @@ impl RedisServer {
             Persistence::None => cmd.args(["--appendonly", "no"]),
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
+        if let Some(tls) = &self.tls {
+            cmd.args(["--tls-port", &tls.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]);
+            for (user, password) in &tls.users {
+                let password = format!(">{password}");
+                cmd.args(["--user", user, "on", &password, "~*", "&*", "+@all"]);
+            }
+        }
         let child = spawn_tied(cmd).map_err(|e| {
             Start::Failed(if e.kind() == io::ErrorKind::NotFound {
                 MISSING.to_owned()

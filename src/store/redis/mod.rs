@@ -159,15 +159,19 @@ impl RedisStore {
     /// for a store that checks the server first); inside a Tokio runtime it
     /// starts following the feed and renewing its lease at once.
     pub fn new(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
-        let store = Self::build(url, prefix, lease)?;
+        let client = redis::Client::open(url).map_err(backend)?;
+        Self::with_client(client, prefix, lease)
+    }
+
+    fn with_client(client: redis::Client, prefix: &str, lease: Duration) -> Result<Self> {
+        let store = Self::build(client, prefix, lease)?;
         if tokio::runtime::Handle::try_current().is_ok() {
             store.start_tasks();
         }
         Ok(store)
     }
 
-    fn build(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
-        let client = redis::Client::open(url).map_err(backend)?;
+    fn build(client: redis::Client, prefix: &str, lease: Duration) -> Result<Self> {
         let first = connection(&client)?;
         let conn = PerWorker::new(0, |_| OnceLock::from(first.clone()));
         let store = Self {
@@ -230,11 +234,13 @@ impl RedisStore {
         self
     }
 
-    /// A store on `url` for looking only (`streams list|show`): no lease,
-    /// no feed listener, so it never counts as an instance.
-    pub async fn observer(url: &str, prefix: &str) -> Result<Self> {
-        let store = Self::build(url, prefix, Duration::ZERO)?;
-        store.probe(url).await?;
+    /// A store on the Redis `[store]` describes, for looking only
+    /// (`streams list|show`): no lease, no feed listener, so it never
+    /// counts as an instance.
+    pub async fn observer(config: &crate::config::StoreConfig) -> Result<Self> {
+        let client = endpoint::client(config)?;
+        let store = Self::build(client, &config.key_prefix, Duration::ZERO)?;
+        store.probe(&config.redis_url).await?;
         Ok(store)
     }
 
@@ -242,6 +248,16 @@ impl RedisStore {
     pub async fn open(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let store = Self::new(url, prefix, lease)?;
         store.probe(url).await?;
+        Ok(store)
+    }
+
+    /// Opens the log `[store]` describes: its URL (`rediss://` for TLS), ACL
+    /// user, password, CA and client certificate ([`endpoint`]).
+    pub async fn open_configured(config: &crate::config::StoreConfig) -> Result<Self> {
+        let lease = Duration::from_millis(config.lease_ms);
+        let client = endpoint::client(config)?;
+        let store = Self::with_client(client, &config.key_prefix, lease)?;
+        store.probe(&config.redis_url).await?;
         Ok(store)
     }
 
@@ -661,6 +677,7 @@ impl Store for RedisStore {
     }
 }
 
+pub mod endpoint;
 mod follow;
 mod lease;
 mod msgpack;

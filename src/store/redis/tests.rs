@@ -281,7 +281,14 @@ async fn a_first_subscribe_waiting_on_redis_leaves_its_thread_to_the_other_tasks
     // A "Redis" that accepts and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("redis://{}/0", silent.local_addr().unwrap());
-    let store = Arc::new(RedisStore::build(&url, "silent", TEST_LEASE).unwrap());
+    let store = Arc::new(
+        RedisStore::build(
+            redis::Client::open(url.as_str()).unwrap(),
+            "silent",
+            TEST_LEASE,
+        )
+        .unwrap(),
+    );
     let asking = {
         let store = store.clone();
         tokio::spawn(async move { store.subscribe(StreamId::random()).await })
@@ -342,7 +349,12 @@ async fn a_tail_left_unread_by_a_dropped_subscribe_is_read_by_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let a = open_store(dir.path(), SyncMode::Batch);
     // No feed listener: nothing but the subscribe may move B's tail.
-    let b = RedisStore::build(&url(), &prefix_of(dir.path()), TEST_LEASE).unwrap();
+    let b = RedisStore::build(
+        redis::Client::open(url()).unwrap(),
+        &prefix_of(dir.path()),
+        TEST_LEASE,
+    )
+    .unwrap();
     let m = crate::store::contract::meta(SessionId::random());
     a.create_stream(&m).await.unwrap();
     let two = [Bytes::from_static(b"x"), Bytes::from_static(b"y")];

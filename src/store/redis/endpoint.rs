@@ -1,0 +1,76 @@
+//! Where the Redis log is and how to reach it: the URL, the ACL user and its
+//! password, and for `rediss://` the CA to trust and a client certificate.
+//! Read once from `[store]` when the store opens, into one
+//! [`redis::Client`] every connection of the store is made from (commands,
+//! the live feed, the probe).
+//!
+//! The password never comes from the configuration file (validation refuses
+//! one in `redis_url`): from `redis_password_file`, else the environment.
+//! It must not appear in an error message; the URL may, since it holds none.
+
+use std::path::Path;
+
+use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
+
+use crate::config::StoreConfig;
+use crate::store::{Result, StoreError};
+
+/// The environment variable a password is taken from when no file is named.
+pub const PASSWORD_VAR: &str = "MCP_RESUME_PROXY_REDIS_PASSWORD";
+
+/// The Redis client `store` describes.
+pub fn client(store: &StoreConfig) -> Result<redis::Client> {
+    let url = &store.redis_url;
+    let mut info = url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: {e}")))?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &store.redis_username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = password(store)? {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    if !url.starts_with("rediss://") {
+        return redis::Client::open(info).map_err(|e| StoreError::Backend(e.to_string()));
+    }
+    let client_tls = match (&store.redis_client_cert, &store.redis_client_key) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read("store.redis_client_cert", cert)?,
+            client_key: read("store.redis_client_key", key)?,
+        }),
+        _ => None,
+    };
+    let root_cert = match &store.redis_ca_file {
+        Some(ca) => Some(read("store.redis_ca_file", ca)?),
+        None => None,
+    };
+    let certificates = TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    redis::Client::build_with_tls(info, certificates)
+        .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: TLS: {e}")))
+}
+
+/// The password: `redis_password_file`'s first line, else the environment.
+fn password(store: &StoreConfig) -> Result<Option<String>> {
+    if let Some(file) = &store.redis_password_file {
+        let text = read("store.redis_password_file", file)?;
+        let text = String::from_utf8(text).map_err(|_| {
+            StoreError::Backend(format!(
+                "store.redis_password_file = {}: not UTF-8",
+                file.display()
+            ))
+        })?;
+        let first = text.lines().next().unwrap_or_default().to_owned();
+        return Ok(Some(first));
+    }
+    Ok(std::env::var(PASSWORD_VAR).ok().filter(|p| !p.is_empty()))
+}
+
+fn read(key: &str, file: &Path) -> Result<Vec<u8>> {
+    std::fs::read(file).map_err(|e| StoreError::Backend(format!("{key} = {}: {e}", file.display())))
+}
