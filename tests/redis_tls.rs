@@ -71,15 +71,7 @@ async fn a_call_is_logged_and_resumed_over_tls_as_an_acl_user() {
         .await
         .expect("the proxy starts on TLS Redis");
     let client = McpClient::new(format!("http://{}/mcp", server.addr));
-    let sid = client.initialize(V_LATEST).await;
-    let res = client
-        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
-        .await;
-    let events = read_all(res).await;
-    let first = events
-        .iter()
-        .find_map(|e| e.id.clone())
-        .expect("an event id");
+    let (sid, first) = a_session_with_a_finished_call(&client).await;
     let resumed = client
         .send(Call::get().session(&sid).header("last-event-id", &first))
         .await;

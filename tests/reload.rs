@@ -274,15 +274,7 @@ async fn a_rotated_token_key_still_opens_the_handles_of_the_previous_one() {
     };
     let proxy = Reloadable::start(&tokens(&old, None)).await;
     let client = proxy.proxy.client();
-    let sid = client.initialize(V_LATEST).await;
-    let res = client
-        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
-        .await;
-    let events = read_all(res).await;
-    let first = events
-        .iter()
-        .find_map(|e| e.id.clone())
-        .expect("an event id");
+    let (sid, first) = a_session_with_a_finished_call(&client).await;
     let resume = || Call::get().session(&sid).header("last-event-id", &first);
     let page = proxy.reload(&tokens(&new, Some(&old))).await;
     assert_eq!(sample(&page, APPLIED), 1.0);

@@ -357,6 +357,21 @@ impl SseReader {
     }
 }
 
+/// A session with one short call read to its end: the session id, and the
+/// id of the call's first event (what a client that comes back names).
+pub async fn a_session_with_a_finished_call(client: &McpClient) -> (String, String) {
+    let sid = client.initialize(V_LATEST).await;
+    let res = client
+        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
+        .await;
+    let events = read_all(res).await;
+    let first = events
+        .iter()
+        .find_map(|e| e.id.clone())
+        .expect("an event id");
+    (sid, first)
+}
+
 pub async fn read_all(res: Response<Incoming>) -> Vec<Event> {
     let mut reader = SseReader::new(res);
     let mut events = Vec::new();
