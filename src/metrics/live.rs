@@ -39,6 +39,12 @@ impl LiveStreams {
         self.ids.remove(&id);
     }
 
+    /// The ids of those live, after dropping those the store says are not.
+    pub fn ids(&self, finished: impl Fn(StreamId) -> bool) -> Vec<StreamId> {
+        self.prune(finished);
+        self.ids.iter().map(|id| *id).collect()
+    }
+
     /// How many are live, after dropping those the store says are not.
     pub fn count(&self, finished: impl Fn(StreamId) -> bool) -> usize {
         self.prune(finished)

@@ -47,7 +47,7 @@ use crate::session::Sessions;
 use crate::store::journal::Journal;
 use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
-use crate::store::{SharedStore, StoreError, StreamMeta};
+use crate::store::{SharedStore, StoreError, StreamKind, StreamMeta};
 use crate::stream::Log;
 use crate::upstream::Upstream;
 use crate::workers::Workers;
@@ -132,6 +132,54 @@ impl App {
     /// What the running configuration makes of the proxy.
     fn now(&self) -> Arc<Configured> {
         self.configured.load_full()
+    }
+
+    /// Waits, until `deadline` at the latest, for the calls this process
+    /// forwards that a next start (or another instance) could not pick up
+    /// again: those whose upstream has not yet given an event id to resume
+    /// from (or never will: a stdio child). Stopped before that, their
+    /// upstream's answer would be lost and the call failed as of unknown
+    /// outcome, though the upstream finished it.
+    async fn settle_calls(&self, deadline: tokio::time::Instant) {
+        let mut told = false;
+        loop {
+            let waiting = self.unresumable_calls().await;
+            if waiting == 0 {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(calls = waiting, "grace period over; calls the upstream has not answered resumably will fail at the next start");
+                return;
+            }
+            if !told {
+                told = true;
+                tracing::info!(
+                    calls = waiting,
+                    "waiting for calls to reach a point they can be resumed from"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How many live calls of this process have no upstream event id to
+    /// resume from.
+    async fn unresumable_calls(&self) -> usize {
+        let log = &self.lasting.log;
+        let mut waiting = 0;
+        for id in log.live_ids() {
+            match log.meta(id).await {
+                Ok(Some(meta))
+                    if meta.kind == StreamKind::Request
+                        && meta.status.is_live()
+                        && meta.upstream.is_none() =>
+                {
+                    waiting += 1
+                }
+                _ => {}
+            }
+        }
+        waiting
     }
 
     /// Stops what runs on behalf of clients: stdio children.
@@ -536,10 +584,12 @@ impl Server {
     /// is flushed whatever its `sync` mode, and (for a shared log) the calls
     /// still running here are handed to the other instances.
     pub async fn shutdown(self) {
+        let grace_ends = tokio::time::Instant::now() + self.front_door.load().grace;
         self.drain();
         self.app.lasting.draining.cancel();
         self.stop.cancel();
         let _ = self.done.await;
+        self.app.settle_calls(grace_ends).await;
         self.sweeper.abort();
         self.app.stop_upstreams().await;
         let store = self.app.lasting.log.store();

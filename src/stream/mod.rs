@@ -160,6 +160,11 @@ impl Log {
         self.live.count(|id| self.finished(id))
     }
 
+    /// The streams this process opened that are still live.
+    pub fn live_ids(&self) -> Vec<StreamId> {
+        self.live.ids(|id| self.finished(id))
+    }
+
     /// Whether the store says `stream` left `Live` (or is gone), as far as
     /// this process knows without asking (the gauge's bookkeeping runs
     /// under a lock: a stream a shared log knows nothing of here counts as
