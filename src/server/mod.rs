@@ -49,6 +49,7 @@ use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StoreError, StreamMeta};
 use crate::stream::Log;
+use crate::traces::Tracer;
 use crate::upstream::Upstream;
 use crate::workers::Workers;
 
@@ -98,6 +99,7 @@ impl App {
             log,
             sessions,
             draining: CancellationToken::new(),
+            tracer: Tracer::start(&config.tracing)?,
         };
         let configured = Configured::build(config, &lasting, None)?;
         settle_sessions(&lasting, &configured.routes).await?;
@@ -148,7 +150,7 @@ impl App {
     /// body (see [`crate::access`]).
     pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
         let now = self.now();
-        let visit = now.access.arrived(req.method(), req.uri());
+        let visit = now.access.arrived(&req);
         let res = visit.scope(self.answer(&now, req, peer)).await;
         let status = res.status();
         res.map(|body| Metered::watched(body, visit, status))
@@ -526,8 +528,9 @@ impl Server {
     /// Shuts down gracefully: open SSE answers end with a `retry:` so their
     /// clients reconnect, no new connection is accepted, connections get
     /// the grace period to finish, stdio children are stopped, the log
-    /// is flushed whatever its `sync` mode, and (for a shared log) the calls
-    /// still running here are handed to the other instances.
+    /// is flushed whatever its `sync` mode, (for a shared log) the calls
+    /// still running here are handed to the other instances, and the spans
+    /// not yet exported are.
     pub async fn shutdown(self) {
         self.drain();
         self.app.lasting.draining.cancel();
@@ -545,6 +548,10 @@ impl Server {
         // The accept loop held the other reference; it is done.
         if let Some(workers) = Arc::into_inner(self.workers) {
             workers.finish().await;
+        }
+        // Last: the spans of the answers that just ended go out too.
+        if let Some(tracer) = &self.app.lasting.tracer {
+            tracer.shutdown().await;
         }
     }
 
