@@ -1,8 +1,8 @@
 //! OpenTelemetry traces, as an OTLP/HTTP collector receives them: a server
 //! span per request under the client's `traceparent`, a client span for the
-//! upstream exchange whose `traceparent` the upstream receives, one trace
-//! id across a call cut on one instance and resumed on another, and nothing
-//! at all with tracing off.
+//! upstream exchange whose `traceparent` the upstream receives (on its
+//! resumes too), one trace id across a call cut on one instance and
+//! resumed on another, and nothing at all with tracing off.
 
 mod common;
 mod traces {
@@ -152,6 +152,48 @@ async fn the_upstream_exchange_is_a_client_span_whose_traceparent_the_upstream_r
             .any(|h| h.get("traceparent").is_some_and(|v| v == &traceparent[..])),
         "the client's own traceparent was replaced"
     );
+    rig.proxy.take().expect("a proxy").shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_stream_the_proxy_resumes_is_an_event_of_the_exchange_under_its_traceparent() {
+    let receiver = Receiver::start().await;
+    let options = DemoOptions {
+        close_after_events: Some(2),
+        ..DemoOptions::default()
+    };
+    let mut rig = Rig::with(options, traced_to(&receiver, "proxy")).await;
+    let client = ClientTrace::new();
+    let (_, traceparent) = client.span();
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&slow_call(5, 4, 20)).session(&sid);
+    let res = rig
+        .client
+        .send(call.header("traceparent", &traceparent))
+        .await;
+    read_all(res).await;
+
+    let exchange = receiver
+        .span("the exchange with a resume", |s| {
+            is_client(s)
+                && s.trace_id() == client.trace_id
+                && s.has_event("mcp.proxy.upstream_resume")
+        })
+        .await;
+    let resume = (exchange.span.events.iter())
+        .find(|e| e.name == "mcp.proxy.upstream_resume")
+        .expect("the event");
+    let after = traces::receiver::attr(&resume.attributes, "mcp.proxy.resumed_after");
+    assert_eq!(after.as_deref(), Some("cut"));
+    // The resume (a GET with Last-Event-ID) is the same exchange.
+    let sent = format!("00-{}-{}-01", client.trace_id, exchange.span_id());
+    let received = rig.upstream.stats.requests.lock().unwrap().clone();
+    let resumed = received
+        .iter()
+        .filter(|h| h.contains_key("last-event-id"))
+        .collect::<Vec<_>>();
+    assert!(!resumed.is_empty(), "the proxy resumed upstream");
+    assert!(resumed.iter().all(|h| h["traceparent"] == sent[..]));
     rig.proxy.take().expect("a proxy").shutdown().await;
 }
 

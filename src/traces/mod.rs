@@ -267,10 +267,6 @@ impl Exchange {
         propagate::into_meta(message, &self.traceparent)
     }
 
-    pub fn traceparent(&self) -> &HeaderValue {
-        &self.traceparent
-    }
-
     pub fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
         self.with(|span| span.add_event(name, attributes));
     }
