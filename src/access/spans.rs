@@ -65,6 +65,7 @@ impl Visit {
     /// The span of an HTTP exchange, its `traceparent` written into
     /// `headers` in place of the client's.
     fn http_exchange(&self, headers: &mut HeaderMap, method: &'static str) -> Option<Exchange> {
+        self.access().tracer.as_ref()?;
         let exchange = self.exchange(method, [KeyValue::new("http.request.method", method)])?;
         exchange.stamp(headers);
         Some(exchange)
