@@ -31,7 +31,8 @@
 //! - [`task`]: what a durable task is, and how each protocol revision shows it.
 //! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.
 //! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
-//! - [`access`]: what each request was, noted along its path: the request series and the access log.
+//! - [`access`]: what each request was, noted along its path: the request series, the access log, its spans.
+//! - [`traces`]: OpenTelemetry: a running proxy's tracer, server and client spans, W3C trace context, OTLP export.
 //! - [`metrics`]: the Prometheus registry, owned by the log, rendered for `GET /metrics`.
 //! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.
 //! - [`auth`]: who a request speaks for: credential digest, identity header, JWT, introspection.
@@ -79,6 +80,7 @@ pub mod stream;
 pub mod task;
 pub mod tls;
 pub mod token;
+pub mod traces;
 pub mod upstream;
 pub mod workers;
 

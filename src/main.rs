@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use mcp_resume_proxy::config::traces::OtelEnv;
 use mcp_resume_proxy::config::{Config, LogFormat, UpstreamConfig};
 
 /// A reverse proxy that makes the requests of unmodified MCP servers resumable.
@@ -169,6 +170,9 @@ fn config(cli: &Cli) -> Result<Config, String> {
     if let Some(format) = cli.log_format {
         config.log_format = format;
     }
+    // `[tracing]` falls back on the standard OTEL_* variables.
+    let env = OtelEnv::read(|name| std::env::var(name).ok());
+    config.tracing = config.tracing.with_env(env);
     Ok(config)
 }
 

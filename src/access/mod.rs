@@ -3,7 +3,9 @@
 //! method and tool, the stream it read, whether it came back for one, how
 //! it ended — gathered in one [`Visit`] and given out once, when the
 //! answer's body ends or is dropped: to the request series
-//! ([`crate::metrics::requests`]) and as one access-log line ([`line`]).
+//! ([`crate::metrics::requests`]), as one access-log line ([`line`]), and,
+//! with tracing on, as the request's server span ([`spans`]), which the
+//! client spans of its upstream exchanges are children of.
 //!
 //! The request path notes a fact where it learns it, with [`note`], which
 //! finds the request's visit in a task-local scope around the handler: no
@@ -19,6 +21,7 @@
 mod away;
 mod body;
 mod line;
+mod spans;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -29,56 +32,81 @@ use tokio::time::Instant;
 
 use self::away::Departures;
 pub use self::body::Metered;
+pub use self::spans::{exchange, note_replayed, trace_into, traced, traced_message};
 use crate::id::StreamId;
 use crate::jsonrpc::{self, Body as Message};
 use crate::metrics::requests::{Destination, Method, Outcome, Request, Table};
 use crate::metrics::Replayed;
 use crate::session::Session;
+use crate::traces::{Ended, Tracer};
+use spans::Spans;
 
 tokio::task_local! {
     static VISIT: Visit;
 }
 
-/// What every visit of an app reports to: the request series, and whether
-/// access-log lines are written.
+/// What every visit of an app reports to: the request series, whether
+/// access-log lines are written, and where spans go.
 pub struct Access {
     requests: Arc<Table>,
     lines: bool,
     /// Whether `tools/call` requests carry their tool's name to the series.
     tool_labels: bool,
+    /// `None` with tracing off: no visit makes a span.
+    tracer: Option<Arc<Tracer>>,
+    /// The mount paths, by route index (a server span's `http.route`).
+    routes: Vec<Arc<str>>,
     /// Kept across reloads: a client away during one still comes back.
     departures: Arc<Departures>,
 }
 
+/// How one configuration reports its visits.
+pub struct Reporting {
+    pub requests: Arc<Table>,
+    /// Access-log lines.
+    pub lines: bool,
+    pub tool_labels: bool,
+    pub tracer: Option<Arc<Tracer>>,
+    /// The mount paths, in route order.
+    pub routes: Vec<Arc<str>>,
+}
+
 impl Access {
-    pub fn new(requests: Arc<Table>, lines: bool, tool_labels: bool) -> Arc<Self> {
-        Arc::new(Self {
-            requests,
-            lines,
-            tool_labels,
-            departures: Arc::default(),
-        })
+    pub fn new(reporting: Reporting) -> Arc<Self> {
+        Self::with_departures(reporting, Arc::default())
     }
 
     /// The same, for a reloaded configuration: the departures carry over.
-    pub fn reconfigured(&self, requests: Arc<Table>, lines: bool, tool_labels: bool) -> Arc<Self> {
+    pub fn reconfigured(&self, reporting: Reporting) -> Arc<Self> {
+        Self::with_departures(reporting, self.departures.clone())
+    }
+
+    fn with_departures(reporting: Reporting, departures: Arc<Departures>) -> Arc<Self> {
         Arc::new(Self {
-            requests,
-            lines,
-            tool_labels,
-            departures: self.departures.clone(),
+            requests: reporting.requests,
+            lines: reporting.lines,
+            tool_labels: reporting.tool_labels,
+            tracer: reporting.tracer,
+            routes: reporting.routes,
+            departures,
         })
     }
 
-    /// A request that just arrived.
-    pub fn arrived(self: &Arc<Self>, http_method: &http::Method, uri: &http::Uri) -> Visit {
+    /// A request that just arrived (its server span started, with tracing
+    /// on).
+    pub fn arrived<B>(self: &Arc<Self>, request: &http::Request<B>) -> Visit {
+        let (method, uri) = (request.method(), request.uri());
+        let spans = (self.tracer.as_ref()).map(|t| Spans::start(t, method, uri, request.headers()));
         Visit(Arc::new(Inner {
             access: self.clone(),
             arrived: Instant::now(),
-            http_method: http_method.clone(),
+            http_method: method.clone(),
             // (Shares the request's bytes: no copy.)
             uri: uri.clone(),
-            facts: Mutex::new(Facts::default()),
+            facts: Mutex::new(Facts {
+                spans,
+                ..Facts::default()
+            }),
         }))
     }
 }
@@ -113,6 +141,8 @@ pub struct Facts {
     /// place) is unfinished: the client comes back for the rest.
     pub stream_ended: bool,
     pub bytes_in: usize,
+    /// The request's spans, with tracing on.
+    spans: Option<Box<Spans>>,
 }
 
 impl Default for Facts {
@@ -128,6 +158,7 @@ impl Default for Facts {
             rpc: None,
             stream_ended: false,
             bytes_in: 0,
+            spans: None,
         }
     }
 }
@@ -169,8 +200,11 @@ impl Visit {
     /// it was dropped before (the client went away).
     fn ended(&self, answer: &Answered) {
         let total = self.0.arrived.elapsed();
-        let facts = self.facts();
+        let mut facts = self.facts();
         let outcome = outcome(&facts, answer);
+        if let Some(spans) = facts.spans.take() {
+            spans.end(&self.span_end(&facts, answer, outcome));
+        }
         let access = self.access();
         access.requests.record(&Request {
             route: facts.route,
@@ -196,6 +230,34 @@ impl Visit {
         if access.lines {
             let path = self.0.uri.path();
             line::write(&self.0.http_method, path, &facts, answer, outcome, total);
+        }
+    }
+}
+
+impl Visit {
+    /// What the server span says of the request when it ends.
+    fn span_end<'a>(&'a self, facts: &'a Facts, answer: &Answered, outcome: Outcome) -> Ended<'a> {
+        let route = match facts.route {
+            Destination::Mount(i) => self.access().routes.get(i),
+            _ => None,
+        };
+        let mcp_method = match facts.method {
+            Method::None | Method::Other | Method::Batch | Method::GetStream => None,
+            Method::DeleteSession | Method::Notification => None,
+            method => Some(method.as_str()),
+        };
+        Ended {
+            route,
+            status: answer.status.as_u16(),
+            mcp_method,
+            tool: facts.tool.as_deref(),
+            session: facts.session.as_ref().map(|s| s.id),
+            stream: facts.stream,
+            outcome: outcome.as_str(),
+            rpc_code: match facts.rpc {
+                Some(Rpc::Error(code)) => code,
+                _ => None,
+            },
         }
     }
 }
@@ -236,7 +298,8 @@ pub fn current() -> Option<Visit> {
 /// (for a `tools/call`, when something reads it) its tool.
 pub fn note_message(message: &Message, bytes: &[u8]) {
     let _ = VISIT.try_with(|visit| {
-        let wants_tool = visit.access().lines || visit.access().tool_labels;
+        let access = visit.access();
+        let wants_tool = access.lines || access.tool_labels || access.tracer.is_some();
         visit.note(|facts| {
             facts.bytes_in = bytes.len();
             facts.method = match message {

@@ -14,6 +14,9 @@ use crate::store::commit::SyncMode;
 
 pub mod auth;
 pub mod edge;
+pub mod traces;
+
+pub use traces::TracingConfig;
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -78,6 +81,9 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// How the principal of a request is found (`[auth]`).
     pub auth: auth::AuthConfig,
+    /// OpenTelemetry traces over OTLP/HTTP (`[tracing]`); off until an
+    /// endpoint is known.
+    pub tracing: TracingConfig,
     pub upstream: Vec<UpstreamConfig>,
 }
 
@@ -617,6 +623,7 @@ impl Default for Config {
             tokens: TokensConfig::default(),
             tls: None,
             auth: auth::AuthConfig::default(),
+            tracing: TracingConfig::default(),
             upstream: Vec::new(),
         }
     }
@@ -895,6 +902,7 @@ impl Config {
         }
         edge::validate(self).map_err(ConfigError)?;
         self.auth.validate()?;
+        self.tracing.validate()?;
         let mut paths = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter().enumerate() {
             let key = format!("upstream[{i}]");

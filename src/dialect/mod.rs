@@ -258,7 +258,7 @@ impl Context<'_> {
     /// on its request.
     pub fn replayed(&self, dialect: crate::metrics::Replayed) {
         self.log.metrics().replayed(dialect);
-        crate::access::note(|facts| facts.resumed = Some(dialect));
+        crate::access::note_replayed(dialect);
     }
 }
 

@@ -369,10 +369,11 @@ pub async fn delete(route: &Route, req: Request<Incoming>) -> Result<Response<Bo
     let upstream = match &route.upstream {
         Upstream::Http(up) => {
             let upstream_session = session.upstream_session();
+            let headers = access::traced(&parts.headers, "DELETE");
             Some(
                 up.send(
                     Method::DELETE,
-                    &parts.headers,
+                    &headers,
                     Bytes::new(),
                     upstream_session.as_deref(),
                 )

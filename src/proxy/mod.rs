@@ -56,6 +56,8 @@ pub struct Shared {
     /// with a `retry:` so their clients reconnect (here after a restart, or
     /// to another instance).
     pub draining: CancellationToken,
+    /// Where spans go; `None` with tracing off.
+    pub tracer: Option<Arc<crate::traces::Tracer>>,
 }
 
 impl Shared {
@@ -199,8 +201,16 @@ impl Route {
         // The client's headers died with the previous process (they are never
         // logged): an upstream that wants credentials on every request
         // refuses the resume, and the stream fails with an error entry.
+        let mut headers = HeaderMap::new();
+        // The context the stream was started under is not in the log: the
+        // takeover is a trace of its own.
+        let trace =
+            (self.shared.tracer.as_ref()).map(|t| Box::new(t.takeover(stream.id, stream.session)));
+        if let Some(trace) = &trace {
+            trace.stamp(&mut headers);
+        }
         let stream = Arc::new(stream.clone());
-        let relay = send::http::relay(self, upstream, session, stream, HeaderMap::new());
+        let relay = send::http::relay(self, upstream, session, stream, headers).traced(trace);
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true
     }

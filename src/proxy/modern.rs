@@ -25,7 +25,7 @@ pub async fn forward(
     upstream: &Arc<HttpUpstream>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Rejection> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let bytes = read_body(body, &route.shared.config).await?;
     note_request(&parts.headers, bytes.len());
     if let Some(answer) = super::tasks::claim(route, upstream, &parts, &bytes).await? {
@@ -33,6 +33,10 @@ pub async fn forward(
     }
     // A stray session id is the upstream's business (the spec tells modern
     // servers to ignore it): pass it through as it came.
+    access::trace_into(
+        &mut parts.headers,
+        crate::traces::method_name(&parts.method),
+    );
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);
     let res = upstream
         .send(parts.method, &parts.headers, bytes, session)

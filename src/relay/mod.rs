@@ -26,6 +26,7 @@ use crate::jsonrpc::RequestId;
 use crate::session::{Session, Sessions};
 use crate::store::{StreamKind, StreamMeta, StreamStatus, UpstreamMark};
 use crate::stream::Log;
+use crate::traces::Exchange;
 use crate::upstream::http::{HttpUpstream, Messages};
 use crate::upstream::ingest::{self, Batch, Recorded};
 use feed::{Fed, Feed};
@@ -54,12 +55,21 @@ pub struct Relay {
     pub session: Arc<Session>,
     /// Shared with the handler that answers the client from it.
     pub stream: Arc<StreamMeta>,
-    /// The client's end-to-end headers, reused to resume upstream.
+    /// The client's end-to-end headers, reused to resume upstream (with
+    /// tracing on, `traceparent` names `trace`).
     pub client_headers: HeaderMap,
     pub limits: LimitsConfig,
+    /// The span of the exchange this relay carries on (tracing on): ended
+    /// when the relay is dropped; upstream resumes are its events.
+    pub trace: Option<Box<Exchange>>,
 }
 
 impl Relay {
+    /// The same relay, carrying on the exchange `trace` spans.
+    pub fn traced(self, trace: Option<Box<Exchange>>) -> Self {
+        Self { trace, ..self }
+    }
+
     /// Logs every message of `messages` and then finishes the stream.
     pub fn run(self, messages: Messages) -> impl Future<Output = ()> + Send + 'static {
         // Boxed before the future is made (see "Memory per open stream" in

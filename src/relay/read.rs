@@ -29,6 +29,7 @@ use crate::session::stray::{Inlet, Stray};
 use crate::store::{StreamKind, StreamStatus};
 use crate::upstream::http::{carries_messages, within, Messages, UpstreamEvent};
 use crate::upstream::UpstreamError;
+use opentelemetry::KeyValue;
 
 /// Longest pause before reconnecting to an upstream stream, whatever its
 /// `retry:` says.
@@ -373,10 +374,15 @@ impl Relay {
             // The client's latest headers: its credential may have been
             // refreshed since the call began, or (after a restart) be known
             // only from its return.
-            let remembered = self.session.remembered_headers();
+            let mut remembered = self.session.remembered_headers();
             let headers = if remembered.is_empty() {
                 &self.client_headers
             } else {
+                // Their `traceparent` is the client's latest request's: the
+                // resume is this relay's exchange.
+                if let Some(trace) = &self.trace {
+                    trace.stamp(&mut remembered);
+                }
                 &remembered
             };
             let answer = (self.upstream)
@@ -386,6 +392,10 @@ impl Relay {
                 Ok(res) if carries_messages(&res) => {
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
                     self.log.metrics().upstream_resumed(after);
+                    if let Some(trace) = &self.trace {
+                        let after = KeyValue::new("mcp.proxy.resumed_after", after.as_str());
+                        trace.event("mcp.proxy.upstream_resume", vec![after]);
+                    }
                     reading.resumed = true;
                     return Ok(Box::new(Messages::new(res)));
                 }

@@ -15,13 +15,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::access::Access;
+use crate::access::{Access, Reporting};
 use crate::config::{Config, UpstreamConfig};
 use crate::edge::Edge;
 use crate::proxy::{Route, Shared};
 use crate::session::Sessions;
 use crate::stream::Log;
 use crate::token::Keyring;
+use crate::traces::Tracer;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::stdio::StdioUpstream;
 use crate::upstream::Upstream;
@@ -33,6 +34,9 @@ pub struct Lasting {
     pub sessions: Arc<Sessions>,
     /// Cancelled when the proxy starts shutting down.
     pub draining: CancellationToken,
+    /// Where spans go; `None` with tracing off. A `[tracing]` change
+    /// needs a restart (`reload.rs`).
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 /// One configuration, made into routes, an edge and settings.
@@ -60,6 +64,7 @@ impl Configured {
             keyring,
             auth,
             draining: lasting.draining.clone(),
+            tracer: lasting.tracer.clone(),
         });
         let routes = shared
             .config
@@ -76,11 +81,16 @@ impl Configured {
             .requests()
             .declare(&mounts, &config.metrics_tools);
         let tool_labels = !config.metrics_tools.is_empty();
+        let reporting = Reporting {
+            requests: table,
+            lines: config.access_log,
+            tool_labels,
+            tracer: lasting.tracer.clone(),
+            routes: mounts.iter().map(|m| Arc::from(*m)).collect(),
+        };
         let access = match before {
-            Some(before) => before
-                .access
-                .reconfigured(table, config.access_log, tool_labels),
-            None => Access::new(table, config.access_log, tool_labels),
+            Some(before) => before.access.reconfigured(reporting),
+            None => Access::new(reporting),
         };
         Ok(Configured {
             routes,

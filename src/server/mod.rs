@@ -49,6 +49,7 @@ use crate::store::redis::{Lifetimes, RedisStore};
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StoreError, StreamKind, StreamMeta};
 use crate::stream::Log;
+use crate::traces::Tracer;
 use crate::upstream::Upstream;
 use crate::workers::Workers;
 
@@ -97,6 +98,7 @@ impl App {
             log,
             sessions,
             draining: CancellationToken::new(),
+            tracer: Tracer::start(&config.tracing)?,
         };
         let configured = Configured::build(config, &lasting, None)?;
         settle_sessions(&lasting, &configured.routes).await?;
@@ -195,7 +197,7 @@ impl App {
     /// body (see [`crate::access`]).
     pub async fn handle(&self, req: Request<Incoming>, peer: Peer) -> Response<Metered> {
         let now = self.now();
-        let visit = now.access.arrived(req.method(), req.uri());
+        let visit = now.access.arrived(&req);
         let http1 = req.version() < http::Version::HTTP_2;
         let mut res = visit.scope(self.answer(&now, req, peer)).await;
         if http1 && self.unready.load(Ordering::Relaxed) {
@@ -581,8 +583,9 @@ impl Server {
     /// Shuts down gracefully: open SSE answers end with a `retry:` so their
     /// clients reconnect, no new connection is accepted, connections get
     /// the grace period to finish, stdio children are stopped, the log
-    /// is flushed whatever its `sync` mode, and (for a shared log) the calls
-    /// still running here are handed to the other instances.
+    /// is flushed whatever its `sync` mode, (for a shared log) the calls
+    /// still running here are handed to the other instances, and the spans
+    /// not yet exported are.
     pub async fn shutdown(self) {
         let grace_ends = tokio::time::Instant::now() + self.front_door.load().grace;
         self.drain();
@@ -602,6 +605,10 @@ impl Server {
         // The accept loop held the other reference; it is done.
         if let Some(workers) = Arc::into_inner(self.workers) {
             workers.finish().await;
+        }
+        // Last: the spans of the answers that just ended go out too.
+        if let Some(tracer) = &self.app.lasting.tracer {
+            tracer.shutdown().await;
         }
     }
 

@@ -14,8 +14,9 @@
 //!
 //! What the running process cannot change is refused with its key named:
 //! where it listens and keeps its log, the store, its worker threads, its log
-//! format, whether it serves TLS at all, and a stdio upstream (its children
-//! belong to sessions). An HTTP upstream may be added, removed or changed;
+//! format, `[tracing]` (its tracer and exporter are made at start-up),
+//! whether it serves TLS at all, and a stdio upstream (its children belong
+//! to sessions). An HTTP upstream may be added, removed or changed;
 //! the sessions of a removed one end for their clients (404), and those of a
 //! changed one meet the new server as after an upstream restart.
 
@@ -92,6 +93,10 @@ fn fixed(was: &Config, new: &Config) -> Result<(), Refused> {
     }
     if was.store != new.store {
         return restart("[store]");
+    }
+    if was.tracing != new.tracing {
+        // The tracer and its batch thread are made once, at start-up.
+        return restart("[tracing]");
     }
     if was.tls.is_some() != new.tls.is_some() {
         return restart("whether [tls] is set (the listener's scheme)");
@@ -173,6 +178,17 @@ mod tests {
         assert!(err.0.starts_with("data_dir cannot change"), "{err}");
         let err = fixed(&was, &config("[store]\nretention_secs = 5")).unwrap_err();
         assert!(err.0.starts_with("[store] cannot change"), "{err}");
+    }
+
+    #[test]
+    fn where_traces_go_cannot_change() {
+        let was = config("");
+        let on = config("[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"");
+        let err = fixed(&was, &on).unwrap_err();
+        assert!(err.0.starts_with("[tracing] cannot change"), "{err}");
+        let renamed = config("[tracing]\nservice_name = \"edge\"");
+        assert!(fixed(&was, &renamed).is_err());
+        assert!(fixed(&on, &on).is_ok());
     }
 
     #[test]

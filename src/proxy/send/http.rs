@@ -18,6 +18,7 @@ use http::{HeaderMap, Method, Response};
 use hyper::body::Incoming;
 
 use super::{Sent, Waiting};
+use crate::access;
 use crate::proxy::post::Post;
 use crate::proxy::{present, Rejection, Route};
 use crate::relay::Relay;
@@ -43,13 +44,16 @@ pub(super) async fn send(
     stream: &Arc<StreamMeta>,
     waiting: Waiting,
 ) -> Sent {
+    let mut headers = post.headers.clone();
+    let trace = access::exchange(&mut headers, "POST");
     let relay = relay(
         route,
         upstream,
         post.session.clone(),
         stream.clone(),
-        post.headers.clone(),
-    );
+        headers,
+    )
+    .traced(trace);
     let late = LateRefusal {
         log: relay.log.clone(),
         session: relay.session.clone(),
@@ -165,6 +169,9 @@ async fn exchange(relay: Relay, opens_session: bool, bytes: Bytes) -> Sent {
         }
     };
     relay.log.metrics().upstream_answer(&sent);
+    if let (Some(trace), Ok(res)) = (&relay.trace, &sent) {
+        trace.answered(res.status().as_u16());
+    }
     let res = match sent {
         Ok(res) if carries_messages(&res) => res,
         Ok(res) => return Sent::Refused(res),
@@ -221,12 +228,14 @@ pub(super) async fn standalone(
         }
     }
     let sessions = &route.shared.sessions;
+    let mut headers = headers.clone();
+    let trace = access::exchange(&mut headers, "GET");
     let res = renew::send(
         sessions,
         upstream,
         session,
         Method::GET,
-        headers,
+        &headers,
         Bytes::new(),
     )
     .await
@@ -243,14 +252,8 @@ pub(super) async fn standalone(
         .map_err(|e| refused(e.into()))?;
     session.set_standalone(Some(stream.id));
     let reader = log.attach(stream.id, 0);
-    let relay = relay(
-        route,
-        upstream,
-        session.clone(),
-        Arc::new(stream),
-        headers.clone(),
-    );
-    tokio::spawn(relay.run(Messages::new(res)));
+    let relay = relay(route, upstream, session.clone(), Arc::new(stream), headers);
+    tokio::spawn(relay.traced(trace).run(Messages::new(res)));
     Ok(reader)
 }
 
@@ -270,5 +273,6 @@ pub fn relay(
         stream,
         client_headers,
         limits: route.shared.config.limits.clone(),
+        trace: None,
     }
 }

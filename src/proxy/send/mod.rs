@@ -97,8 +97,9 @@ impl<'a> Target<'a> {
         match self {
             Target::Http(up) => {
                 let upstream_session = session.upstream_session();
+                let headers = crate::access::traced(headers, "POST");
                 let res = up
-                    .send(Method::POST, headers, bytes, upstream_session.as_deref())
+                    .send(Method::POST, &headers, bytes, upstream_session.as_deref())
                     .await?;
                 Ok(present::pass_through(res, Some(session.id)))
             }
@@ -153,7 +154,9 @@ async fn write(
     stream: &StreamMeta,
 ) -> Result<(), Rejection> {
     child.expect(stream, stream.progress.clone());
-    if let Err(e) = child.write(&post.bytes).await {
+    // With tracing on, its exchange's `traceparent` in `params._meta`.
+    let traced = crate::access::traced_message(&post.bytes);
+    if let Err(e) = child.write(traced.as_deref().unwrap_or(&post.bytes)).await {
         route.shared.log.metrics().upstream_error(&e);
         child.forget(stream.id);
         post.session.release(stream);

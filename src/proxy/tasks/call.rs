@@ -63,6 +63,8 @@ pub(super) async fn answer(
     // Counted from now, not from when it becomes a task: a burst of calls
     // must not pass the cap while none of them is a task yet.
     let counted = Counted::new(&route.tasks, &principal);
+    let mut headers = request.parts.headers.clone();
+    let trace = crate::access::exchange(&mut headers, "POST");
     let call = Call {
         log: route.shared.log.clone(),
         keyring: route.shared.keyring.clone(),
@@ -70,7 +72,8 @@ pub(super) async fn answer(
         tasks: route.tasks.clone(),
         route: route.path.clone(),
         principal,
-        headers: request.parts.headers.clone(),
+        headers,
+        trace,
         id: request.id.clone(),
         params: raw_params(&request.body).unwrap_or_default(),
     };
@@ -170,8 +173,11 @@ pub(super) struct Call {
     pub tasks: Arc<Tasks>,
     pub route: String,
     pub principal: String,
-    /// The client's headers, sent upstream as they came.
+    /// The client's headers, sent upstream as they came (with tracing on,
+    /// `traceparent` names `trace`).
     pub headers: HeaderMap,
+    /// The span of the call's exchange upstream, ended with the call.
+    pub trace: Option<Box<crate::traces::Exchange>>,
     /// The JSON-RPC id of the upstream request.
     pub id: RequestId,
     /// The call's `params`, raw: the template of the task's re-issues.
@@ -258,6 +264,9 @@ impl Call {
                             return Early::Running(Upstream::Head(send));
                         }
                     };
+                    if let (Some(trace), Ok(res)) = (&self.trace, &res) {
+                        trace.answered(res.status().as_u16());
+                    }
                     match res {
                         Err(e) => return Early::Answer(Decision::Refused(e.into())),
                         Ok(res) if !carries_messages(&res) => {

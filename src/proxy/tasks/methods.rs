@@ -203,6 +203,8 @@ async fn reissue(
             .await?;
         return Ok(());
     }
+    let mut headers = reissue_headers(&request.parts.headers, record);
+    let trace = crate::access::exchange(&mut headers, "POST");
     let call = Call {
         log: log.clone(),
         keyring: route.shared.keyring.clone(),
@@ -210,7 +212,8 @@ async fn reissue(
         tasks: route.tasks.clone(),
         route: route.path.clone(),
         principal: record.principal.clone(),
-        headers: reissue_headers(&request.parts.headers, record),
+        headers,
+        trace,
         id: id.clone(),
         params: record.request.clone(),
     };
