@@ -6,44 +6,24 @@ mod common;
 
 use std::time::Duration;
 
-use common::process::{free_addr, ProxyProcess};
+use common::process::OnAFile;
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use serde_json::{json, Value};
 
 /// A proxy process in front of a demo upstream, writing its log to a file.
 struct Logged {
-    proxy: ProxyProcess,
+    on: OnAFile,
     log: std::path::PathBuf,
-    _upstream: DemoUpstream,
-    _dir: tempfile::TempDir,
 }
 
 impl Logged {
     async fn start(extra_toml: &str) -> Self {
-        let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-            .await
-            .expect("demo upstream starts");
-        let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("proxy.toml");
-        let toml = format!(
-            "log_format = \"json\"\n{extra_toml}\n[[upstream]]\nurl = \"{}\"\n",
-            upstream.url()
-        );
-        std::fs::write(&file, toml).expect("config file");
-        let log = dir.path().join("proxy.log");
-        let file = file.display().to_string();
+        let toml = format!("log_format = \"json\"\n{extra_toml}");
         let env = [("RUST_LOG", "warn,access=info")];
-        let proxy =
-            ProxyProcess::start_logged(&["--config", &file], dir.path(), free_addr(), &env, &log)
-                .await;
-        Self {
-            proxy,
-            log,
-            _upstream: upstream,
-            _dir: dir,
-        }
+        let on = OnAFile::start(&toml, &env, true).await;
+        let log = on.dir.path().join("proxy.log");
+        Self { on, log }
     }
 
     /// The access lines written so far, as JSON.
@@ -78,7 +58,7 @@ impl Logged {
 #[tokio::test]
 async fn a_tool_call_is_one_line_naming_its_method_tool_session_and_outcome() {
     let logged = Logged::start("").await;
-    let client = logged.proxy.client();
+    let client = logged.on.proxy.client();
     let sid = client.initialize(V_LATEST).await;
     let call = tool_call(7, "echo", json!({"text": "a secret the log must not hold"}));
     let res = client.send(Call::post(&call).session(&sid)).await;
@@ -114,7 +94,7 @@ async fn a_tool_call_is_one_line_naming_its_method_tool_session_and_outcome() {
 #[tokio::test]
 async fn the_principal_is_written_hashed_and_tells_principals_apart() {
     let logged = Logged::start("[auth]\nprincipal = \"header\"\nheader = \"x-user\"").await;
-    let client = logged.proxy.client();
+    let client = logged.on.proxy.client();
     for user in ["alice", "bob"] {
         let init = Call::post(&initialize(V_LATEST)).header("x-user", user);
         let res = client.send(init).await;
@@ -153,7 +133,7 @@ async fn the_principal_is_written_hashed_and_tells_principals_apart() {
 #[tokio::test]
 async fn a_refused_request_is_logged_with_its_status_and_json_rpc_code() {
     let logged = Logged::start("").await;
-    let client = logged.proxy.client();
+    let client = logged.on.proxy.client();
     let call = Call::post(&tool_call(3, "echo", json!({"text": "x"})))
         .session(&"0".repeat(32))
         .header("authorization", "Bearer s3cret");
@@ -171,7 +151,7 @@ async fn a_refused_request_is_logged_with_its_status_and_json_rpc_code() {
 #[tokio::test]
 async fn the_query_string_is_never_written() {
     let logged = Logged::start("").await;
-    let url = format!("http://{}/healthz?token=hunter2", logged.proxy.addr);
+    let url = format!("http://{}/healthz?token=hunter2", logged.on.proxy.addr);
     let res = McpClient::new(url).send(Call::get()).await;
     assert_eq!(res.status(), StatusCode::OK);
     body_bytes(res).await;
@@ -185,14 +165,14 @@ async fn the_query_string_is_never_written() {
 #[tokio::test]
 async fn access_log_false_writes_no_line() {
     let logged = Logged::start("access_log = false").await;
-    let client = logged.proxy.client();
+    let client = logged.on.proxy.client();
     let sid = client.initialize(V_LATEST).await;
     let res = client
         .send(Call::post(&tool_call(2, "echo", json!({"text": "x"}))).session(&sid))
         .await;
     read_all(res).await;
     // The metrics page is served after the call's line would have been.
-    let url = format!("http://{}/metrics", logged.proxy.addr);
+    let url = format!("http://{}/metrics", logged.on.proxy.addr);
     body_bytes(McpClient::new(url).send(Call::get()).await).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(logged.lines().is_empty(), "{:?}", logged.lines());

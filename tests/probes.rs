@@ -9,7 +9,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::process::{free_addr, ProxyProcess};
+use common::process::{free_addr, OnAFile, ProxyProcess};
 use common::redis_server::{Persistence, RedisServer};
 use common::unwritable::{self, Unwritable};
 use common::*;
@@ -302,31 +302,10 @@ async fn a_draining_proxy_counts_as_not_ready_in_the_metrics() {
 // ---------------------------------------------------------------------------
 // Draining after a signal: the binary
 
-struct Draining {
-    proxy: ProxyProcess,
-    _upstream: DemoUpstream,
-    _dir: tempfile::TempDir,
-}
-
 /// The binary with `drain_delay_secs = drain`.
-async fn binary(drain: u64) -> Draining {
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("demo upstream starts");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("proxy.toml");
-    let toml = format!(
-        "drain_delay_secs = {drain}\nshutdown_grace_secs = 1\n[[upstream]]\nurl = \"{}\"\n",
-        upstream.url()
-    );
-    std::fs::write(&file, toml).expect("config file");
-    let file = file.display().to_string();
-    let proxy = ProxyProcess::start(&["--config", &file], dir.path(), free_addr(), &[]).await;
-    Draining {
-        proxy,
-        _upstream: upstream,
-        _dir: dir,
-    }
+async fn binary(drain: u64) -> OnAFile {
+    let toml = format!("drain_delay_secs = {drain}\nshutdown_grace_secs = 1");
+    OnAFile::start(&toml, &[], false).await
 }
 
 /// What `/readyz` answers once it stops saying "ready" after a signal.

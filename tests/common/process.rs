@@ -247,3 +247,40 @@ impl Crashable {
         self.restart().await;
     }
 }
+
+/// The binary on a configuration file of its own in front of an in-process
+/// demo upstream: `toml` (keys before the tables), then the `[[upstream]]`.
+pub struct OnAFile {
+    pub proxy: ProxyProcess,
+    pub dir: tempfile::TempDir,
+    _upstream: mcp_resume_proxy::demo::upstream::DemoUpstream,
+}
+
+impl OnAFile {
+    /// Starts it with `env`; its log goes to `dir/proxy.log` when `logged`,
+    /// else to the test's output.
+    pub async fn start(toml: &str, env: &[(&str, &str)], logged: bool) -> Self {
+        use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+        let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+            .await
+            .expect("demo upstream starts");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("proxy.toml");
+        let toml = format!("{toml}\n[[upstream]]\nurl = \"{}\"\n", upstream.url());
+        std::fs::write(&file, toml).expect("config file");
+        let file = file.display().to_string();
+        let args = ["--config", file.as_str()];
+        let proxy = match logged {
+            true => {
+                let log = dir.path().join("proxy.log");
+                ProxyProcess::start_logged(&args, dir.path(), free_addr(), env, &log).await
+            }
+            false => ProxyProcess::start(&args, dir.path(), free_addr(), env).await,
+        };
+        Self {
+            proxy,
+            dir,
+            _upstream: upstream,
+        }
+    }
+}
