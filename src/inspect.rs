@@ -85,7 +85,8 @@ impl Log {
         match backend {
             Backend::Redis => {
                 let store = &source.store;
-                let observer = RedisStore::observer(store);
+                let at = store.redis_endpoint();
+                let observer = RedisStore::observer(&at, &store.key_prefix);
                 Ok(Log::Redis(Box::new(observer.await?)))
             }
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),

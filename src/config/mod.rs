@@ -562,6 +562,18 @@ fn default_max_children() -> usize {
 pub const MAX_METRICS_TOOLS: usize = 32;
 
 impl StoreConfig {
+    /// How to reach the Redis log these keys describe.
+    pub fn redis_endpoint(&self) -> crate::store::redis::endpoint::Endpoint {
+        crate::store::redis::endpoint::Endpoint {
+            url: self.redis_url.clone(),
+            username: self.redis_username.clone(),
+            password_file: self.redis_password_file.clone(),
+            ca_file: self.redis_ca_file.clone(),
+            client_cert: self.redis_client_cert.clone(),
+            client_key: self.redis_client_key.clone(),
+        }
+    }
+
     /// The Redis keys that must agree with one another: no password in the
     /// URL (it would sit in the file and in every error message), TLS files
     /// only for `rediss://`, a client certificate with its key.

@@ -87,7 +87,9 @@ impl App {
                     Duration::from_secs(store.retention_secs),
                     Duration::from_secs(store.session_idle_secs),
                 );
-                let opened = RedisStore::open_configured(store).await?;
+                let lease = Duration::from_millis(store.lease_ms);
+                let at = store.redis_endpoint();
+                let opened = RedisStore::open_at(&at, &store.key_prefix, lease).await?;
                 Arc::new(opened.with_lifetimes(lifetimes).with_workers(workers))
             }
         };

@@ -1,32 +1,42 @@
-//! Where the Redis log is and how to reach it: the URL, the ACL user and its
-//! password, and for `rediss://` the CA to trust and a client certificate.
-//! Read once from `[store]` when the store opens, into one
-//! [`redis::Client`] every connection of the store is made from (commands,
-//! the live feed, the probe).
+//! Where the Redis log is and how to reach it ([`Endpoint`]): the URL, the
+//! ACL user and its password, and for `rediss://` the CA to trust and a
+//! client certificate. Made from `[store]` by the configuration, read once
+//! when the store opens, into one [`redis::Client`] every connection of the
+//! store is made from (commands, the live feed, the probe).
 //!
 //! The password never comes from the configuration file (validation refuses
 //! one in `redis_url`): from `redis_password_file`, else the environment.
 //! It must not appear in an error message; the URL may, since it holds none.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 
-use crate::config::StoreConfig;
 use crate::store::{Result, StoreError};
+
+/// How to reach the Redis log; `[store]`'s keys of the same names.
+#[derive(Clone, Debug, Default)]
+pub struct Endpoint {
+    pub url: String,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
 
 /// The environment variable a password is taken from when no file is named.
 pub const PASSWORD_VAR: &str = "MCP_RESUME_PROXY_REDIS_PASSWORD";
 
 /// The Redis client `store` describes.
-pub fn client(store: &StoreConfig) -> Result<redis::Client> {
-    let url = &store.redis_url;
+pub fn client(store: &Endpoint) -> Result<redis::Client> {
+    let url = &store.url;
     let mut info = url
         .as_str()
         .into_connection_info()
         .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: {e}")))?;
     let mut settings = info.redis_settings().clone();
-    if let Some(user) = &store.redis_username {
+    if let Some(user) = &store.username {
         settings = settings.set_username(user);
     }
     if let Some(password) = password(store)? {
@@ -36,14 +46,14 @@ pub fn client(store: &StoreConfig) -> Result<redis::Client> {
     if !url.starts_with("rediss://") {
         return redis::Client::open(info).map_err(|e| StoreError::Backend(e.to_string()));
     }
-    let client_tls = match (&store.redis_client_cert, &store.redis_client_key) {
+    let client_tls = match (&store.client_cert, &store.client_key) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
             client_cert: read("store.redis_client_cert", cert)?,
             client_key: read("store.redis_client_key", key)?,
         }),
         _ => None,
     };
-    let root_cert = match &store.redis_ca_file {
+    let root_cert = match &store.ca_file {
         Some(ca) => Some(read("store.redis_ca_file", ca)?),
         None => None,
     };
@@ -56,8 +66,8 @@ pub fn client(store: &StoreConfig) -> Result<redis::Client> {
 }
 
 /// The password: `redis_password_file`'s first line, else the environment.
-fn password(store: &StoreConfig) -> Result<Option<String>> {
-    if let Some(file) = &store.redis_password_file {
+fn password(store: &Endpoint) -> Result<Option<String>> {
+    if let Some(file) = &store.password_file {
         let text = read("store.redis_password_file", file)?;
         let text = String::from_utf8(text).map_err(|_| {
             StoreError::Backend(format!(

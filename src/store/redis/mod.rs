@@ -237,10 +237,10 @@ impl RedisStore {
     /// A store on the Redis `[store]` describes, for looking only
     /// (`streams list|show`): no lease, no feed listener, so it never
     /// counts as an instance.
-    pub async fn observer(config: &crate::config::StoreConfig) -> Result<Self> {
-        let client = endpoint::client(config)?;
-        let store = Self::build(client, &config.key_prefix, Duration::ZERO)?;
-        store.probe(&config.redis_url).await?;
+    pub async fn observer(at: &endpoint::Endpoint, prefix: &str) -> Result<Self> {
+        let client = endpoint::client(at)?;
+        let store = Self::build(client, prefix, Duration::ZERO)?;
+        store.probe(&at.url).await?;
         Ok(store)
     }
 
@@ -251,13 +251,12 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Opens the log `[store]` describes: its URL (`rediss://` for TLS), ACL
-    /// user, password, CA and client certificate ([`endpoint`]).
-    pub async fn open_configured(config: &crate::config::StoreConfig) -> Result<Self> {
-        let lease = Duration::from_millis(config.lease_ms);
-        let client = endpoint::client(config)?;
-        let store = Self::with_client(client, &config.key_prefix, lease)?;
-        store.probe(&config.redis_url).await?;
+    /// Opens the log at `at`: its URL (`rediss://` for TLS), ACL user,
+    /// password, CA and client certificate ([`endpoint`]).
+    pub async fn open_at(at: &endpoint::Endpoint, prefix: &str, lease: Duration) -> Result<Self> {
+        let client = endpoint::client(at)?;
+        let store = Self::with_client(client, prefix, lease)?;
+        store.probe(&at.url).await?;
         Ok(store)
     }
 
