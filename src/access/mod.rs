@@ -4,7 +4,7 @@
 //! it ended — gathered in one [`Visit`] and given out once, when the
 //! answer's body ends or is dropped: to the request series
 //! ([`crate::metrics::requests`]), as one access-log line ([`line`]), and,
-//! with tracing on, as the request's server span ([`spans`]), which the
+//! with tracing on, as the request's server span (`spans.rs`), which the
 //! client spans of its upstream exchanges are children of.
 //!
 //! The request path notes a fact where it learns it, with [`note`], which
