@@ -762,7 +762,7 @@ async fn run_call(
             Err(_) => break,
             Ok(Err(e)) => {
                 exchange.refused = e.is_connect();
-                exchange.unanswered = Some(error_chain(&e));
+                exchange.unanswered = Some(mcp_resume_proxy::tls::outbound::error_chain(&e));
                 record.exchanges.push(exchange);
                 sleep(KNOCK_EVERY).await;
                 continue;
@@ -813,7 +813,7 @@ async fn run_call(
                     break 'read Some(retry.unwrap_or(DEFAULT_RETRY_MS));
                 }
                 Ok(Some(Err(e))) => {
-                    exchange.broke = Some(error_chain(&e));
+                    exchange.broke = Some(mcp_resume_proxy::tls::outbound::error_chain(&e));
                     break 'read Some(KNOCK_EVERY.as_millis() as u64);
                 }
                 Ok(Some(Ok(frame))) => {
@@ -829,18 +829,6 @@ async fn run_call(
         }
     }
     record
-}
-
-/// An error with its sources, on one line.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// One client: a session, then slow calls back to back until `stop`.
