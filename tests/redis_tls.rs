@@ -16,7 +16,14 @@ const PASSWORD: &str = "a password only the file holds";
 
 /// A TLS Redis with the ACL user [`USER`], its certificate from `pki`.
 fn tls_redis(pki: &Pki) -> RedisServer {
+    tls_redis_asking(pki, false)
+}
+
+/// The same, asking clients for a certificate from `pki`'s CA when
+/// `client_certificates`.
+fn tls_redis_asking(pki: &Pki, client_certificates: bool) -> RedisServer {
     let tls = Tls {
+        client_certificates,
         port: 0,
         cert: pki.server_cert_file.clone(),
         key: pki.server_key_file.clone(),
@@ -150,4 +157,29 @@ async fn a_call_begun_on_one_instance_is_resumed_on_another_over_tls() {
     for server in servers {
         server.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_to_a_redis_that_asks_for_one() {
+    let pki = Pki::new();
+    let redis = tls_redis_asking(&pki, true);
+    let upstream = demo().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = config_on(&redis, &pki.ca_file, PASSWORD, dir.path());
+    config.upstream = vec![UpstreamConfig::new(upstream.url())];
+    let without = match Server::start(config.clone()).await {
+        Ok(_) => panic!("without a client certificate Redis refuses the connection"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(without.contains("redis"), "{without}");
+    let (cert, key) = pki.client_files("proxy");
+    config.store.redis_client_cert = Some(cert);
+    config.store.redis_client_key = Some(key);
+    let server = Server::start(config)
+        .await
+        .expect("the proxy starts with its certificate");
+    let client = McpClient::new(format!("http://{}/mcp", server.addr));
+    let (sid, _) = a_session_with_a_finished_call(&client).await;
+    assert!(!sid.is_empty());
+    server.shutdown().await;
 }

@@ -115,6 +115,8 @@ pub struct Tls {
     pub key: std::path::PathBuf,
     pub ca: std::path::PathBuf,
     pub users: Vec<(String, String)>,
+    /// Clients must present a certificate from `ca` (`tls-auth-clients`).
+    pub client_certificates: bool,
 }
 
 impl RedisServer {
@@ -204,7 +206,8 @@ impl RedisServer {
                 .arg(&tls.key)
                 .arg("--tls-ca-cert-file")
                 .arg(&tls.ca)
-                .args(["--tls-auth-clients", "no"]);
+                .arg("--tls-auth-clients")
+                .arg(if tls.client_certificates { "yes" } else { "no" });
             for (user, password) in &tls.users {
                 let password = format!(">{password}");
                 cmd.args(["--user", user, "on", &password, "~*", "&*", "+@all"]);

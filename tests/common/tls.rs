@@ -84,8 +84,8 @@ impl Pki {
         }
     }
 
-    /// A client certificate the CA issued to `name`.
-    pub fn client(&self, name: &str) -> Identity {
+    /// A client certificate the CA issued to `name`, and its key.
+    fn issue_client(&self, name: &str) -> (rcgen::Certificate, KeyPair) {
         let key = KeyPair::generate().expect("client key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
         params.distinguished_name.push(DnType::CommonName, name);
@@ -93,6 +93,25 @@ impl Pki {
         let cert = params
             .signed_by(&key, &self.ca)
             .expect("client certificate");
+        (cert, key)
+    }
+
+    /// A client certificate the CA issued to `name`, written as PEM files
+    /// (certificate, key) into this PKI's directory.
+    pub fn client_files(&self, name: &str) -> (PathBuf, PathBuf) {
+        let (cert, key) = self.issue_client(name);
+        let (cert_file, key_file) = (
+            self.dir.path().join(format!("{name}.pem")),
+            self.dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_file, cert.pem()).expect("write the client certificate");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write the client key");
+        (cert_file, key_file)
+    }
+
+    /// A client certificate the CA issued to `name`.
+    pub fn client(&self, name: &str) -> Identity {
+        let (cert, key) = self.issue_client(name);
         Identity {
             cert: cert.der().clone(),
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
