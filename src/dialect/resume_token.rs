@@ -70,24 +70,6 @@ pub fn possible(config: &ResumeTokensConfig, negotiated: &Negotiated) -> bool {
         && (!config.tools.is_empty() || negotiated.has(Dialect::ResumeTokens))
 }
 
-/// The name of the tool a `tools/call` calls.
-pub fn tool_name(bytes: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Params {
-        name: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Request {
-        method: Option<String>,
-        params: Option<Params>,
-    }
-    let request: Request = serde_json::from_slice(bytes).ok()?;
-    if request.method.as_deref() != Some("tools/call") {
-        return None;
-    }
-    request.params?.name
-}
-
 /// What progress an answer under a token delivers.
 #[derive(Clone, Debug)]
 enum Progress {

@@ -92,7 +92,7 @@ impl Command {
                     let Some(token) = jsonrpc::resume_token(bytes) else {
                         return Ok(None);
                     };
-                    let tool = resume_token::tool_name(bytes);
+                    let tool = jsonrpc::tool_name(bytes);
                     if !resume_token::applies(&config.resume_tokens, negotiated, tool.as_deref()) {
                         return Ok(None);
                     }

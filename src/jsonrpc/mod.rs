@@ -282,7 +282,8 @@ pub fn response_ids(bytes: &[u8]) -> Vec<RequestId> {
     }
 }
 
-/// Reads `params.name` of a `tools/call` request: the tool it calls.
+/// The tool a `tools/call` request calls (`params.name`), read in place
+/// when it holds no escapes; `None` for any other message.
 pub fn tool_name(bytes: &[u8]) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
     struct Params<'a> {
@@ -292,9 +293,14 @@ pub fn tool_name(bytes: &[u8]) -> Option<Cow<'_, str>> {
     #[derive(Deserialize)]
     struct Call<'a> {
         #[serde(borrow)]
+        method: Option<Text<'a>>,
+        #[serde(borrow)]
         params: Option<Params<'a>>,
     }
     let call: Call<'_> = serde_json::from_slice(bytes).ok()?;
+    if call.method.as_ref().map(|m| m.0.as_ref()) != Some("tools/call") {
+        return None;
+    }
     call.params?.name
 }
 
@@ -580,6 +586,16 @@ pub fn error_response_with_data(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tool_name_is_that_of_a_tools_call_only() {
+        let call = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"s\u0065arch","arguments":{}}}"#;
+        assert_eq!(tool_name(call).as_deref(), Some("search"));
+        let prompt =
+            br#"{"jsonrpc":"2.0","id":2,"method":"prompts/get","params":{"name":"greet"}}"#;
+        assert_eq!(tool_name(prompt), None);
+        assert_eq!(tool_name(b"not json"), None);
+    }
 
     #[test]
     fn a_glance_reads_the_envelope_and_progress_in_one_parse() {

@@ -59,7 +59,7 @@ pub async fn open(route: &Route, post: &Post) -> Result<Opened, Rejection> {
     // A leg is answered by its task, never with resume tokens.
     let tool = (post.leg.is_none()
         && resume_token::possible(&cx.config.resume_tokens, &negotiated))
-    .then(|| resume_token::tool_name(&post.bytes))
+    .then(|| crate::jsonrpc::tool_name(&post.bytes))
     .flatten();
     let meta = describe(post, &cx, &negotiated, tool.as_deref());
     let opening = negotiated.opening(&cx, &meta);

@@ -49,7 +49,9 @@ pub(super) async fn answer(
     upstream: &Arc<HttpUpstream>,
     request: &Modern<'_>,
 ) -> Result<Option<Response<Body>>, Rejection> {
-    let name = tool_name(&request.body).unwrap_or_default();
+    let name = crate::jsonrpc::tool_name(&request.body)
+        .map(std::borrow::Cow::into_owned)
+        .unwrap_or_default();
     check_header(request, &crate::upstream::headers::MCP_NAME, &name)?;
     let config = &upstream.config.tasks;
     if !wire::declared(&request.body) {
@@ -114,12 +116,6 @@ fn admit(route: &Route, principal: &str, id: &RequestId) -> Result<(), Rejection
         }
     }
     Ok(())
-}
-
-/// `params.name` of a `tools/call`.
-fn tool_name(body: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    Some(value.pointer("/params/name")?.as_str()?.to_owned())
 }
 
 /// `params` of a request, as the raw JSON text it came as.
