@@ -17,13 +17,13 @@
 //! a timeout.
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
-//! `scale` (default: all seven), `peers` (only with `--peers`: the `small` load through the Rust
+//! `observed`, `scale` (default: all eight), `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
 //! and `soak` (only when named, and alone: minutes of load on one proxy,
 //! its memory and pace per segment; `--scenario soak --check` fails past
 //! its bounds).
-//! `--smoke` runs the seven at tiny sizes in a few seconds and exits non-zero
+//! `--smoke` runs the eight at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
 //! one above (default) or `benches/support/fast_upstream.mjs` under node, the
@@ -33,7 +33,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `dialects`, `auth`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `auth`, `observed`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -42,6 +42,9 @@ mod fast_upstream;
 
 #[path = "../support/floor_proxy.rs"]
 mod floor_proxy;
+
+#[path = "../support/otlp_sink.rs"]
+mod otlp_sink;
 
 #[path = "../support/redis_keys.rs"]
 mod redis_keys;
@@ -69,6 +72,7 @@ mod dialects;
 mod histogram;
 mod idle;
 mod nginx;
+mod observed;
 mod peers;
 mod procs;
 mod replay;
@@ -115,7 +119,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|scale|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N]
@@ -403,6 +407,7 @@ impl Opts {
                 "idle",
                 "dialects",
                 "auth",
+                "observed",
                 "scale",
             ]
             .map(str::to_owned)
@@ -413,8 +418,8 @@ impl Opts {
         }
         for s in &o.scenarios {
             match s.as_str() {
-                "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "scale"
-                | "soak" => {}
+                "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "observed"
+                | "scale" | "soak" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -569,6 +574,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "idle" => bounded(limit, idle::run(o, bin)).await,
             "dialects" => bounded(limit, dialects::run(o, bin)).await,
             "auth" => bounded(limit, auth::run(o, bin)).await,
+            "observed" => bounded(limit, observed::run(o, bin)).await,
             "scale" => bounded(limit, scale::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
             "soak" => bounded(limit, soak::run(o, bin)).await,
@@ -591,8 +597,8 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" | "dialects" | "auth" => {
-            per_run * (o.rounds * o.concurrency.len() * 4) as u32 + Duration::from_secs(30)
+        "small" | "dialects" | "auth" | "observed" => {
+            per_run * (o.rounds * o.concurrency.len() * 5) as u32 + Duration::from_secs(30)
         }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {

@@ -107,6 +107,8 @@ pub struct Row {
     pub p50: f64,
     p99: f64,
     p999: f64,
+    /// Calls that counted, all rounds taken together.
+    pub calls: u64,
 }
 
 /// Rounds of every target in turn (direct, proxy, …, direct, proxy, …), so
@@ -140,6 +142,7 @@ pub async fn measure(targets: &[Target], c: usize, o: &Opts) -> Result<Vec<Row>>
             p50: hist.quantile_us(0.5),
             p99: hist.quantile_us(0.99),
             p999: hist.quantile_us(0.999),
+            calls: rs.iter().map(|r| r.requests).sum(),
         });
     }
     Ok(rows)
