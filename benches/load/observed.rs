@@ -117,8 +117,7 @@ fn allocations(targets: &[Target]) -> Vec<Option<u64>> {
 fn verdict(out: &mut String, rows: &[Row], before: &[f64], after: &[f64]) -> Result<()> {
     let per_call = |i: usize| (after[i] - before[i]) * 1e6 / rows[i].calls.max(1) as f64;
     let quiet = &rows[2];
-    for i in 2..rows.len() {
-        let row = &rows[i];
+    for (i, row) in rows.iter().enumerate().skip(2) {
         writeln!(
             out,
             "{}: {:.3}x quiet req/s, {:+.1} us p50 over quiet, {:.1} us CPU per call ({:+.1} %)",

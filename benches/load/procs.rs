@@ -189,7 +189,12 @@ pub async fn restart_proxy(
     )
     .await?;
     healthz(addr).await?;
-    Ok((p, t0.elapsed()))
+    let recovery = t0.elapsed();
+    // The proxy writes its log lines out every 100 ms: wait for those of
+    // its start-up (the journal's recovery figures) to be on disk before a
+    // caller reads them, or kills it (SIGKILL loses what is buffered).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok((p, recovery))
 }
 
 /// Waits for the answer to one `GET /healthz`: the proxy serves it only

@@ -5,8 +5,10 @@
 //! answer N progress notifications, for a larger log). One more call logs a
 //! long answer (`--replay-entries`) that is replayed from its first event
 //! id, before and after the proxy is killed with SIGKILL and started again on
-//! the same data (once per round): the median time from spawn to answering
-//! `GET /healthz` is its recovery, and its memory before and after is the
+//! the same data: once right after those writes, then once per round after
+//! 2.5 s without any (the journal checkpoints a quiet log). The time from
+//! spawn to answering `GET /healthz` is its recovery (the first kill's, and
+//! the median of the quiet ones), and its memory before and after is the
 //! index's cost per retained stream; then it is stopped gracefully
 //! (SIGTERM, as a rollout does) and started once more. The proxy's own log adds the journal's
 //! recovery time and how much log it replayed after its checkpoint, and the
@@ -33,23 +35,37 @@ use crate::replay::Logged;
 use crate::small::{measure, write_table};
 use crate::Opts;
 
+/// One start after SIGKILL: spawn to the first `/healthz` answer, and what
+/// the journal said of its recovery — its own time, the part of it reading
+/// the checkpoint (µs), and the log bytes it replayed (those after the
+/// checkpoint's cut).
+#[derive(Clone, Copy, Default)]
+struct Recovery {
+    total: Duration,
+    journal_ms: u64,
+    checkpoint_read_us: u64,
+    replayed: u64,
+}
+
+/// How long the log is left alone before the quiet kills: past the
+/// journal's quiet checkpoint (a second of no writes, looked at every
+/// second).
+const QUIET: Duration = Duration::from_millis(2500);
+
 /// The proxy after its last restart, and what the restarts found.
 struct Restarted {
     running: Proc,
-    /// The median time from spawn to the first `/healthz` answer.
-    recovery: Duration,
-    /// The data directory's size at the last kill.
+    /// Killed right after the writes (the fill, the logged call): the log
+    /// written since the size rule's last checkpoint is replayed.
+    mid_write: Recovery,
+    /// The median of the kills after [`QUIET`] of no writes.
+    quiet: Recovery,
     /// Spawn to `/healthz` after a graceful stop (SIGTERM), and the
     /// journal's part of it.
     after_stop: Duration,
     after_stop_journal_ms: u64,
+    /// The data directory's size at the last kill.
     log_bytes: u64,
-    /// What the journal said of its last recovery: its own time (ms), the
-    /// part of it reading the checkpoint (µs), and the log bytes it
-    /// replayed (those after its checkpoint's cut).
-    journal_ms: u64,
-    checkpoint_read_us: u64,
-    replayed: u64,
     /// The largest checkpoint the first proxy took while it was filled, the
     /// longest it held the journal's lock taking one (µs), and the longest
     /// it took to merge and write one off the lock (ms).
@@ -59,7 +75,7 @@ struct Restarted {
 }
 
 /// Kills the proxy with SIGKILL and starts it again on the same data,
-/// `times` times.
+/// `times` times: the first right away, the others after [`QUIET`].
 async fn kill_and_restart(
     times: usize,
     proxy: Proc,
@@ -68,9 +84,12 @@ async fn kill_and_restart(
 ) -> Result<Restarted> {
     let mut running = proxy;
     let mut recoveries = Vec::with_capacity(times);
-    let (mut log_bytes, mut journal_ms, mut replayed, mut checkpoint_read_us) = (0, 0, 0, 0);
+    let mut log_bytes = 0;
     let (mut checkpoint_bytes, mut checkpoint_held_us, mut checkpoint_written_ms) = (0, 0, 0);
     for i in 0..times {
+        if i > 0 {
+            tokio::time::sleep(QUIET).await;
+        }
         let dir = running
             .kill_keeping_dir()
             .ok_or_else(|| anyhow!("the proxy has no directory"))?;
@@ -83,15 +102,20 @@ async fn kill_and_restart(
         }
         log_bytes = dir_bytes(&dir.path().join("data"));
         let log = dir.path().join("proxy-restarted.log");
-        let (restarted, recovery) = restart_proxy(bin, dir, target.addr).await?;
+        let (restarted, total) = restart_proxy(bin, dir, target.addr).await?;
         let last = |key| logged_numbers(&log, "journal recovered", key).pop();
-        journal_ms = last("ms").unwrap_or(0);
-        checkpoint_read_us = last("checkpoint_us").unwrap_or(0);
-        replayed = last("replayed_bytes").unwrap_or(0);
-        recoveries.push(recovery);
+        recoveries.push(Recovery {
+            total,
+            journal_ms: last("ms").unwrap_or(0),
+            checkpoint_read_us: last("checkpoint_us").unwrap_or(0),
+            replayed: last("replayed_bytes").unwrap_or(0),
+        });
         running = restarted;
     }
-    recoveries.sort();
+    let mid_write = recoveries[0];
+    let mut quiet = recoveries.split_off(1);
+    quiet.sort_by_key(|r| r.total);
+    let quiet = quiet.get(quiet.len() / 2).copied().unwrap_or_default();
     // Then as a rollout restarts it: a graceful stop takes a last
     // checkpoint, and the start after it replays nothing.
     let dir = running.stop_keeping_dir(Duration::from_secs(60)).await?;
@@ -100,13 +124,11 @@ async fn kill_and_restart(
     let after_stop_journal_ms = logged_numbers(&log, "journal recovered", "ms").pop();
     Ok(Restarted {
         running,
-        recovery: recoveries[recoveries.len() / 2],
+        mid_write,
+        quiet,
         after_stop,
         after_stop_journal_ms: after_stop_journal_ms.unwrap_or(0),
         log_bytes,
-        journal_ms,
-        checkpoint_read_us,
-        replayed,
         checkpoint_bytes,
         checkpoint_held_us,
         checkpoint_written_ms,
@@ -132,17 +154,15 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let rss_before = rss_kib(proxy.pid())?;
         let Restarted {
             running,
-            recovery,
+            mid_write,
+            quiet,
             after_stop,
             after_stop_journal_ms,
             log_bytes,
-            journal_ms,
-            checkpoint_read_us,
-            replayed,
             checkpoint_bytes,
             checkpoint_held_us,
             checkpoint_written_ms,
-        } = kill_and_restart(o.rounds.max(1), proxy, bin, &target).await?;
+        } = kill_and_restart(o.rounds.max(1) + 1, proxy, bin, &target).await?;
         let rss_after = rss_kib(running.pid())?;
         let replay_after = replay_rate(&logged, &target, o.rounds).await?;
         let targets = [Target::direct(up_addr), target.clone()];
@@ -152,14 +172,23 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             write_table(&mut out, &title, c, o, &rows)?;
         }
         let mib = |bytes: u64| bytes as f64 / 1_048_576.0;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let kill = |r: Recovery| {
+            format!(
+                "{:.1} ({}; {:.1}; {:.1})",
+                ms(r.total),
+                r.journal_ms,
+                r.checkpoint_read_us as f64 / 1000.0,
+                mib(r.replayed)
+            )
+        };
         writeln!(
             summary,
-            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>12.1} {journal_ms:>11} {:>17.1} {after_stop_journal_ms:>13} {:>16.1} {:>12.1} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
+            "{retained:>9} {fill_secs:>7.1} {:>8.1} {rss_before:>15} {rss_after:>14} {:>27} {:>27} {:>17.1} {after_stop_journal_ms:>13} {:>15.1} {:>12.1} {checkpoint_written_ms:>11} {replay_before:>13.0} {replay_after:>14.0}",
             mib(log_bytes),
-            recovery.as_secs_f64() * 1000.0,
-            after_stop.as_secs_f64() * 1000.0,
-            checkpoint_read_us as f64 / 1000.0,
-            mib(replayed),
+            kill(mid_write),
+            kill(quiet),
+            ms(after_stop),
             mib(checkpoint_bytes),
             checkpoint_held_us as f64 / 1000.0,
         )?;
@@ -170,7 +199,11 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  recovery ms  journal ms  after SIGTERM ms  its journal ms  checkpoint read ms  replayed MiB  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
+        "recovery after SIGKILL: spawn to /healthz ms (the journal's ms; of it reading the checkpoint; MiB of log replayed)"
+    )?;
+    writeln!(
+        out,
+        "retained  fill s  log MiB  RSS KiB before  RSS KiB after  SIGKILL mid-write recovery  SIGKILL when quiet recovery  after SIGTERM ms  its journal ms  checkpoint MiB  its lock ms  written ms  replay msg/s  after restart"
     )?;
     out.push_str(&summary);
     writeln!(out)?;

@@ -81,6 +81,20 @@ const RECORD_TARGET: usize = 16 * 1024 * 1024;
 /// replays at most this much of the log beyond the checkpoint.
 const CHECKPOINT_EVERY: u64 = 16 * 1024 * 1024;
 
+/// A log that wrote nothing for this long gets a checkpoint, if enough was
+/// written since the last one ([`quiet_checkpoint_bytes`]): a crash after
+/// a quiet moment then replays (next to) nothing at the next start, where
+/// the size rule alone could leave [`CHECKPOINT_EVERY`] or more to replay.
+const QUIET_AFTER: Duration = Duration::from_secs(1);
+
+/// Log written since the last checkpoint that makes a quiet log take one:
+/// an eighth of the last checkpoint's size (at least 256 KiB), so that a
+/// trickle of calls writes checkpoints at most eight times as fast as it
+/// writes the log, and a large tier is not rewritten for a few calls.
+fn quiet_checkpoint_bytes(last_checkpoint: u64) -> u64 {
+    (last_checkpoint / 8).max(256 * 1024)
+}
+
 /// How often `sync = "never"` syncs in the background: what a power loss can
 /// take (a `kill -9` takes nothing: written records are in the page cache).
 const NEVER_SYNC_EVERY: Duration = Duration::from_millis(200);
@@ -248,6 +262,7 @@ impl Journal {
         if sync == SyncMode::Never {
             spawn_background_sync(Arc::downgrade(&journal));
         }
+        spawn_quiet_checkpoints(Arc::downgrade(&journal));
         let stopped = Arc::downgrade(&journal);
         journal.commit.when_stopped(move || {
             if let Some(journal) = stopped.upgrade() {
@@ -325,6 +340,35 @@ fn spawn_background_sync(journal: Weak<Journal>) {
             // A failure stops the log, and is logged, there.
             if let Err(e) = tokio::task::spawn_blocking(sync).await {
                 tracing::warn!(error = %e, "journal background sync did not run");
+            }
+        }
+    });
+}
+
+/// Looks at the log every [`QUIET_AFTER`], and checkpoints it when it
+/// wrote nothing since the last look ([`Journal::checkpoint_if_quiet`]).
+/// Stops when the journal is dropped.
+fn spawn_quiet_checkpoints(journal: Weak<Journal>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut tick = tokio::time::interval(QUIET_AFTER);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_seen = None;
+        loop {
+            tick.tick().await;
+            let Some(journal) = journal.upgrade() else {
+                return;
+            };
+            let Some(publish) = journal.checkpoint_if_quiet(&mut last_seen) else {
+                continue;
+            };
+            drop(journal);
+            // The merge and the write are long: off the runtime's threads,
+            // as a checkpoint the size rule takes runs on a thread of its own.
+            if let Err(e) = tokio::task::spawn_blocking(publish).await {
+                tracing::warn!(error = %e, "journal checkpoint did not run");
             }
         }
     });

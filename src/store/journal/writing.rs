@@ -102,6 +102,32 @@ impl Journal {
         }
     }
 
+    /// A checkpoint when the log is where `last_seen` saw it a tick ago
+    /// (nothing written since) and [`quiet_checkpoint_bytes`] or more were
+    /// written since the last checkpoint; `last_seen` becomes where it is
+    /// now. What it gives back merges and publishes the checkpoint, for the
+    /// caller to run off the lock.
+    ///
+    /// [`quiet_checkpoint_bytes`]: super::quiet_checkpoint_bytes
+    pub(super) fn checkpoint_if_quiet(
+        &self,
+        last_seen: &mut Option<(SegmentNo, u64)>,
+    ) -> Option<impl FnOnce() + Send + 'static> {
+        let mut inner = self.lock();
+        self.install_merged(&mut inner);
+        let now = (inner.writer.no, inner.writer.len);
+        let quiet = last_seen.replace(now) == Some(now);
+        let due = super::quiet_checkpoint_bytes(inner.checkpoint_bytes);
+        if !quiet || inner.since_checkpoint < due {
+            return None;
+        }
+        tracing::debug!(
+            since = inner.since_checkpoint,
+            "journal quiet; taking a checkpoint"
+        );
+        self.checkpoint(&mut inner)
+    }
+
     /// Takes a checkpoint of the index as every record written so far left
     /// it (`checkpoint.rs`), where the index and the log agree (every
     /// change updates the index in the lock hold that wrote its record).

@@ -3,6 +3,7 @@
 //! every segment, and a checkpoint that cannot be trusted is not used.
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -371,4 +372,45 @@ async fn a_journal_that_says_goodbye_replays_nothing_at_its_next_start() {
     for m in kept {
         assert_eq!(j.read_after(m.id, 0, 10).await.unwrap().len(), 3);
     }
+}
+
+#[tokio::test]
+async fn a_quiet_log_takes_a_checkpoint_so_a_crash_then_replays_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = journal_dir(dir.path());
+    let session = SessionId::random();
+    let j = open(dir.path());
+    let mut n = 0;
+    while j.lock().since_checkpoint < super::super::quiet_checkpoint_bytes(0) {
+        call(&j, session, &n.to_string(), 50, true).await;
+        n += 1;
+    }
+    assert!(!jdir.join(FILE).exists(), "below the size rule's bound");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while j.lock().since_checkpoint > 0 || j.checkpointing.load(Ordering::Acquire) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint while quiet"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Dropped without a goodbye, as a crash leaves it.
+    drop(j);
+    let j = open(dir.path());
+    assert_eq!(j.replayed(), 0, "started from the quiet checkpoint");
+    assert_eq!(j.streams_of_session(session).await.unwrap().len(), n);
+}
+
+#[tokio::test]
+async fn a_quiet_log_with_little_written_since_its_checkpoint_takes_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = journal_dir(dir.path());
+    let j = open(dir.path());
+    call(&j, SessionId::random(), "1", 3, true).await;
+    tokio::time::sleep(super::super::QUIET_AFTER * 3).await;
+    assert!(
+        !jdir.join(FILE).exists(),
+        "a few calls are replayed, not checkpointed"
+    );
+    assert!(j.lock().since_checkpoint > 0);
 }
