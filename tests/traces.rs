@@ -119,6 +119,47 @@ async fn each_request_is_a_server_span_under_the_client_s_traceparent() {
 }
 
 #[tokio::test]
+async fn spans_a_busy_collector_refused_are_sent_again_after_its_retry_after() {
+    let receiver = Receiver::start().await;
+    receiver.refuse(2, StatusCode::SERVICE_UNAVAILABLE);
+    let mut rig = Rig::with(DemoOptions::default(), traced_to(&receiver, "proxy")).await;
+    let client = ClientTrace::new();
+    call_from(&rig.client, &client.span().1).await;
+
+    call_span(&receiver, &client.trace_id).await;
+    let bodies = receiver.bodies();
+    // Exports run one at a time: the first batch is refused twice and
+    // taken at the third try, each time the same bytes.
+    assert!(bodies.len() >= 3, "{} exports", bodies.len());
+    assert!(bodies[1] == bodies[0] && bodies[2] == bodies[0]);
+    rig.proxy.take().expect("a proxy").shutdown().await;
+}
+
+#[tokio::test]
+async fn spans_a_collector_rejects_as_malformed_are_dropped_not_sent_again() {
+    let receiver = Receiver::start().await;
+    receiver.refuse(1, StatusCode::BAD_REQUEST);
+    let mut rig = Rig::with(DemoOptions::default(), traced_to(&receiver, "proxy")).await;
+    let client = ClientTrace::new();
+    call_from(&rig.client, &client.span().1).await;
+    // A later request's spans go out in an export of their own, after
+    // any retry of the refused one would have.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = ClientTrace::new();
+    call_from(&rig.client, &later.span().1).await;
+    call_span(&receiver, &later.trace_id).await;
+
+    let bodies = receiver.bodies();
+    let refused = &bodies[0];
+    assert_eq!(
+        bodies.iter().filter(|b| *b == refused).count(),
+        1,
+        "a 400 is not retried"
+    );
+    rig.proxy.take().expect("a proxy").shutdown().await;
+}
+
+#[tokio::test]
 async fn the_upstream_exchange_is_a_client_span_whose_traceparent_the_upstream_receives() {
     let receiver = Receiver::start().await;
     let mut rig = Rig::with(DemoOptions::default(), traced_to(&receiver, "proxy")).await;

@@ -15,6 +15,7 @@
 //! every `export_delay_ms`); nothing here waits on a collector, and a
 //! collector that is down costs dropped spans, never a request.
 
+mod encode;
 mod export;
 pub mod propagate;
 
@@ -26,7 +27,6 @@ use opentelemetry::trace::{
     Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, InstrumentationScope, KeyValue, Value};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider, Span,
 };
@@ -37,6 +37,12 @@ use crate::id::{hex, SessionId, StreamId};
 
 /// How long one export may take, answer included.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most attributes a server span gets ([`ServerSpan::end`]'s and the
+/// two it starts with), and a client span (its own and
+/// [`Exchange::answered`]'s).
+const SERVER_ATTRIBUTES: usize = 12;
+const CLIENT_ATTRIBUTES: usize = 5;
 
 /// How long a shutdown waits for the last spans to go out.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
@@ -56,16 +62,7 @@ impl Tracer {
         };
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| anyhow::anyhow!("tracing needs a tokio runtime: {e}"))?;
-        let client = export::Client::new(runtime, EXPORT_TIMEOUT).map_err(anyhow::Error::msg)?;
-        // The endpoint is given whole: the exporter reads no endpoint
-        // variable of its own (the configuration already has).
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(url.as_str())
-            .with_timeout(EXPORT_TIMEOUT)
-            .build()
+        let exporter = export::Exporter::new(runtime, &url, EXPORT_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{key} = {url:?}: {e}"))?;
         let mut batch = BatchConfigBuilder::default();
         if let Some(ms) = config.export_delay_ms {
@@ -141,14 +138,15 @@ impl Tracer {
     ) -> ServerSpan {
         let parent = propagate::parent(headers);
         let method = method_name(method);
+        // Room for what `end` adds: the span grows its list in place.
+        let mut attributes = Vec::with_capacity(SERVER_ATTRIBUTES);
+        attributes.push(KeyValue::new("http.request.method", method));
+        attributes.push(KeyValue::new("url.path", uri.path().to_owned()));
         let span = self
             .tracer
             .span_builder(method)
             .with_kind(SpanKind::Server)
-            .with_attributes([
-                KeyValue::new("http.request.method", method),
-                KeyValue::new("url.path", uri.path().to_owned()),
-            ])
+            .with_attributes(attributes)
             .start_with_context(&self.tracer, &parent);
         ServerSpan { span, method }
     }
@@ -161,11 +159,13 @@ impl Tracer {
         attributes: impl IntoIterator<Item = KeyValue>,
     ) -> Exchange {
         let parent = Context::new().with_remote_span_context(parent.clone());
+        let mut all = Vec::with_capacity(CLIENT_ATTRIBUTES);
+        all.extend(attributes);
         let span = self
             .tracer
             .span_builder(name)
             .with_kind(SpanKind::Client)
-            .with_attributes(attributes)
+            .with_attributes(all)
             .start_with_context(&self.tracer, &parent);
         Exchange::new(span)
     }

@@ -68,6 +68,12 @@ mod hex {
 struct Kept {
     spans: Vec<Received>,
     exports: usize,
+    /// Every export's body as it arrived, refused ones included.
+    bodies: Vec<Bytes>,
+    /// Exports still to be refused, and with which status (a 503 or a
+    /// 429 says `Retry-After: 0`).
+    refusals: usize,
+    refusal: Option<StatusCode>,
 }
 
 pub struct Receiver {
@@ -105,6 +111,20 @@ impl Receiver {
     /// The OTLP/HTTP base URL, as `[tracing] otlp_endpoint` takes it.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Refuses the next `n` exports with `status` (keeping nothing of
+    /// them).
+    pub fn refuse(&self, n: usize, status: StatusCode) {
+        let mut kept = self.kept.lock().unwrap();
+        kept.refusals = n;
+        kept.refusal = Some(status);
+    }
+
+    /// Every export's body, in the order they arrived (a retry sends the
+    /// same bytes again).
+    pub fn bodies(&self) -> Vec<Bytes> {
+        self.kept.lock().unwrap().bodies.clone()
     }
 
     /// How many export requests arrived.
@@ -154,9 +174,21 @@ async fn take(
         return Ok(res);
     }
     let body = req.into_body().collect().await?.to_bytes();
-    let export = ExportTraceServiceRequest::decode(body).expect("an ExportTraceServiceRequest");
+    let export =
+        ExportTraceServiceRequest::decode(body.clone()).expect("an ExportTraceServiceRequest");
     let mut kept = kept.lock().unwrap();
     kept.exports += 1;
+    kept.bodies.push(body);
+    if kept.refusals > 0 {
+        kept.refusals -= 1;
+        let mut res = Response::new(Full::new(Bytes::new()));
+        *res.status_mut() = kept.refusal.unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        res.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("0"),
+        );
+        return Ok(res);
+    }
     for resource_spans in export.resource_spans {
         let resource = resource_spans.resource.unwrap_or_default();
         let service = attr(&resource.attributes, "service.name").unwrap_or_default();
