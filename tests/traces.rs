@@ -15,6 +15,7 @@ use common::cluster::delete_prefix;
 use common::dialects::{read_then_cut, read_to_end};
 use common::*;
 use http::StatusCode;
+use mcp_resume_proxy::config::traces::OTEL_EXPORTER_OTLP_HEADERS;
 use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::id::{SessionId, StreamId};
@@ -156,6 +157,28 @@ async fn spans_a_collector_rejects_as_malformed_are_dropped_not_sent_again() {
         1,
         "a 400 is not retried"
     );
+    rig.proxy.take().expect("a proxy").shutdown().await;
+}
+
+#[tokio::test]
+async fn exports_carry_the_headers_otel_exporter_otlp_headers_names() {
+    let receiver = Receiver::start().await;
+    let traced = traced_to(&receiver, "proxy");
+    let with_headers = move |config: &mut Config| {
+        traced(config);
+        config.tracing.env.headers = Some((
+            "authorization=Bearer%20t0ken,x-tenant=blue".into(),
+            OTEL_EXPORTER_OTLP_HEADERS,
+        ));
+    };
+    let mut rig = Rig::with(DemoOptions::default(), with_headers).await;
+    let client = ClientTrace::new();
+    call_from(&rig.client, &client.span().1).await;
+
+    call_span(&receiver, &client.trace_id).await;
+    let headers = receiver.last_headers();
+    assert_eq!(headers["authorization"], "Bearer t0ken");
+    assert_eq!(headers["x-tenant"], "blue");
     rig.proxy.take().expect("a proxy").shutdown().await;
 }
 

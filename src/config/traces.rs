@@ -17,6 +17,8 @@ pub const TRACES_PATH: &str = "/v1/traces";
 pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
 
 /// The service name spans carry when neither the file nor the environment
 /// names one.
@@ -46,6 +48,10 @@ pub struct OtelEnv {
     pub endpoint: Option<String>,
     pub traces_endpoint: Option<String>,
     pub service_name: Option<String>,
+    /// Headers every export carries (a collector's API key, a tenant),
+    /// and the variable that gave them: the signal's, else the general
+    /// one.
+    pub headers: Option<(String, &'static str)>,
 }
 
 impl OtelEnv {
@@ -57,9 +63,17 @@ impl OtelEnv {
             endpoint: get(OTEL_EXPORTER_OTLP_ENDPOINT),
             traces_endpoint: get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT),
             service_name: get(OTEL_SERVICE_NAME),
+            headers: get(OTEL_EXPORTER_OTLP_TRACES_HEADERS)
+                .map(|h| (h, OTEL_EXPORTER_OTLP_TRACES_HEADERS))
+                .or_else(|| {
+                    get(OTEL_EXPORTER_OTLP_HEADERS).map(|h| (h, OTEL_EXPORTER_OTLP_HEADERS))
+                }),
         }
     }
 }
+
+/// One header an export carries.
+pub type ExportHeader = (http::HeaderName, http::HeaderValue);
 
 impl TracingConfig {
     /// The same, falling back on `env` where the file says nothing.
@@ -91,8 +105,35 @@ impl TracingConfig {
             .unwrap_or(DEFAULT_SERVICE_NAME)
     }
 
+    /// The headers every export carries: the OTLP exporter
+    /// specification's `key1=value1,key2=value2`, values percent-encoded.
+    /// An error names the variable, never a value (it may be a secret).
+    pub fn export_headers(&self) -> Result<Vec<ExportHeader>, ConfigError> {
+        let Some((list, var)) = &self.env.headers else {
+            return Ok(Vec::new());
+        };
+        let mut headers = Vec::new();
+        for (n, pair) in list.split(',').enumerate() {
+            if pair.trim().is_empty() {
+                continue;
+            }
+            let bad = |what: &str| ConfigError(format!("{var}: entry {} {what}", n + 1));
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("is not key=value"))?;
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| bad("does not name a header"))?;
+            let value = percent_encoding::percent_decode_str(value.trim()).collect::<Vec<u8>>();
+            let value = http::HeaderValue::from_bytes(&value)
+                .map_err(|_| bad("has a value no header may hold"))?;
+            headers.push((name, value));
+        }
+        Ok(headers)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |msg: String| Err(ConfigError(msg));
+        self.export_headers()?;
         if let Some((url, key)) = self.traces_url() {
             let ok = url.parse::<http::Uri>().is_ok_and(|uri| {
                 matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some()
@@ -121,6 +162,55 @@ fn with_traces_path(base: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_headers(list: &str) -> TracingConfig {
+        TracingConfig::default().with_env(OtelEnv {
+            headers: Some((list.into(), OTEL_EXPORTER_OTLP_HEADERS)),
+            ..OtelEnv::default()
+        })
+    }
+
+    #[test]
+    fn export_headers_are_key_value_pairs_with_percent_encoded_values() {
+        let config = with_headers("api-key=s%3Dcr%2Ct , X-Tenant = t1,,authorization=Bearer%20abc");
+        let headers: Vec<(String, String)> = config
+            .export_headers()
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let want = [
+            ("api-key", "s=cr,t"),
+            ("x-tenant", "t1"),
+            ("authorization", "Bearer abc"),
+        ];
+        assert_eq!(headers, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    }
+
+    #[test]
+    fn a_bad_export_header_is_refused_naming_the_variable_and_not_the_value() {
+        for list in ["novalue", "bad name=x", "k=line%0Abreak"] {
+            let err = with_headers(list).validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with("OTEL_EXPORTER_OTLP_HEADERS: entry 1"),
+                "{err}"
+            );
+            assert!(!err.contains("break") && !err.contains("novalue"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_signal_s_headers_variable_wins_over_the_general_one() {
+        let env = OtelEnv::read(|name| match name {
+            OTEL_EXPORTER_OTLP_HEADERS => Some("a=1".into()),
+            OTEL_EXPORTER_OTLP_TRACES_HEADERS => Some("b=2".into()),
+            _ => None,
+        });
+        assert_eq!(
+            env.headers,
+            Some(("b=2".into(), OTEL_EXPORTER_OTLP_TRACES_HEADERS))
+        );
+    }
 
     fn parse(text: &str) -> Result<TracingConfig, ConfigError> {
         let config: TracingConfig = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;

@@ -32,6 +32,7 @@ use opentelemetry_sdk::Resource;
 use tokio::runtime::Handle;
 use tokio::time::Instant;
 
+use crate::config::traces::ExportHeader;
 use crate::tls::outbound::{self, Connector};
 
 /// Largest collector answer read (an `ExportTraceServiceResponse` is a
@@ -52,6 +53,8 @@ pub struct Exporter {
     runtime: Handle,
     pool: Pool<Connector, Full<Bytes>>,
     url: Uri,
+    /// Sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`).
+    headers: Arc<[ExportHeader]>,
     /// The whole export, retries included.
     timeout: Duration,
     /// The resource every span comes from (the provider sets it).
@@ -69,8 +72,14 @@ impl std::fmt::Debug for Exporter {
 
 impl Exporter {
     /// An exporter to `url` (the traces URL, `/v1/traces` included) whose
-    /// requests run on `runtime`, each export given `timeout`.
-    pub fn new(runtime: Handle, url: &str, timeout: Duration) -> Result<Self, String> {
+    /// requests, carrying `headers`, run on `runtime`, each export given
+    /// `timeout`.
+    pub fn new(
+        runtime: Handle,
+        url: &str,
+        headers: Vec<ExportHeader>,
+        timeout: Duration,
+    ) -> Result<Self, String> {
         let url: Uri = url.parse().map_err(|e| format!("{e}"))?;
         if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
             return Err("not an http:// or https:// URL".into());
@@ -88,6 +97,7 @@ impl Exporter {
             runtime,
             pool,
             url,
+            headers: headers.into(),
             timeout,
             resource: Arc::from([]),
         })
@@ -102,6 +112,7 @@ impl SpanExporter for Exporter {
         let send = Send {
             pool: self.pool.clone(),
             url: self.url.clone(),
+            headers: self.headers.clone(),
             body: Bytes::from(body),
             deadline: Instant::now() + self.timeout,
         };
@@ -125,6 +136,7 @@ impl SpanExporter for Exporter {
 struct Send {
     pool: Pool<Connector, Full<Bytes>>,
     url: Uri,
+    headers: Arc<[ExportHeader]>,
     body: Bytes,
     deadline: Instant,
 }
@@ -158,13 +170,16 @@ impl Send {
     }
 
     async fn once(&self) -> Result<(), Failed> {
-        let request = Request::post(self.url.clone())
+        let mut request = Request::post(self.url.clone())
             .header(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/x-protobuf"),
             )
             .body(Full::new(self.body.clone()))
             .map_err(|e| Failed::Final(e.to_string()))?;
+        for (name, value) in self.headers.iter() {
+            request.headers_mut().append(name.clone(), value.clone());
+        }
         let answer = match self.pool.request(request).await {
             Ok(answer) => answer,
             Err(e) => return Err(Failed::Retry(format!("{}: {e}", self.url), None)),

@@ -62,7 +62,8 @@ impl Tracer {
         };
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| anyhow::anyhow!("tracing needs a tokio runtime: {e}"))?;
-        let exporter = export::Exporter::new(runtime, &url, EXPORT_TIMEOUT)
+        let headers = config.export_headers()?;
+        let exporter = export::Exporter::new(runtime, &url, headers, EXPORT_TIMEOUT)
             .map_err(|e| anyhow::anyhow!("{key} = {url:?}: {e}"))?;
         let mut batch = BatchConfigBuilder::default();
         if let Some(ms) = config.export_delay_ms {

@@ -70,6 +70,8 @@ struct Kept {
     exports: usize,
     /// Every export's body as it arrived, refused ones included.
     bodies: Vec<Bytes>,
+    /// The headers of the last export.
+    headers: http::HeaderMap,
     /// Exports still to be refused, and with which status (a 503 or a
     /// 429 says `Retry-After: 0`).
     refusals: usize,
@@ -127,6 +129,11 @@ impl Receiver {
         self.kept.lock().unwrap().bodies.clone()
     }
 
+    /// The headers the last export came with.
+    pub fn last_headers(&self) -> http::HeaderMap {
+        self.kept.lock().unwrap().headers.clone()
+    }
+
     /// How many export requests arrived.
     pub fn exports(&self) -> usize {
         self.kept.lock().unwrap().exports
@@ -173,12 +180,14 @@ async fn take(
         *res.status_mut() = StatusCode::NOT_FOUND;
         return Ok(res);
     }
+    let headers = req.headers().clone();
     let body = req.into_body().collect().await?.to_bytes();
     let export =
         ExportTraceServiceRequest::decode(body.clone()).expect("an ExportTraceServiceRequest");
     let mut kept = kept.lock().unwrap();
     kept.exports += 1;
     kept.bodies.push(body);
+    kept.headers = headers;
     if kept.refusals > 0 {
         kept.refusals -= 1;
         let mut res = Response::new(Full::new(Bytes::new()));
