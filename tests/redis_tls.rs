@@ -183,3 +183,32 @@ async fn a_client_certificate_is_presented_to_a_redis_that_asks_for_one() {
     assert!(!sid.is_empty());
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_from_the_environment_logs_in_the_acl_user() {
+    let pki = Pki::new();
+    let redis = tls_redis(&pki);
+    let keys = tempfile::tempdir().expect("temp dir");
+    let key = keys.path().join("token.key");
+    std::fs::write(&key, [7u8; 32]).expect("key file");
+    let toml = format!(
+        "[store]\nbackend = \"redis\"\nredis_url = \"{}\"\nredis_username = \"{USER}\"\n\
+         redis_ca_file = \"{}\"\nkey_prefix = \"env-password\"\n\n[tokens]\nkey_file = \"{}\"\n",
+        redis.tls_url(),
+        pki.ca_file.display(),
+        key.display(),
+    );
+    let env = [("MCP_RESUME_PROXY_REDIS_PASSWORD", PASSWORD)];
+    let on = common::process::OnAFile::start(&toml, &env, false).await;
+    let client = McpClient::new(format!("http://{}/mcp", on.proxy.addr));
+    a_session_with_a_finished_call(&client).await;
+    // The server's `default` user needs no password: what shows the
+    // password was used is who the proxy's connections are.
+    let mut plain = common::redis_server::connect(&redis.url()).expect("the plain port");
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut plain)
+        .expect("CLIENT LIST");
+    let as_user = format!("user={USER} ");
+    assert!(clients.contains(&as_user), "{clients}");
+}
