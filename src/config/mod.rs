@@ -450,6 +450,14 @@ pub struct StoreConfig {
     /// calls without renewing its lease; after that, another instance takes
     /// them over (so also the longest a call of a dead instance waits).
     pub lease_ms: u64,
+    /// With `backend = "redis"`: how many replicas must hold a write before
+    /// the proxy counts it written (Redis `WAIT` after each), so that a
+    /// failover loses nothing a client was told; 0 (the default): the
+    /// primary's answer is enough, as Redis replicates asynchronously.
+    pub min_replicas: u32,
+    /// How long a write waits for `min_replicas` replicas before it fails
+    /// (milliseconds; unset: [`DEFAULT_REPLICA_WAIT_MS`]).
+    pub replica_wait_ms: Option<u64>,
     /// Bytes of sled's page cache (`backend = "sled"`): what the sled log
     /// may keep in memory however much it retains (sled's own default is 1
     /// GiB).
@@ -561,6 +569,13 @@ fn default_max_children() -> usize {
 /// The most tool names `metrics_tools` may list.
 pub const MAX_METRICS_TOOLS: usize = 32;
 
+/// How long a write waits for its replicas when `replica_wait_ms` is unset.
+pub const DEFAULT_REPLICA_WAIT_MS: u64 = 1_000;
+
+/// The longest `replica_wait_ms`: a write holds its client's call (and the
+/// commands behind it on its connection) for as long.
+pub const MAX_REPLICA_WAIT_MS: u64 = 60_000;
+
 impl StoreConfig {
     /// How to reach the Redis log these keys describe.
     pub fn redis_endpoint(&self) -> crate::store::redis::endpoint::Endpoint {
@@ -571,6 +586,50 @@ impl StoreConfig {
             ca_file: self.redis_ca_file.clone(),
             client_cert: self.redis_client_cert.clone(),
             client_key: self.redis_client_key.clone(),
+        }
+    }
+
+    /// How many replicas a write waits for, and how long.
+    pub fn replicas(&self) -> crate::store::redis::Replicas {
+        let wait_ms = self.replica_wait_ms.unwrap_or(DEFAULT_REPLICA_WAIT_MS);
+        crate::store::redis::Replicas {
+            min: self.min_replicas,
+            wait: std::time::Duration::from_millis(wait_ms),
+        }
+    }
+
+    /// `min_replicas` and `replica_wait_ms`: Redis only (the other logs
+    /// are on this machine, with no replica to wait for), and a wait that
+    /// ends (`WAIT` with 0 would wait forever).
+    fn check_replicas(&self) -> Result<(), String> {
+        let wait_ms = self.replica_wait_ms;
+        if self.backend != Backend::Redis {
+            if self.min_replicas > 0 {
+                return Err(format!(
+                    "store.min_replicas = {} needs backend = \"redis\": the journal and sled \
+                     logs are on this machine, with no replica to wait for",
+                    self.min_replicas
+                ));
+            }
+            if wait_ms.is_some() {
+                return Err(
+                    "store.replica_wait_ms is for backend = \"redis\" (with store.min_replicas)"
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
+        match wait_ms {
+            Some(0) if self.min_replicas > 0 => Err(
+                "store.replica_wait_ms = 0 would let a write wait for its replicas forever \
+                 (Redis WAIT 0): give it at least 1"
+                    .into(),
+            ),
+            Some(ms) if ms > MAX_REPLICA_WAIT_MS => Err(format!(
+                "store.replica_wait_ms = {ms} is more than {MAX_REPLICA_WAIT_MS}: a write holds \
+                 its client's call while it waits"
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -666,6 +725,8 @@ impl Default for StoreConfig {
             redis_client_key: None,
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
+            min_replicas: 0,
+            replica_wait_ms: None,
             sled_cache_bytes: crate::store::sled::DEFAULT_CACHE_BYTES,
         }
     }
@@ -787,6 +848,7 @@ impl Config {
             ));
         }
         self.store.check_redis().map_err(ConfigError)?;
+        self.store.check_replicas().map_err(ConfigError)?;
         if self.store.lease_ms < 300 {
             return fail(format!(
                 "store.lease_ms = {} is too short (minimum 300: it is renewed every third)",
@@ -1183,6 +1245,54 @@ mod tests {
             format!("[store]\nredis_url = \"rediss://r/0\"\nredis_client_cert = \"/c.pem\"\n{up}");
         let err = Config::from_toml(&half).unwrap_err();
         assert!(err.0.contains("go together"), "{err}");
+    }
+
+    #[test]
+    fn a_write_waits_for_no_replica_by_default_and_for_a_second_when_asked() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        let c = Config::from_toml(up).unwrap();
+        assert_eq!(c.store.replicas().min, 0);
+        let redis = "[store]\nbackend = \"redis\"\nmin_replicas = 2\n";
+        let key = "[tokens]\nkey_file = \"k\"\n";
+        let c = Config::from_toml(&format!("{redis}{key}{up}")).unwrap();
+        let replicas = c.store.replicas();
+        assert_eq!(replicas.min, 2);
+        assert_eq!(replicas.wait, std::time::Duration::from_millis(1_000));
+        let c = Config::from_toml(&format!("{redis}replica_wait_ms = 250\n{key}{up}")).unwrap();
+        assert_eq!(c.store.replicas().wait.as_millis(), 250);
+    }
+
+    #[test]
+    fn min_replicas_and_replica_wait_ms_are_refused_off_redis() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n";
+        for backend in ["journal", "sled"] {
+            let toml = format!("[store]\nbackend = \"{backend}\"\nmin_replicas = 1\n{up}");
+            let err = Config::from_toml(&toml).unwrap_err();
+            assert!(
+                err.0
+                    .contains("store.min_replicas = 1 needs backend = \"redis\""),
+                "{err}"
+            );
+            let toml = format!("[store]\nbackend = \"{backend}\"\nreplica_wait_ms = 500\n{up}");
+            let err = Config::from_toml(&toml).unwrap_err();
+            assert!(
+                err.0.contains("store.replica_wait_ms is for backend"),
+                "{err}"
+            );
+        }
+        let off = format!("[store]\nmin_replicas = 0\n{up}");
+        assert!(Config::from_toml(&off).is_ok(), "0 is the default");
+    }
+
+    #[test]
+    fn a_replica_wait_of_zero_or_of_more_than_a_minute_is_refused() {
+        let up = "[[upstream]]\nurl = \"http://a/\"\n[tokens]\nkey_file = \"k\"\n";
+        let redis = "[store]\nbackend = \"redis\"\nmin_replicas = 1\n";
+        let err = Config::from_toml(&format!("{redis}replica_wait_ms = 0\n{up}")).unwrap_err();
+        assert!(err.0.contains("store.replica_wait_ms = 0"), "{err}");
+        let err = Config::from_toml(&format!("{redis}replica_wait_ms = 60001\n{up}")).unwrap_err();
+        assert!(err.0.contains("store.replica_wait_ms = 60001"), "{err}");
+        assert!(Config::from_toml(&format!("{redis}replica_wait_ms = 60000\n{up}")).is_ok());
     }
 
     #[test]

@@ -90,7 +90,10 @@ impl App {
                 let lease = Duration::from_millis(store.lease_ms);
                 let at = store.redis_endpoint();
                 let opened = RedisStore::open_at(&at, &store.key_prefix, lease).await?;
-                Arc::new(opened.with_lifetimes(lifetimes).with_workers(workers))
+                let opened = opened
+                    .with_lifetimes(lifetimes)
+                    .with_replicas(store.replicas());
+                Arc::new(opened.with_workers(workers))
             }
         };
         store.set_retained_bound(config.limits.max_retained_streams);

@@ -181,6 +181,17 @@ mod tests {
     }
 
     #[test]
+    fn how_many_replicas_a_write_waits_for_cannot_change() {
+        let redis = "[store]\nbackend = \"redis\"\n";
+        let key = "[tokens]\nkey_file = \"k\"";
+        let was = config(&format!("{redis}{key}"));
+        for set in ["min_replicas = 1", "replica_wait_ms = 200"] {
+            let err = fixed(&was, &config(&format!("{redis}{set}\n{key}"))).unwrap_err();
+            assert!(err.0.starts_with("[store] cannot change"), "{set}: {err}");
+        }
+    }
+
+    #[test]
     fn where_traces_go_cannot_change() {
         let was = config("");
         let on = config("[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"");

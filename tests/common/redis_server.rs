@@ -2,8 +2,9 @@
 //! start: `REDIS_URL` when it is set, else one private `redis-server` per
 //! test process (free loopback port, no persistence, started by the first
 //! test that asks, shared by the rest, gone when the process ends), plus the
-//! servers a test owns outright so it can kill and restart them. Nothing
-//! here looks at 127.0.0.1:6379: that port may be someone else's.
+//! servers a test owns outright so it can kill and restart them, stop and
+//! continue them (`SIGSTOP`, `SIGCONT`), or run as a replica of another.
+//! Nothing here looks at 127.0.0.1:6379: that port may be someone else's.
 //!
 //! One file, included with `#[path]` by the library's unit tests
 //! (`src/store/redis/tests.rs`), the integration tests (`tests/common`) and
@@ -104,6 +105,8 @@ pub struct RedisServer {
     persistence: Persistence,
     /// With TLS: the port it serves TLS on, and what it is run with.
     tls: Option<Tls>,
+    /// For a replica: the port of its primary (on loopback).
+    primary: Option<u16>,
 }
 
 /// A server's TLS: its port, its certificate and key files, and ACL users
@@ -133,9 +136,71 @@ impl RedisServer {
             dir: Some(dir),
             persistence,
             tls: None,
+            primary: None,
         };
         server.first_run()?;
         Ok(server)
+    }
+
+    /// Starts a replica of `primary` (`--replicaof`, no persistence) and
+    /// waits until its link to the primary is up (`master_link_status:up`,
+    /// the first sync done) and it acknowledges the primary's writes (a
+    /// `WAIT` on the primary counts it: not before its first
+    /// acknowledgement, up to a second after the sync). The primary is told
+    /// to sync at once, not after the few seconds a diskless sync waits for
+    /// more replicas by default, and its command statistics are reset after
+    /// (so a test counts only its own commands).
+    pub fn start_replica_of(primary: &RedisServer) -> Result<RedisServer, String> {
+        let mut conn = connect(&primary.url())?;
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("repl-diskless-sync-delay")
+            .arg(0)
+            .query::<()>(&mut conn)
+            .map_err(|e| format!("CONFIG SET on the primary: {e}"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-redis-replica-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
+        let mut replica = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence: Persistence::None,
+            tls: None,
+            primary: Some(primary.port),
+        };
+        replica.first_run()?;
+        replica.wait_for_replication(|line| line == "master_link_status:up")?;
+        acknowledged(&mut conn)?;
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(&mut conn)
+            .map_err(|e| format!("CONFIG RESETSTAT on the primary: {e}"))?;
+        Ok(replica)
+    }
+
+    /// Waits (within [`STARTUP`]) until a line of this server's `INFO
+    /// replication` is as `wanted` says.
+    fn wait_for_replication(&self, wanted: impl Fn(&str) -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + STARTUP;
+        let mut conn = connect(&self.url())?;
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut conn)
+                .map_err(|e| format!("INFO replication: {e}"))?;
+            if info.lines().any(|l| wanted(l.trim())) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "replication on port {} did not come up within {STARTUP:?}: {info}",
+                    self.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Starts one serving TLS too (on `tls.port`, chosen here), with its
@@ -152,6 +217,7 @@ impl RedisServer {
             dir: Some(dir),
             persistence: Persistence::None,
             tls: Some(tls),
+            primary: None,
         };
         server.first_run()?;
         Ok(server)
@@ -198,6 +264,9 @@ impl RedisServer {
             Persistence::None => cmd.args(["--appendonly", "no"]),
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
+        if let Some(primary) = self.primary {
+            cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+        }
         if let Some(tls) = &self.tls {
             cmd.args(["--tls-port", &tls.port.to_string()])
                 .arg("--tls-cert-file")
@@ -265,6 +334,28 @@ impl RedisServer {
         }
     }
 
+    /// `SIGSTOP`: the process stays, answering nothing (a replica stopped
+    /// so acknowledges nothing, while its primary still counts it as
+    /// connected until `repl-timeout`). Undone by [`RedisServer::resume`];
+    /// dropping a stopped server kills it all the same.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// `SIGCONT`: a paused server goes on where it stopped.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("a running server");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child's pid, which stays ours (not
+        // reaped) until `kill9` waits for it.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "signal {signal} to redis-server {pid}");
+    }
+
     /// Starts it again on the same port and data; panics when it does not
     /// come back.
     pub fn restart(&mut self) {
@@ -278,6 +369,32 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// Waits (within [`STARTUP`]) until a write on `primary` is acknowledged
+/// by a replica.
+fn acknowledged(primary: &mut redis::Connection) -> Result<(), String> {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let acked: i64 = redis::pipe()
+            .cmd("INCR")
+            .arg("redis-rig:replicated")
+            .ignore()
+            .cmd("WAIT")
+            .arg(1)
+            .arg(100)
+            .query::<(i64,)>(primary)
+            .map_err(|e| format!("WAIT on the primary: {e}"))?
+            .0;
+        if acked >= 1 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no replica acknowledged a write within {STARTUP:?}"
+            ));
+        }
     }
 }
 

@@ -59,19 +59,25 @@
 //! one version at a time on a key prefix.
 //!
 //! `read.rs` reads both layouts; `write.rs` runs the scripts that write,
-//! which `scripts.rs` holds; `packed.rs` (and `msgpack.rs`) map the value
+//! which `scripts.rs` holds, through `replicas.rs` (which waits for the
+//! replicas, with `min_replicas`); `packed.rs` (and `msgpack.rs`) map the value
 //! to `StreamMeta`, `record.rs` the previous layout's hash; `retention.rs`
 //! reads the retention index, `sessions.rs` keeps the idle-session index;
 //! `tests.rs` runs the contract suite against a real Redis.
 //!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
-//! not used); whether Redis itself survives a crash (AOF, `appendfsync`) is
-//! the operator's choice. Redis runs a script atomically, so what another
-//! connection reads is always whole; `read_after` and `stream_meta` show
-//! what Redis holds. A reader can therefore read an entry the moment Redis
-//! ran its script, a moment before the writer's answer moves the watermark:
-//! that entry is already as durable as an answered one (only its answer is
-//! in flight), and a status shows only with the entries it ends.
+//! not used), or with `min_replicas` once that many replicas acknowledged
+//! it too (`replicas.rs`); whether Redis itself survives a crash (AOF,
+//! `appendfsync`) is the operator's choice. Redis runs a script
+//! atomically, so what another connection reads is always whole;
+//! `read_after` and `stream_meta` show what Redis holds. A reader can
+//! therefore read an entry the moment Redis ran its script, a moment
+//! before the writer's answer moves the watermark: that entry is already
+//! as durable as an answered one (only its answer is in flight), and a
+//! status shows only with the entries it ends. With `min_replicas` it is
+//! not yet: the primary holds it, its replicas may not (the feed line that
+//! wakes readers is written by the same script); readers are not held
+//! back until the replicas acknowledged it.
 //!
 //! Limits:
 //! - The scripts that also update the global indexes (create, finish,
@@ -91,6 +97,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use self::follow::{Follow, Listener};
 use self::lease::Tasks;
 use self::record::{backend, decode, encode};
+pub use self::replicas::Replicas;
+use self::replicas::Waiting;
 use self::scripts::{Scripts, FEED_LENGTH};
 use self::sessions::Indexing;
 pub use self::ttl::Lifetimes;
@@ -132,13 +140,15 @@ pub struct RedisStore {
     /// When a sweep last listed every session into the idle-session index
     /// (`sessions.rs`); `None` before the first.
     sessions_indexed: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The replicas a write waits for, and its connections (`replicas.rs`).
+    waiting: Waiting,
 }
 
 /// A connection to `client` that connects on first use, and again after
-/// it breaks.
-fn connection(client: &redis::Client) -> Result<ConnectionManager> {
+/// it breaks, failing a command not answered within `timeout`.
+fn connection(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
     let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_response_timeout(Some(timeout))
         .set_connection_timeout(Some(CONNECT_TIMEOUT));
     ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)
 }
@@ -172,7 +182,7 @@ impl RedisStore {
     }
 
     fn build(client: redis::Client, prefix: &str, lease: Duration) -> Result<Self> {
-        let first = connection(&client)?;
+        let first = connection(&client, RESPONSE_TIMEOUT)?;
         let conn = PerWorker::new(0, |_| OnceLock::from(first.clone()));
         let store = Self {
             prefix: prefix.to_owned(),
@@ -187,6 +197,7 @@ impl RedisStore {
             expire_after: Lifetimes::default(),
             tasks: Tasks::new(),
             sessions_indexed: std::sync::Mutex::new(None),
+            waiting: Waiting::new(0),
         };
         Ok(store)
     }
@@ -218,13 +229,16 @@ impl RedisStore {
     /// driven by tasks on the runtime it was made on: a command from
     /// another thread then costs two thread wake-ups besides the round
     /// trip, and a call makes two of them. Code on no worker (the lease
-    /// renewal, the sweeper) keeps the first connection.
+    /// renewal, the sweeper) keeps the first connection. With
+    /// `min_replicas`, each worker's waited writes get one more
+    /// (`replicas.rs`).
     pub fn with_workers(mut self, workers: usize) -> Self {
         let first = &self.first;
         self.conn = PerWorker::new(workers, |worker| match worker {
             0 => OnceLock::from(first.clone()),
             _ => OnceLock::new(),
         });
+        self.waiting = self.waiting.for_workers(workers);
         self
     }
 
@@ -284,7 +298,7 @@ impl RedisStore {
             // Made here, on the worker, so that the connection's tasks (and
             // those of every reconnection) run on this thread. Making it
             // fails only on a configuration `build` already accepted.
-            connection(&self.client).unwrap_or_else(|_| self.first.clone())
+            connection(&self.client, RESPONSE_TIMEOUT).unwrap_or_else(|_| self.first.clone())
         });
         own.clone()
     }
@@ -392,10 +406,8 @@ impl Store for RedisStore {
             .arg(session.id.to_string())
             .ignore()
             .add_command(self.session_changed(session.id))
-            .ignore()
-            .query_async::<()>(&mut self.conn())
-            .await
-            .map_err(backend)
+            .ignore();
+        self.run_transaction(&pipe).await
     }
 
     async fn get_session(&self, id: SessionId) -> Result<Option<SessionRecord>> {
@@ -683,6 +695,7 @@ mod msgpack;
 mod packed;
 mod read;
 mod record;
+mod replicas;
 mod retention;
 mod scripts;
 mod sessions;

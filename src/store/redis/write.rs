@@ -2,7 +2,8 @@
 //! are made here from what the store was asked, and whose answer moves the
 //! watermark of this instance's readers — creating a stream (and checking
 //! for a call's prior), appending to it and finishing it, deleting it, and
-//! writing a task record.
+//! writing a task record. All but the deletion are run by `replicas.rs`,
+//! which waits for the replicas when `min_replicas` asks it to.
 
 use std::sync::Arc;
 
@@ -28,11 +29,8 @@ impl RedisStore {
         opening: &[Bytes],
         prior: bool,
     ) -> Result<Option<Prior>> {
-        let (found, stream): (i64, String) = self
-            .create_invocation(meta, opening, prior)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
+        let invocation = self.create_invocation(meta, opening, prior);
+        let (found, stream): (i64, String) = self.run_write(&invocation).await?;
         match found {
             0 => {}
             1 => {
@@ -150,11 +148,7 @@ impl RedisStore {
         for message in messages {
             invocation.arg(message.as_ref());
         }
-        let seq: i64 = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        let seq = match seq {
+        let seq = match self.run_write::<i64>(&invocation).await? {
             -2 => return Err(StoreError::NotOwner(stream)),
             -3 => return Err(StoreError::OverCaps(stream)),
             seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
@@ -195,10 +189,7 @@ impl RedisStore {
         for leg in &task.legs {
             invocation.arg(leg.to_string());
         }
-        let wrote: i64 = invocation
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
+        let wrote: i64 = self.run_write(&invocation).await?;
         Ok(wrote == 1)
     }
 

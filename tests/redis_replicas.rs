@@ -1,0 +1,384 @@
+//! Writes that survive a failover (`[store] min_replicas`): real
+//! `redis-server` primaries with a replica each (`--replicaof`), the
+//! replica stopped with `SIGSTOP` where a test needs it to acknowledge
+//! nothing. What a write is answered with is checked against what the
+//! replica holds, read from the replica itself, and against what the
+//! primary counted (`INFO commandstats`: how many `WAIT`s it was sent).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::redis_server::{Persistence, RedisServer};
+use common::*;
+use http::StatusCode;
+use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
+use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::id::{SessionId, StreamId};
+use mcp_resume_proxy::store::redis::endpoint::Endpoint;
+use mcp_resume_proxy::store::redis::{RedisStore, Replicas};
+use mcp_resume_proxy::store::{
+    now_ms, Finish, SessionRecord, Store, StreamKind, StreamMeta, StreamStatus,
+};
+use mcp_resume_proxy::Server;
+
+const PREFIX: &str = "replicas-test";
+
+/// A primary (no persistence) and its replica, linked.
+fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start(Persistence::None).unwrap_or_else(|why| panic!("{why}"));
+    let replica = RedisServer::start_replica_of(&primary).unwrap_or_else(|why| panic!("{why}"));
+    (primary, replica)
+}
+
+/// A replica stopped (`SIGSTOP`) until this is dropped, also when the
+/// test fails.
+struct Stopped<'a>(&'a RedisServer);
+
+impl<'a> Stopped<'a> {
+    fn new(replica: &'a RedisServer) -> Self {
+        replica.pause();
+        Stopped(replica)
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// A store on `primary` whose writes wait for `min` replicas for `wait`.
+async fn store_on(primary: &RedisServer, min: u32, wait: Duration) -> RedisStore {
+    let lease = Duration::from_secs(10);
+    let store = RedisStore::open(&primary.url(), PREFIX, lease)
+        .await
+        .expect("the primary answers");
+    store.with_replicas(Replicas { min, wait })
+}
+
+/// A store that only reads, on `replica`.
+async fn reader_on(replica: &RedisServer) -> RedisStore {
+    let at = Endpoint {
+        url: replica.url(),
+        ..Endpoint::default()
+    };
+    RedisStore::observer(&at, PREFIX)
+        .await
+        .expect("the replica answers")
+}
+
+fn call_meta() -> StreamMeta {
+    StreamMeta::new(
+        StreamId::random(),
+        SessionId::random(),
+        StreamKind::Request,
+        Vec::new(),
+        Some("tools/call".into()),
+        now_ms(),
+    )
+}
+
+fn session_record() -> SessionRecord {
+    let now = now_ms();
+    SessionRecord {
+        id: SessionId::random(),
+        route: "/mcp".into(),
+        upstream_session: None,
+        protocol_version: Some(V_LATEST.into()),
+        principal: "p".into(),
+        credential: None,
+        subject_hint: None,
+        initialize: None,
+        created_ms: now,
+        last_seen_ms: now,
+        closed_ms: None,
+        dialects: Vec::new(),
+        unused: false,
+    }
+}
+
+fn message(text: &'static str) -> Bytes {
+    Bytes::from_static(text.as_bytes())
+}
+
+/// The messages of `stream` as the replica holds them.
+async fn on_replica(replica: &RedisServer, stream: StreamId) -> Vec<Bytes> {
+    let reader = reader_on(replica).await;
+    let entries = reader.read_after(stream, 0, 100).await.expect("read");
+    entries.into_iter().map(|e| e.message).collect()
+}
+
+/// How many `WAIT`s `server` ran since it started.
+fn waits_on(server: &RedisServer) -> u64 {
+    let mut conn = redis_server::connect(&server.url()).expect("the server answers");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .expect("INFO commandstats");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
+/// The error a write waiting `ms` for one stopped replica fails with.
+fn too_few(ms: u64) -> String {
+    format!("acknowledged by only 0 of 1 replicas within {ms} ms")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_an_append_is_acknowledged_once_a_replica_has_it() {
+    let (primary, replica) = primary_and_replica();
+    let store = Arc::new(store_on(&primary, 1, Duration::from_secs(5)).await);
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    let stopped = Stopped::new(&replica);
+    let appending = {
+        let store = store.clone();
+        tokio::spawn(async move { store.append(meta.id, &[message("one")]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !appending.is_finished(),
+        "the append is answered while its replica is stopped"
+    );
+    drop(stopped);
+    let seq = tokio::time::timeout(LIMIT, appending)
+        .await
+        .expect("the append is answered once the replica is back")
+        .expect("the task")
+        .expect("the append succeeds");
+    assert_eq!(seq, 1);
+    assert_eq!(on_replica(&replica, meta.id).await, [message("one")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replica_stopped_a_write_fails_with_the_replicas_named_and_nothing_is_acknowledged(
+) {
+    let (primary, replica) = primary_and_replica();
+    let store = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    let stopped = Stopped::new(&replica);
+    let started = Instant::now();
+    let err = store
+        .append(meta.id, &[message("one")])
+        .await
+        .expect_err("no replica acknowledged the append");
+    let took = started.elapsed();
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    assert!(
+        (Duration::from_millis(300)..Duration::from_secs(3)).contains(&took),
+        "{took:?}"
+    );
+    let end = Finish::new(StreamStatus::Completed, None);
+    let err = store
+        .set_status(meta.id, end)
+        .await
+        .expect_err("no replica acknowledged the ending");
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    drop(stopped);
+}
+
+/// What the store answers waits for the replicas; what its readers are
+/// told does not yet: the append script's line on the feed wakes them
+/// (this instance's own listener too) as soon as the primary ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "readers learn of an entry from the feed before its WAIT: reproduced, not fixed yet"]
+async fn with_the_replica_stopped_readers_are_not_told_of_the_unacknowledged_entry() {
+    let (primary, replica) = primary_and_replica();
+    let store = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    let stopped = Stopped::new(&replica);
+    let appended = store.append(meta.id, &[message("one")]).await;
+    assert!(appended.is_err(), "no replica acknowledged the append");
+    let mark = store.peek(meta.id).expect("the creator's tail");
+    assert_eq!(
+        mark.seq, 0,
+        "this instance's readers were told of the entry"
+    );
+    drop(stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_a_session_record_waits_for_the_replica_too() {
+    let (primary, replica) = primary_and_replica();
+    let store = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let session = session_record();
+    let stopped = Stopped::new(&replica);
+    let err = store
+        .put_session(&session)
+        .await
+        .expect_err("no replica acknowledged the session");
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    drop(stopped);
+    store
+        .put_session(&session)
+        .await
+        .expect("written, replica up");
+    let reader = reader_on(&replica).await;
+    let held = reader.get_session(session.id).await.expect("read");
+    assert_eq!(held, Some(session));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_lost_its_scripts_is_sent_them_and_the_write_still_waits() {
+    let (primary, replica) = primary_and_replica();
+    let store = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    let flush = || {
+        let mut conn = redis_server::connect(&primary.url()).expect("the primary");
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut conn)
+            .expect("SCRIPT FLUSH");
+    };
+    flush();
+    let stopped = Stopped::new(&replica);
+    let err = store
+        .append(meta.id, &[message("one")])
+        .await
+        .expect_err("no replica acknowledged the append");
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    drop(stopped);
+    flush();
+    let seq = store.append(meta.id, &[message("two")]).await;
+    assert_eq!(seq.expect("the script is loaded again"), 2);
+    let held = on_replica(&replica, meta.id).await;
+    assert_eq!(held, [message("one"), message("two")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_min_replicas_no_wait_is_sent() {
+    let (primary, replica) = primary_and_replica();
+    let store = store_on(&primary, 0, Duration::from_millis(300)).await;
+    // Acknowledged at once, though the replica acknowledges nothing.
+    let stopped = Stopped::new(&replica);
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    store
+        .append(meta.id, &[message("one")])
+        .await
+        .expect("appended");
+    store.put_session(&session_record()).await.expect("written");
+    drop(stopped);
+    assert_eq!(waits_on(&primary), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_min_replicas_each_acknowledged_write_sends_one_wait() {
+    let (primary, _replica) = primary_and_replica();
+    let store = store_on(&primary, 1, Duration::from_secs(5)).await;
+    // The scripts' first runs load them (a NOSCRIPT, then the same again).
+    let warm = call_meta();
+    store.create_stream(&warm).await.expect("created");
+    store
+        .append(warm.id, &[message("one")])
+        .await
+        .expect("appended");
+    let before = waits_on(&primary);
+    let meta = call_meta();
+    store.create_stream(&meta).await.expect("created");
+    store
+        .append(meta.id, &[message("one")])
+        .await
+        .expect("appended");
+    let end = Finish::new(StreamStatus::Completed, None);
+    store.set_status(meta.id, end).await.expect("finished");
+    store.put_session(&session_record()).await.expect("written");
+    assert_eq!(waits_on(&primary) - before, 4);
+}
+
+/// A proxy on `primary` whose writes wait for one replica for `wait_ms`,
+/// in front of `upstream`.
+async fn proxy_on(
+    primary: &RedisServer,
+    upstream: &DemoUpstream,
+    wait_ms: u64,
+    dir: &std::path::Path,
+) -> Server {
+    let key = dir.join("token.key");
+    std::fs::write(&key, [7u8; 32]).expect("key file");
+    let mut config = Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.to_path_buf(),
+        shutdown_grace_secs: 1,
+        upstream: vec![UpstreamConfig::new(upstream.url())],
+        ..Config::default()
+    };
+    config.store.backend = Backend::Redis;
+    config.store.redis_url = primary.url();
+    config.store.key_prefix = PREFIX.into();
+    config.store.min_replicas = 1;
+    config.store.replica_wait_ms = Some(wait_ms);
+    config.tokens.key_file = Some(key);
+    config.validate().expect("a valid configuration");
+    Server::start(config).await.expect("the proxy starts")
+}
+
+async fn demo() -> DemoUpstream {
+    DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("demo upstream starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_proxy_a_call_is_answered_while_a_replica_acknowledges_its_writes() {
+    let (primary, _replica) = primary_and_replica();
+    let upstream = demo().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = proxy_on(&primary, &upstream, 1_000, dir.path()).await;
+    let client = McpClient::new(format!("http://{}/mcp", server.addr));
+    let sid = client.initialize(V_LATEST).await;
+    let res = client
+        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let answer = messages(res).await;
+    let last = answer.last().expect("the call's answer");
+    assert_eq!(last["id"], 2, "{last}");
+    assert!(last.get("result").is_some(), "{last}");
+    assert!(waits_on(&primary) > 0, "the writes waited for the replica");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_proxy_a_call_with_the_replica_stopped_is_refused_within_the_wait() {
+    let (primary, replica) = primary_and_replica();
+    let upstream = demo().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = proxy_on(&primary, &upstream, 300, dir.path()).await;
+    let client = McpClient::new(format!("http://{}/mcp", server.addr));
+    let sid = client.initialize(V_LATEST).await;
+    let stopped = Stopped::new(&replica);
+    let started = Instant::now();
+    let res = client
+        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = body_json(res).await;
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    assert_eq!(
+        body["error"]["message"], "the proxy's log is unavailable",
+        "{body}"
+    );
+    assert!(
+        (Duration::from_millis(300)..Duration::from_secs(5)).contains(&took),
+        "{took:?}"
+    );
+    drop(stopped);
+    let res = client
+        .send(Call::post(&slow_call(3, 1, 10)).session(&sid))
+        .await;
+    let answer = messages(res).await;
+    let last = answer.last().expect("an answer with the replica back");
+    assert_eq!(last["id"], 3, "{last}");
+    server.shutdown().await;
+}
