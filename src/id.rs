@@ -200,6 +200,9 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A set of ids.
 pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
+/// A concurrent map keyed by ids (made with `IdDashMap::default()`).
+pub type IdDashMap<K, V> = dashmap::DashMap<K, V, BuildHasherDefault<IdHasher>>;
+
 fn hex_digit(c: u8) -> Result<u8, ()> {
     match c {
         b'0'..=b'9' => Ok(c - b'0'),

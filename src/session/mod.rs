@@ -38,7 +38,7 @@ use self::places::Places;
 use self::stray::{Inlet, Outlet, Stray};
 use self::table::Table;
 use crate::config::LimitsConfig;
-use crate::id::{IdHasher, SessionId, StreamId};
+use crate::id::{IdDashMap, IdHasher, SessionId, StreamId};
 use crate::jsonrpc::RequestId;
 use crate::store::{now_ms, Result, SessionNews, SessionRecord, SharedStore, StreamMeta};
 use crate::tls::CertificatePrincipal;
@@ -437,7 +437,7 @@ pub type Settle = fn(&[u8], &mut Vec<String>);
 /// Every session of this process, backed by the store.
 pub struct Sessions {
     store: SharedStore,
-    live: DashMap<SessionId, Arc<Session>>,
+    live: IdDashMap<SessionId, Arc<Session>>,
     /// Live request streams per principal (the per-principal cap).
     pub by_principal: Arc<PrincipalStreams>,
     /// The open sessions this instance counts against its bounds.
@@ -455,7 +455,7 @@ impl Sessions {
     pub fn with_limits(store: SharedStore, limits: &LimitsConfig) -> Arc<Self> {
         let sessions = Arc::new(Self {
             store,
-            live: DashMap::new(),
+            live: IdDashMap::default(),
             by_principal: Arc::default(),
             places: Places::new(limits),
             unused_ms: AtomicU64::new(limits.unused_session_secs.saturating_mul(1000)),

@@ -26,7 +26,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use tokio::sync::watch;
 
 mod handover;
@@ -36,7 +35,7 @@ use handover::Handed;
 use reader::Exclusive;
 pub use reader::{keep_latest_progress, Next, Reader};
 
-use crate::id::{Seq, StreamId, TaskId};
+use crate::id::{IdDashMap, Seq, StreamId, TaskId};
 use crate::jsonrpc::{self, RequestId};
 use crate::metrics::{LiveStreams, Metrics};
 use crate::store::{
@@ -48,17 +47,17 @@ use crate::store::{
 pub struct Log {
     store: SharedStore,
     /// The attachment of each stream with an exclusive reader.
-    readers: DashMap<StreamId, Attachment>,
+    readers: IdDashMap<StreamId, Attachment>,
     metrics: Metrics,
     /// For the `streams_live` gauge.
     live: LiveStreams,
     /// When an answer last ran to a finished stream's end: a write, not
     /// proof the client read it (see [`Log::written_to_end`]).
-    written: DashMap<StreamId, u64>,
+    written: IdDashMap<StreamId, u64>,
     /// Endings the store refused when they happened (it was away): written
     /// again by [`Log::settle`] until they land, so that no stream stays
     /// live, silent, for want of them.
-    owed: DashMap<StreamId, Owed>,
+    owed: IdDashMap<StreamId, Owed>,
 }
 
 /// An ending still to be written.
@@ -139,11 +138,11 @@ impl Log {
         store.observe_flushes(metrics.flush_observer());
         Arc::new(Self {
             store,
-            readers: DashMap::new(),
+            readers: IdDashMap::default(),
             metrics,
             live: LiveStreams::default(),
-            written: DashMap::new(),
-            owed: DashMap::new(),
+            written: IdDashMap::default(),
+            owed: IdDashMap::default(),
         })
     }
 

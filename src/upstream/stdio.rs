@@ -21,7 +21,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use dashmap::DashMap;
 use futures_util::{FutureExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child as Process, ChildStdin, Command};
@@ -31,7 +30,7 @@ use super::http::MAX_MESSAGE;
 use super::ingest::{self, Batch, Recorded};
 use super::UpstreamError;
 use crate::config::{LimitsConfig, UpstreamConfig};
-use crate::id::{SessionId, StreamId};
+use crate::id::{IdDashMap, IdMap, SessionId, StreamId};
 use crate::jsonrpc::{self, Kind, RequestId};
 use crate::session::{Session, Sessions, Settle};
 use crate::store::{StreamMeta, StreamStatus};
@@ -41,7 +40,7 @@ use crate::stream::Log;
 pub struct StdioUpstream {
     pub config: UpstreamConfig,
     limits: LimitsConfig,
-    children: DashMap<SessionId, Arc<Child>>,
+    children: IdDashMap<SessionId, Arc<Child>>,
 }
 
 /// Where the child's messages go.
@@ -49,7 +48,7 @@ pub struct StdioUpstream {
 struct Routes {
     by_request: HashMap<RequestId, StreamId>,
     by_progress: HashMap<String, StreamId>,
-    open: HashMap<StreamId, OpenStream>,
+    open: IdMap<StreamId, OpenStream>,
 }
 
 struct OpenStream {
@@ -75,7 +74,7 @@ impl StdioUpstream {
         Self {
             config: config.clone(),
             limits: limits.clone(),
-            children: DashMap::new(),
+            children: IdDashMap::default(),
         }
     }
 

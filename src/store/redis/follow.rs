@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId as FeedEntry, StreamReadReply};
 use redis::AsyncConnectionConfig;
@@ -24,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::metas_on;
 use super::record::backend;
 use super::RedisStore;
-use crate::id::{SessionId, StreamId};
+use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
 
 /// How long one `XREAD` blocks before it is asked again.
@@ -99,7 +98,7 @@ impl Tail {
 
 /// What the listener keeps up to date.
 pub(super) struct Follow {
-    pub tails: DashMap<StreamId, Arc<Tail>>,
+    pub tails: IdDashMap<StreamId, Arc<Tail>>,
     /// Sessions another instance changed or deleted.
     pub sessions: broadcast::Sender<SessionNews>,
 }
@@ -107,7 +106,7 @@ pub(super) struct Follow {
 impl Follow {
     pub fn new() -> Self {
         Self {
-            tails: DashMap::new(),
+            tails: IdDashMap::default(),
             sessions: broadcast::channel(1024).0,
         }
     }

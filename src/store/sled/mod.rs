@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 use tokio::sync::{watch, Mutex};
@@ -44,7 +43,7 @@ use super::{
     Along, Change, Entry, Finish, OrphansOnce, Result, SessionRecord, Store, StoreError,
     StreamMeta, Subscription, TaskRecord, UpstreamMark, Watermark,
 };
-use crate::id::{Seq, SessionId, StreamId, TaskId};
+use crate::id::{IdDashMap, Seq, SessionId, StreamId, TaskId};
 use crate::jsonrpc::RequestId;
 
 /// The write end of one stream: serializes its appends and publishes its
@@ -67,7 +66,7 @@ pub struct SledStore {
     task_expiry: sled::Tree,
     indexes: Indexes,
     commit: GroupCommit,
-    tails: Arc<DashMap<StreamId, Arc<Tail>>>,
+    tails: Arc<IdDashMap<StreamId, Arc<Tail>>>,
     orphans: OrphansOnce,
 }
 
@@ -162,7 +161,7 @@ impl SledStore {
             sync,
             Arc::new(move || flusher.flush().map(|_| ()).map_err(std::io::Error::other)),
         );
-        let tails: Arc<DashMap<StreamId, Arc<Tail>>> = Arc::default();
+        let tails: Arc<IdDashMap<StreamId, Arc<Tail>>> = Arc::default();
         // Once the log stops, the readers of every stream followed here
         // find it stopped and end, as the journal's do.
         let followed = tails.clone();
