@@ -220,18 +220,16 @@ fn string(out: &mut Vec<u8>, tag: u32, s: &str) {
 /// A string in a oneof: written even when empty, so that the oneof names
 /// it.
 fn string_always(out: &mut Vec<u8>, tag: u32, s: &str) {
-    encode_key(tag, WireType::LengthDelimited, out);
-    encode_varint(s.len() as u64, out);
-    out.extend_from_slice(s.as_bytes());
+    length_delimited(out, tag, s.as_bytes());
 }
 
 fn bytes(out: &mut Vec<u8>, tag: u32, b: &[u8]) {
     if !b.is_empty() {
-        string_always_bytes(out, tag, b);
+        length_delimited(out, tag, b);
     }
 }
 
-fn string_always_bytes(out: &mut Vec<u8>, tag: u32, b: &[u8]) {
+fn length_delimited(out: &mut Vec<u8>, tag: u32, b: &[u8]) {
     encode_key(tag, WireType::LengthDelimited, out);
     encode_varint(b.len() as u64, out);
     out.extend_from_slice(b);
