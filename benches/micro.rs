@@ -301,19 +301,9 @@ async fn retained(store: &SharedStore, sessions: usize, per_session: usize) {
     for _ in 0..sessions {
         let now = now_ms();
         let session = SessionRecord {
-            id: SessionId::random(),
-            route: "/mcp".into(),
             upstream_session: Some("up".into()),
             protocol_version: Some("2025-11-25".into()),
-            principal: "p".into(),
-            credential: None,
-            subject_hint: None,
-            initialize: None,
-            created_ms: now,
-            last_seen_ms: now,
-            closed_ms: None,
-            dialects: Vec::new(),
-            unused: false,
+            ..SessionRecord::new(SessionId::random(), "/mcp", "p", now)
         };
         store.put_session(&session).await.expect("put session");
         for _ in 0..per_session {

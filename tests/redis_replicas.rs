@@ -82,21 +82,9 @@ fn call_meta() -> StreamMeta {
 }
 
 fn session_record() -> SessionRecord {
-    let now = now_ms();
     SessionRecord {
-        id: SessionId::random(),
-        route: "/mcp".into(),
-        upstream_session: None,
         protocol_version: Some(V_LATEST.into()),
-        principal: "p".into(),
-        credential: None,
-        subject_hint: None,
-        initialize: None,
-        created_ms: now,
-        last_seen_ms: now,
-        closed_ms: None,
-        dialects: Vec::new(),
-        unused: false,
+        ..SessionRecord::new(SessionId::random(), "/mcp", "p", now_ms())
     }
 }
 
@@ -295,72 +283,86 @@ async fn with_min_replicas_each_acknowledged_write_sends_one_wait() {
     assert_eq!(waits_on(&primary) - before, 4);
 }
 
-/// A proxy on `primary` whose writes wait for one replica for `wait_ms`,
-/// in front of `upstream`.
-async fn proxy_on(
-    primary: &RedisServer,
-    upstream: &DemoUpstream,
-    wait_ms: u64,
-    dir: &std::path::Path,
-) -> Server {
-    let key = dir.join("token.key");
-    std::fs::write(&key, [7u8; 32]).expect("key file");
-    let mut config = Config {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.to_path_buf(),
-        shutdown_grace_secs: 1,
-        upstream: vec![UpstreamConfig::new(upstream.url())],
-        ..Config::default()
-    };
-    config.store.backend = Backend::Redis;
-    config.store.redis_url = primary.url();
-    config.store.key_prefix = PREFIX.into();
-    config.store.min_replicas = 1;
-    config.store.replica_wait_ms = Some(wait_ms);
-    config.tokens.key_file = Some(key);
-    config.validate().expect("a valid configuration");
-    Server::start(config).await.expect("the proxy starts")
+/// A proxy on a primary whose writes wait for its one replica for
+/// `wait_ms`, in front of a demo upstream, and a client's session on it.
+struct ProxyWithReplica {
+    primary: RedisServer,
+    replica: RedisServer,
+    server: Server,
+    client: McpClient,
+    sid: String,
+    _upstream: DemoUpstream,
+    _dir: tempfile::TempDir,
 }
 
-async fn demo() -> DemoUpstream {
-    DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("demo upstream starts")
+impl ProxyWithReplica {
+    async fn start(wait_ms: u64) -> Self {
+        let (primary, replica) = primary_and_replica();
+        let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+            .await
+            .expect("demo upstream starts");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key = dir.path().join("token.key");
+        std::fs::write(&key, [7u8; 32]).expect("key file");
+        let mut config = Config {
+            listen: ([127, 0, 0, 1], 0).into(),
+            data_dir: dir.path().to_path_buf(),
+            shutdown_grace_secs: 1,
+            upstream: vec![UpstreamConfig::new(upstream.url())],
+            ..Config::default()
+        };
+        config.store.backend = Backend::Redis;
+        config.store.redis_url = primary.url();
+        config.store.key_prefix = PREFIX.into();
+        config.store.min_replicas = 1;
+        config.store.replica_wait_ms = Some(wait_ms);
+        config.tokens.key_file = Some(key);
+        config.validate().expect("a valid configuration");
+        let server = Server::start(config).await.expect("the proxy starts");
+        let client = McpClient::new(format!("http://{}/mcp", server.addr));
+        let sid = client.initialize(V_LATEST).await;
+        Self {
+            primary,
+            replica,
+            server,
+            client,
+            sid,
+            _upstream: upstream,
+            _dir: dir,
+        }
+    }
+
+    /// A `slow` call of this session with `id`, sending `steps` progress
+    /// notifications.
+    async fn call(&self, id: u64, steps: u64) -> http::Response<hyper::body::Incoming> {
+        self.client
+            .send(Call::post(&slow_call(id, steps, 10)).session(&self.sid))
+            .await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_proxy_a_call_is_answered_while_a_replica_acknowledges_its_writes() {
-    let (primary, _replica) = primary_and_replica();
-    let upstream = demo().await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server = proxy_on(&primary, &upstream, 1_000, dir.path()).await;
-    let client = McpClient::new(format!("http://{}/mcp", server.addr));
-    let sid = client.initialize(V_LATEST).await;
-    let res = client
-        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
-        .await;
+    let rig = ProxyWithReplica::start(1_000).await;
+    let res = rig.call(2, 3).await;
     assert_eq!(res.status(), StatusCode::OK);
     let answer = messages(res).await;
     let last = answer.last().expect("the call's answer");
     assert_eq!(last["id"], 2, "{last}");
     assert!(last.get("result").is_some(), "{last}");
-    assert!(waits_on(&primary) > 0, "the writes waited for the replica");
-    server.shutdown().await;
+    assert!(
+        waits_on(&rig.primary) > 0,
+        "the writes waited for the replica"
+    );
+    rig.server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_proxy_a_call_with_the_replica_stopped_is_refused_within_the_wait() {
-    let (primary, replica) = primary_and_replica();
-    let upstream = demo().await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server = proxy_on(&primary, &upstream, 300, dir.path()).await;
-    let client = McpClient::new(format!("http://{}/mcp", server.addr));
-    let sid = client.initialize(V_LATEST).await;
-    let stopped = Stopped::new(&replica);
+    let rig = ProxyWithReplica::start(300).await;
+    let stopped = Stopped::new(&rig.replica);
     let started = Instant::now();
-    let res = client
-        .send(Call::post(&slow_call(2, 3, 10)).session(&sid))
-        .await;
+    let res = rig.call(2, 3).await;
     let took = started.elapsed();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body = body_json(res).await;
@@ -374,11 +376,8 @@ async fn through_the_proxy_a_call_with_the_replica_stopped_is_refused_within_the
         "{took:?}"
     );
     drop(stopped);
-    let res = client
-        .send(Call::post(&slow_call(3, 1, 10)).session(&sid))
-        .await;
-    let answer = messages(res).await;
+    let answer = messages(rig.call(3, 1).await).await;
     let last = answer.last().expect("an answer with the replica back");
     assert_eq!(last["id"], 3, "{last}");
-    server.shutdown().await;
+    rig.server.shutdown().await;
 }

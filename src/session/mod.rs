@@ -553,19 +553,11 @@ impl Sessions {
         self.places.take(id, bounded(&principal), now)?;
         let session = Session::new(
             SessionRecord {
-                id,
-                route: route.to_owned(),
-                upstream_session: None,
                 protocol_version: crate::jsonrpc::protocol_version(initialize),
-                principal,
-                credential: None,
-                subject_hint: None,
                 initialize: Some(String::from_utf8_lossy(initialize).into_owned()),
-                created_ms: now,
-                last_seen_ms: now,
-                closed_ms: None,
                 dialects,
                 unused: true,
+                ..SessionRecord::new(id, route, principal, now)
             },
             self.by_principal.clone(),
         );
@@ -903,21 +895,7 @@ mod tests {
 
     fn session() -> Arc<Session> {
         Session::new(
-            SessionRecord {
-                id: SessionId::random(),
-                route: "r".into(),
-                upstream_session: None,
-                protocol_version: None,
-                principal: "p".into(),
-                credential: None,
-                subject_hint: None,
-                initialize: None,
-                created_ms: 0,
-                last_seen_ms: 0,
-                closed_ms: None,
-                dialects: Vec::new(),
-                unused: false,
-            },
+            SessionRecord::new(SessionId::random(), "r", "p", 0),
             Arc::default(),
         )
     }

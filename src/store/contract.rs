@@ -41,19 +41,10 @@ fn finish(status: StreamStatus, outcome: Option<Outcome>, at_ms: u64) -> Finish 
 
 pub fn session(id: SessionId) -> SessionRecord {
     SessionRecord {
-        id,
-        route: "/mcp".into(),
         upstream_session: Some("up-1".into()),
         protocol_version: Some("2025-11-25".into()),
-        principal: "p".into(),
-        credential: None,
-        subject_hint: None,
-        initialize: None,
-        created_ms: now_ms(),
-        last_seen_ms: now_ms(),
-        closed_ms: None,
         dialects: vec!["streams".into()],
-        unused: false,
+        ..SessionRecord::new(id, "/mcp", "p", now_ms())
     }
 }
 

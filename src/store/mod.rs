@@ -110,6 +110,27 @@ pub struct SessionRecord {
 }
 
 impl SessionRecord {
+    /// A session of `principal` on `route`, opened and last seen at
+    /// `at_ms`, nothing else known yet: no upstream session, protocol,
+    /// `initialize`, credential or dialects.
+    pub fn new(id: SessionId, route: &str, principal: impl Into<String>, at_ms: u64) -> Self {
+        Self {
+            id,
+            route: route.to_owned(),
+            upstream_session: None,
+            protocol_version: None,
+            principal: principal.into(),
+            credential: None,
+            subject_hint: None,
+            initialize: None,
+            created_ms: at_ms,
+            last_seen_ms: at_ms,
+            closed_ms: None,
+            dialects: Vec::new(),
+            unused: false,
+        }
+    }
+
     /// Whether it was last seen at or before `seen_by_ms`, or closed at or
     /// before `closed_by_ms`.
     pub fn idle_by(&self, seen_by_ms: u64, closed_by_ms: u64) -> bool {
