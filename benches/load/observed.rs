@@ -23,9 +23,7 @@ use anyhow::{bail, Result};
 
 use crate::client::Target;
 use crate::otlp_sink::OtlpSink;
-use crate::procs::{
-    cpu_seconds, free_port, proxy_dir, spawn_proxy, start_floor, start_upstream, Proc,
-};
+use crate::procs::{cpu_seconds, start_floor, start_proxy_keyed, start_upstream, Proc};
 use crate::small::{measure, write_table, Row};
 use crate::Opts;
 
@@ -69,26 +67,17 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     Ok(out)
 }
 
-/// A proxy in front of `upstream` with `head` among its top-level keys and
-/// `tables` after its `[[upstream]]`.
+/// A proxy in front of `upstream` named `proxy {name}`, with `keys` among
+/// its top-level keys and `tables` after its `[[upstream]]`.
 async fn observed_proxy(
     bin: &Path,
     upstream: SocketAddr,
     sync: &str,
     name: &str,
-    head: &str,
+    keys: &str,
     tables: &str,
 ) -> Result<(Proc, Target)> {
-    let dir = proxy_dir()?;
-    let port = free_port()?;
-    let config = format!(
-        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n{head}\n\
-         [store]\nsync = \"{sync}\"\n\n\
-         [limits]\nstreams_per_principal = 1000000\n\n\
-         [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
-        dir.path().join("data").display(),
-    );
-    let (p, mut t) = spawn_proxy(bin, &format!("proxy {name}"), dir, port, &config).await?;
+    let (p, mut t) = start_proxy_keyed(bin, upstream, sync, keys, tables).await?;
     t.name = format!("proxy {name}");
     Ok((p, t))
 }

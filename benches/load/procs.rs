@@ -451,10 +451,22 @@ pub async fn start_proxy_with(
     sync: &str,
     tables: &str,
 ) -> Result<(Proc, Target)> {
+    start_proxy_keyed(bin, upstream, sync, "", tables).await
+}
+
+/// [`start_proxy_with`], with `keys` among its top-level keys (before any
+/// table: `access_log = false`).
+pub async fn start_proxy_keyed(
+    bin: &Path,
+    upstream: SocketAddr,
+    sync: &str,
+    keys: &str,
+    tables: &str,
+) -> Result<(Proc, Target)> {
     let dir = proxy_dir()?;
     let port = free_port()?;
     let config = format!(
-        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n{}\n\
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n{keys}\n{}\n\
          [limits]\nstreams_per_principal = 1000000\nmax_retained_streams = 4000000\n\n\
          [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n{tables}",
         dir.path().join("data").display(),
