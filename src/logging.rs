@@ -13,10 +13,15 @@
 //! that filled it, so memory stays bounded when stderr is slow: then the
 //! logging thread waits, and nothing is dropped.
 //!
+//! A line whose fields are known ahead, the access line, may skip the
+//! subscriber and be appended ready-spelled ([`direct`]): with colours off,
+//! which is when its spelling and the subscriber's are the same bytes.
+//!
 //! It must not log itself (a failed write of the log has nowhere to go).
 
+use std::cell::RefCell;
 use std::io::Write;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -110,6 +115,40 @@ impl<'a> MakeWriter<'a> for Lines {
     }
 }
 
+/// The process's log buffer, for lines spelled by their writer.
+pub struct Direct {
+    pending: Arc<Pending>,
+    format: LogFormat,
+}
+
+/// Set by [`init`] when lines are written without colours.
+static DIRECT: OnceLock<Direct> = OnceLock::new();
+
+thread_local! {
+    /// Where a line is spelled before it is appended: the buffer's lock
+    /// is held for a copy, not for the spelling.
+    static SPELLING: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The log buffer, when [`init`] set one up and lines are written in a
+/// format a writer can spell itself; else lines go through the subscriber.
+pub fn direct() -> Option<&'static Direct> {
+    DIRECT.get()
+}
+
+impl Direct {
+    /// Appends the line `spell` writes (in the log's format, newline
+    /// included) to the buffer.
+    pub fn append_with(&self, spell: impl FnOnce(&mut Vec<u8>, LogFormat)) {
+        SPELLING.with_borrow_mut(|line| {
+            line.clear();
+            spell(line, self.format);
+            // Writing to stderr can only fail as the process's stderr does.
+            let _ = LineWriter(&self.pending).write(line);
+        });
+    }
+}
+
 /// Sets the process's subscriber: `RUST_LOG` (else `info`), in `format`,
 /// to stderr through the buffer. Keep the guard until the end of `main`.
 pub fn init(format: LogFormat) -> Flusher {
@@ -132,6 +171,13 @@ pub fn init(format: LogFormat) -> Flusher {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+    if !terminal {
+        let direct = Direct {
+            pending: pending.clone(),
+            format,
+        };
+        let _ = DIRECT.set(direct);
     }
     Flusher { pending, thread }
 }

@@ -22,6 +22,7 @@ mod away;
 mod body;
 mod line;
 mod spans;
+mod spelling;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
