@@ -13,6 +13,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
 use serde::Serialize;
@@ -304,7 +305,7 @@ struct Detail<'a> {
     abandon_after_ms: Option<u64>,
     last_request: u64,
     coalesced: bool,
-    progress: &'a [String],
+    progress: &'a [Arc<str>],
     params_digest: Option<&'a str>,
 }
 
@@ -355,7 +356,7 @@ fn write_table(out: &mut dyn Write, streams: &[StreamMeta], now: u64) -> std::io
                 session_cell(m),
                 kind(m.kind).into(),
                 status(m.status).into(),
-                m.method.clone().unwrap_or_else(|| "-".into()),
+                m.method.as_deref().unwrap_or("-").to_owned(),
                 ids(m),
                 m.entries.to_string(),
                 m.bytes.to_string(),
@@ -424,7 +425,7 @@ fn write_detail(
         ("task", m.task.map_or("-".into(), |t| t.to_string())),
         ("kind", kind(m.kind).into()),
         ("status", status),
-        ("method", m.method.clone().unwrap_or_else(|| "-".into())),
+        ("method", m.method.as_deref().unwrap_or("-").to_owned()),
         ("origin ids", ids(m)),
         ("entries", m.entries.to_string()),
         ("bytes", m.bytes.to_string()),

@@ -269,7 +269,7 @@ async fn a_large_log(
             StreamId::random(),
             session,
             StreamKind::Request,
-            vec![RequestId(i.to_string())],
+            vec![RequestId(i.to_string().into())],
             Some("tools/call".into()),
             now_ms(),
         );

@@ -433,7 +433,7 @@ proptest! {
         prop_assert_eq!(envelope.kind, kind);
         prop_assert_eq!(&envelope.method, &method);
         prop_assert_eq!(envelope.error, value.get("error").is_some());
-        let id = id.map(|id| RequestId(serde_json::to_string(&id).unwrap()));
+        let id = id.map(|id| RequestId(serde_json::to_string(&id).unwrap().into()));
         prop_assert_eq!(&envelope.id, &id);
         let body = jsonrpc::parse_body(&bytes).unwrap();
         prop_assert_eq!(body, Body::Single(envelope.clone()));

@@ -223,7 +223,7 @@ impl Seal {
             keyring: cx.keyring.clone(),
             session: cx.session.id,
             principal: cx.session.principal().to_owned(),
-            digest: stream.params_digest.clone()?,
+            digest: stream.params_digest.as_deref()?.to_owned(),
             stream: stream.id,
             placement: config.placement,
             idle_expiry_ms: config.idle_expiry_ms,

@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 
 use memchr::memmem::Finder;
 
+use std::sync::Arc;
+
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -20,9 +22,12 @@ mod digest;
 pub use digest::params_digest;
 
 /// The raw JSON text of a request id (`1`, `"abc"`), compared textually.
+/// Shared, not copied: a call's id is held by its stream, the session's
+/// in-flight set, the log's index and the access line at once, and a clone
+/// per holder was an allocation each.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
-pub struct RequestId(pub String);
+pub struct RequestId(pub Arc<str>);
 
 impl RequestId {
     pub fn as_json(&self) -> &str {
@@ -231,7 +236,7 @@ fn envelope<P>(peek: Peek<'_, P>) -> Result<Envelope, ParseError> {
         .id
         .map(|raw| raw.get())
         .filter(|raw| *raw != "null")
-        .map(|raw| RequestId(raw.to_owned()));
+        .map(|raw| RequestId(raw.into()));
     let kind = match (&peek.method, &id) {
         (Some(_), Some(_)) => Kind::Request,
         (Some(_), None) => Kind::Notification,
@@ -351,7 +356,7 @@ pub fn cancelled_request_ids(bytes: &[u8]) -> Vec<RequestId> {
         .into_iter()
         .filter(|c| c.method.as_deref() == Some("notifications/cancelled"))
         .filter_map(|c| c.params?.request_id)
-        .map(|raw| RequestId(raw.get().to_owned()))
+        .map(|raw| RequestId(raw.get().into()))
         .collect()
 }
 
@@ -394,14 +399,15 @@ pub fn progress_of(bytes: &[u8]) -> Option<String> {
 }
 
 /// Progress tokens of the requests in a POST body.
-pub fn request_progress_tokens(bytes: &[u8], body: &Body) -> Vec<String> {
+pub fn request_progress_tokens(bytes: &[u8], body: &Body) -> Vec<Arc<str>> {
     match body {
-        Body::Single(_) => progress_token(bytes).into_iter().collect(),
+        Body::Single(_) => progress_token(bytes).into_iter().map(Arc::from).collect(),
         Body::Batch(_) => serde_json::from_slice::<Vec<&RawValue>>(bytes)
             .map(|items| {
                 items
                     .iter()
                     .filter_map(|raw| progress_token(raw.get().as_bytes()))
+                    .map(Arc::from)
                     .collect()
             })
             .unwrap_or_default(),

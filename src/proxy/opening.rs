@@ -94,14 +94,14 @@ fn describe(
         post.session.id,
         StreamKind::Request,
         post.message.request_ids(),
-        post.message.single_method().map(str::to_owned),
+        post.message.single_method().map(Arc::from),
         now_ms(),
     );
     meta.task = post.leg.map(|leg| leg.task);
     let tokens = resume_token::applies(&cx.config.resume_tokens, negotiated, tool);
     negotiated.arm(&mut meta, cx.config, tokens);
     if matches!(post.message, Message::Single(_)) {
-        meta.params_digest = jsonrpc::params_digest(&post.bytes);
+        meta.params_digest = jsonrpc::params_digest(&post.bytes).map(Arc::from);
     }
     meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
     meta

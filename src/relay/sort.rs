@@ -19,6 +19,7 @@
 //! This module decides; it neither logs nor forwards.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use crate::id::StreamId;
 use crate::jsonrpc::{self, Glance, Kind, ParseError, Progress, RequestId};
@@ -53,7 +54,7 @@ pub struct Sorter {
     requests: HashSet<RequestId>,
     /// The stream's requests not answered yet.
     unanswered: HashSet<RequestId>,
-    tokens: HashSet<String>,
+    tokens: HashSet<Arc<str>>,
     seen: Seen,
     /// The latest progress value logged per own token.
     progress: HashMap<String, f64>,
@@ -95,7 +96,7 @@ impl Sorter {
                 }
                 _ => None,
             },
-            (_, Some(progress)) if !self.tokens.contains(&progress.token) => Some((
+            (_, Some(progress)) if !self.tokens.contains(progress.token.as_str()) => Some((
                 session.progress_stream(&progress.token),
                 Dropped::ForeignProgress,
             )),
@@ -243,7 +244,7 @@ mod tests {
         let call = |id: &str, token: &str| {
             let mut stream = crate::store::contract::meta(session.id);
             stream.origin_ids = vec![RequestId(id.into())];
-            stream.progress = vec![format!("\"{token}\"")];
+            stream.progress = vec![format!("\"{token}\"").into()];
             session.track(&stream);
             stream
         };

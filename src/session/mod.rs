@@ -110,10 +110,10 @@ pub struct Session {
     in_flight: Table<RequestId, StreamId>,
     /// Progress token of a request in flight → its stream: progress naming
     /// any other token is dropped (seed 004: only tokens of active requests).
-    progress: Table<String, StreamId>,
+    progress: Table<Arc<str>, StreamId>,
     /// The same, by stream, so a stream's end forgets its tokens without
     /// looking at everyone else's.
-    tokens_of: Table<StreamId, Vec<String>, ById>,
+    tokens_of: Table<StreamId, Vec<Arc<str>>, ById>,
     /// The standalone GET stream currently fed by an upstream GET.
     standalone: Mutex<Option<StreamId>>,
     /// The end-to-end headers of the client's latest request, for what the

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -457,7 +458,7 @@ pub async fn a_request_id_finds_its_newest_stream_in_its_session_after_reopen(op
 pub fn call(session: SessionId, id: &str, digest: Option<&str>) -> StreamMeta {
     StreamMeta {
         origin_ids: vec![RequestId(id.into())],
-        params_digest: digest.map(str::to_owned),
+        params_digest: digest.map(Arc::from),
         ..meta(session)
     }
 }

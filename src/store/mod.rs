@@ -178,11 +178,11 @@ pub struct StreamMeta {
     pub kind: StreamKind,
     /// Ids of the client requests whose responses end this stream.
     pub origin_ids: Vec<RequestId>,
-    pub method: Option<String>,
+    pub method: Option<Arc<str>>,
     /// Progress tokens of those requests, so that a restarted proxy still
     /// routes their progress here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub progress: Vec<String>,
+    pub progress: Vec<Arc<str>>,
     pub status: StreamStatus,
     pub created_ms: u64,
     /// When the stream left `Live`; retention counts from here.
@@ -190,7 +190,7 @@ pub struct StreamMeta {
     /// Digest of the request's method and canonical params (hex), for the
     /// dialects that must recognise a re-sent call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub params_digest: Option<String>,
+    pub params_digest: Option<Arc<str>>,
     /// The acknowledged cursor: every entry up to here reached the client,
     /// on evidence (a `Last-Event-ID` naming it, a resume that ran to its
     /// end). Shared by every dialect; it never moves back.
@@ -252,7 +252,7 @@ impl StreamMeta {
         session: SessionId,
         kind: StreamKind,
         origin_ids: Vec<RequestId>,
-        method: Option<String>,
+        method: Option<Arc<str>>,
         now_ms: u64,
     ) -> Self {
         Self {

@@ -127,7 +127,7 @@ pub fn upstream_call(task: TaskId, params: &str) -> Bytes {
 /// The id a task's leg has upstream: the proxy's own, so the client may
 /// reuse the id of its `tools/call` once it has the task.
 pub fn upstream_id(task: TaskId) -> RequestId {
-    RequestId(format!("\"mcp-resume-proxy-task-{task}\""))
+    RequestId(format!("\"mcp-resume-proxy-task-{task}\"").into())
 }
 
 /// A leg's answer as the answer of `tasks/result` request `client`: its

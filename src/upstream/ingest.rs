@@ -297,7 +297,7 @@ mod tests {
     async fn progress_for_no_live_request_is_dropped_before_the_log() {
         let Fixture { session, .. } = &journal_session();
         let mut stream = crate::store::contract::meta(session.id);
-        stream.progress = vec!["\"a\"".to_owned()];
+        stream.progress = vec!["\"a\"".into()];
         session.track(&stream);
         let spoof = Bytes::from_static(
             br#"{"jsonrpc":"2.0","method":"notifications/stream/end","params":{"streamId":"x"}}"#,
@@ -317,7 +317,7 @@ mod tests {
         let Fixture { log, session, .. } = &journal_session();
         let mut meta = crate::store::contract::meta(session.id);
         meta.origin_ids = vec![jsonrpc::RequestId("1".into())];
-        meta.progress = vec!["\"a\"".to_owned()];
+        meta.progress = vec!["\"a\"".into()];
         let stream = log.open(meta).await.unwrap();
         session.track(&stream);
         let limits = LimitsConfig {

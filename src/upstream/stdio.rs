@@ -47,14 +47,14 @@ pub struct StdioUpstream {
 #[derive(Default)]
 struct Routes {
     by_request: HashMap<RequestId, StreamId>,
-    by_progress: HashMap<String, StreamId>,
+    by_progress: HashMap<Arc<str>, StreamId>,
     open: IdMap<StreamId, OpenStream>,
 }
 
 struct OpenStream {
     meta: StreamMeta,
     pending: HashSet<RequestId>,
-    progress: Vec<String>,
+    progress: Vec<Arc<str>>,
 }
 
 /// One running child, serving one session.
@@ -348,7 +348,7 @@ fn trim(line: Bytes) -> Bytes {
 impl Child {
     /// Registers a request stream before its request is written, so that no
     /// answer can arrive unrouted.
-    pub fn expect(&self, stream: &StreamMeta, progress: Vec<String>) {
+    pub fn expect(&self, stream: &StreamMeta, progress: Vec<Arc<str>>) {
         let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         for id in &stream.origin_ids {
             routes.by_request.insert(id.clone(), stream.id);
@@ -476,7 +476,7 @@ impl Child {
             // not land on whichever request happens to be running (the log's
             // intake drops what no live request claims).
             let stream = jsonrpc::progress_token(line)
-                .and_then(|token| routes.by_progress.get(&token).copied())
+                .and_then(|token| routes.by_progress.get(token.as_str()).copied())
                 .unwrap_or(self.standalone.id);
             return (stream, None);
         }

@@ -178,7 +178,7 @@ async fn reissue(
         tracing::error!(task = %record.id, "cannot build a task's next request");
         return Ok(());
     };
-    let id = RequestId(format!("\"mcp-resume-proxy-{}-{}\"", record.id, round + 1));
+    let id = RequestId(format!("\"mcp-resume-proxy-{}-{}\"", record.id, round + 1).into());
     let leg = leg_meta(record.id, id.clone(), now_ms());
     // The record names the leg first (a leg never exists without its task,
     // see `call::create`); only the update whose change lands re-issues.

@@ -15,6 +15,8 @@
 //! This module knows bytes only, like `record.rs`; when a summary is written
 //! and what it means for the index is `mod.rs`'s and `index.rs`'s business.
 
+use std::sync::Arc;
+
 use super::codes::{outcome_byte, outcome_of, status_byte, status_of};
 use super::cursor::Cursor;
 use super::segment::{Loc, SegmentNo};
@@ -223,7 +225,7 @@ fn head(p: &[u8]) -> Option<(SummaryHead, usize, usize)> {
     let ids = c.u32()? as usize;
     let mut request_ids = Vec::with_capacity(ids.min(p.len() / 4));
     for _ in 0..ids {
-        request_ids.push(RequestId(c.text()?));
+        request_ids.push(RequestId(c.text()?.into()));
     }
     let head = SummaryHead {
         stream,
@@ -284,18 +286,18 @@ fn parse_body(c: &mut Cursor<'_>, head: SummaryHead) -> Option<StreamMeta> {
     let tokens = c.u32()? as usize;
     let mut progress = Vec::with_capacity(tokens.min(c.left() / 4));
     for _ in 0..tokens {
-        progress.push(c.text()?);
+        progress.push(Arc::from(c.text()?));
     }
     let method = if flags & METHOD != 0 {
-        Some(c.text()?)
+        Some(Arc::from(c.text()?))
     } else {
         None
     };
     let params_digest = if flags & DIGEST_HEX != 0 {
         let bytes = c.take(32)?;
-        Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        Some(Arc::from(crate::id::hex(bytes)))
     } else if flags & DIGEST != 0 {
-        Some(c.text()?)
+        Some(Arc::from(c.text()?))
     } else {
         None
     };
@@ -354,7 +356,7 @@ mod tests {
     fn finished() -> (StreamMeta, Vec<Loc>) {
         let mut meta = crate::store::contract::meta(SessionId::random());
         meta.origin_ids = vec![RequestId("7".into()), RequestId("\"é\"".into())];
-        meta.params_digest = Some("ab".repeat(32));
+        meta.params_digest = Some("ab".repeat(32).into());
         meta.abandon_at_ms = Some(99);
         meta.abandon_after_ms = Some(60_000);
         meta.coalesced = true;

@@ -20,6 +20,8 @@
 //! retention index (`retention.rs`). An absent number is 0 unless said,
 //! an absent option `None`.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::msgpack::{read_map, Value, Writer};
@@ -276,16 +278,21 @@ fn base(id: StreamId, pairs: &Pairs<'_>) -> std::result::Result<StreamMeta, Stri
         Some(1) => StreamKind::Standalone,
         _ => StreamKind::Request,
     };
-    let origin_ids = list(pairs, "O")?.into_iter().map(RequestId).collect();
+    let origin_ids = list(pairs, "O")?
+        .into_iter()
+        .map(|id| RequestId(id.into()))
+        .collect();
     let created = num(pairs, "C")?.unwrap_or(0);
     let method = text(pairs, "M")?;
+    let method = method.map(Arc::from);
     let mut meta = StreamMeta::new(id, SessionId(session), kind, origin_ids, method, created);
-    meta.progress = list(pairs, "P")?;
+    meta.progress = list(pairs, "P")?.into_iter().map(Arc::from).collect();
     meta.params_digest = match get(pairs, "D") {
         None => None,
         Some(v) => Some(
             v.as_bytes()
                 .and_then(digest_text)
+                .map(Arc::from)
                 .ok_or(format!("D = {v:?}"))?,
         ),
     };
@@ -346,7 +353,7 @@ mod tests {
             1_700_000_000_000,
         );
         meta.progress = vec!["\"p\"".into()];
-        meta.params_digest = Some("ab".repeat(32));
+        meta.params_digest = Some("ab".repeat(32).into());
         meta.acked = 2;
         meta.touched_ms = 1_700_000_000_005;
         meta.abandon_after_ms = Some(60_000);
@@ -388,7 +395,7 @@ mod tests {
             Some("tools/call".into()),
             1_700_000_000_000,
         );
-        meta.params_digest = Some("0f".repeat(32));
+        meta.params_digest = Some("0f".repeat(32).into());
         let value = encode(&meta, Some("4242-0123456789abcdef"), &[]);
         assert!(value.len() <= 120, "{}", value.len());
         assert_eq!(decode(meta.id, &value).unwrap().0, meta);

@@ -151,7 +151,7 @@ fn stale_request_entries_are_pruned_once_they_pile_up() {
     let session = SessionId::random();
     for i in 0..5000 {
         let id = StreamId::random();
-        let request = RequestId(i.to_string());
+        let request = RequestId(i.to_string().into());
         tier.insert(id, retired(session, i as u64), &[&request], Some(1));
         tier.remove(&id);
     }
@@ -222,7 +222,7 @@ fn the_layers_answer_as_one_set_through_changes_seals_and_merges() {
                 let (session, request) = asked.entry(id).or_insert(fresh).clone();
                 let abandon = (dice.roll(5) == 0).then_some(step);
                 let r = retired(session, step);
-                tier.insert(id, r, &[&RequestId(request.clone())], abandon);
+                tier.insert(id, r, &[&RequestId(request.as_str().into())], abandon);
                 let mut r = r;
                 r.requests = 1;
                 model.streams.insert(id, (r, abandon));
@@ -252,7 +252,7 @@ fn the_layers_answer_as_one_set_through_changes_seals_and_merges() {
             7 => {
                 let session = sessions[dice.roll(3) as usize];
                 let request = dice.roll(50).to_string();
-                tier.unindex(session, &RequestId(request.clone()));
+                tier.unindex(session, &RequestId(request.as_str().into()));
                 model.requests.remove(&(session, request));
             }
             8 if sealed.is_none() => sealed = tier.seal(),
@@ -300,7 +300,7 @@ fn agree(
         expected.sort();
         assert_eq!(of, expected, "session's streams at step {step}");
         for n in 0..50 {
-            let request = RequestId(n.to_string());
+            let request = RequestId(n.to_string().into());
             let expected = model
                 .requests
                 .get(&(*session, n.to_string()))

@@ -81,15 +81,15 @@ async fn one_call(store: &RedisStore, session: SessionId, n: usize, progress_eve
         StreamId::random(),
         session,
         StreamKind::Request,
-        vec![RequestId(n.to_string())],
+        vec![RequestId(n.to_string().into())],
         Some("tools/call".into()),
         now_ms(),
     );
     let digest = crate::id::hex(&StreamId::random().0).repeat(2);
-    meta.params_digest = Some(digest);
+    meta.params_digest = Some(digest.into());
     let progress = n % progress_every == 0;
     if progress {
-        meta.progress = vec![format!("\"tok-{n}\"")];
+        meta.progress = vec![format!("\"tok-{n}\"").into()];
     }
     assert_eq!(store.create_call(&meta, &[]).await.unwrap(), None);
     if progress {
