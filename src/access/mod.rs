@@ -33,7 +33,9 @@ use tokio::time::Instant;
 
 use self::away::Departures;
 pub use self::body::Metered;
-pub use self::spans::{exchange, note_replayed, trace_into, traced, traced_message};
+pub use self::spans::{
+    exchange, exchange_shared, note_replayed, trace_into, traced, traced_message,
+};
 use crate::id::StreamId;
 use crate::jsonrpc::{self, Body as Message};
 use crate::metrics::requests::{Destination, Method, Outcome, Request, Table};

@@ -11,6 +11,7 @@
 //! client's.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -86,6 +87,19 @@ impl Visit {
 /// outside a request.
 pub fn exchange(headers: &mut HeaderMap, method: &'static str) -> Option<Box<Exchange>> {
     let made = VISIT.try_with(|visit| visit.http_exchange(headers, method));
+    made.ok().flatten().map(Box::new)
+}
+
+/// As [`exchange`], on headers shared with others: copied (for the
+/// `traceparent`) only when a span is made, never with tracing off.
+pub fn exchange_shared(
+    headers: &mut Arc<HeaderMap>,
+    method: &'static str,
+) -> Option<Box<Exchange>> {
+    let made = VISIT.try_with(|visit| {
+        visit.access().tracer.as_ref()?;
+        visit.http_exchange(Arc::make_mut(headers), method)
+    });
     made.ok().flatten().map(Box::new)
 }
 

@@ -69,7 +69,7 @@ pub async fn post(route: &Route, req: Request<Incoming>) -> Result<Response<Body
     let post = Post {
         session,
         opens_session: false,
-        headers: parts.headers,
+        headers: Arc::new(parts.headers),
         bytes,
         message,
         leg: None,
@@ -153,7 +153,7 @@ async fn open_upstream(
     let post = Post {
         session,
         opens_session: true,
-        headers,
+        headers: Arc::new(headers),
         bytes,
         message,
         leg: None,
@@ -258,7 +258,7 @@ async fn start_task(
             let post = Post {
                 session: session.clone(),
                 opens_session: false,
-                headers: headers.clone(),
+                headers: Arc::new(headers.clone()),
                 message: jsonrpc::parse_body(&start.upstream)?,
                 bytes: start.upstream,
                 leg: Some(start.leg),

@@ -210,6 +210,7 @@ impl Route {
             trace.stamp(&mut headers);
         }
         let stream = Arc::new(stream.clone());
+        let headers = Arc::new(headers);
         let relay = send::http::relay(self, upstream, session, stream, headers).traced(trace);
         tokio::spawn(relay.resume_after_restart(mark.clone()));
         true

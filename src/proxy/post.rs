@@ -18,7 +18,8 @@ pub struct Post {
     /// An `initialize` that minted `session`: it is persisted only once the
     /// upstream took it.
     pub opens_session: bool,
-    pub headers: HeaderMap,
+    /// Shared with the relay that sends it upstream, not copied for it.
+    pub headers: Arc<HeaderMap>,
     pub bytes: Bytes,
     pub message: Message,
     /// The task this request is a leg of (2025-11-25 tasks): its stream is

@@ -57,7 +57,7 @@ pub struct Relay {
     pub stream: Arc<StreamMeta>,
     /// The client's end-to-end headers, reused to resume upstream (with
     /// tracing on, `traceparent` names `trace`).
-    pub client_headers: HeaderMap,
+    pub client_headers: Arc<HeaderMap>,
     pub limits: LimitsConfig,
     /// The span of the exchange this relay carries on (tracing on): ended
     /// when the relay is dropped; upstream resumes are its events.

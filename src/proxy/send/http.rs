@@ -45,7 +45,7 @@ pub(super) async fn send(
     waiting: Waiting,
 ) -> Sent {
     let mut headers = post.headers.clone();
-    let trace = access::exchange(&mut headers, "POST");
+    let trace = access::exchange_shared(&mut headers, "POST");
     let relay = relay(
         route,
         upstream,
@@ -252,7 +252,13 @@ pub(super) async fn standalone(
         .map_err(|e| refused(e.into()))?;
     session.set_standalone(Some(stream.id));
     let reader = log.attach(stream.id, 0);
-    let relay = relay(route, upstream, session.clone(), Arc::new(stream), headers);
+    let relay = relay(
+        route,
+        upstream,
+        session.clone(),
+        Arc::new(stream),
+        Arc::new(headers),
+    );
     tokio::spawn(relay.traced(trace).run(Messages::new(res)));
     Ok(reader)
 }
@@ -263,7 +269,7 @@ pub fn relay(
     upstream: &Arc<HttpUpstream>,
     session: Arc<Session>,
     stream: Arc<StreamMeta>,
-    client_headers: HeaderMap,
+    client_headers: Arc<HeaderMap>,
 ) -> Relay {
     Relay {
         log: route.shared.log.clone(),
