@@ -17,7 +17,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 import {
-  INTEROP_DIR, freePort, log, runScenario, start, startProxy, waitForPort, workdir,
+  INTEROP_DIR, freePort, log, runScenario, sleep, start, startProxy, waitForPort, workdir,
 } from '../lib/harness.mjs';
 import { connectClient } from '../lib/tsclient.mjs';
 
@@ -117,8 +117,11 @@ await runScenario('q-replicas: 16 TS SDK sessions over three TS SDK server repli
     checks.ok(since.length > 0 && strays(seen).length === 0,
       `replica-${survivors[k].i}: its ${since.length} requests since the kill each named a session it created`, strays(seen).slice(0, 3));
   });
-  const moved = fs.readFileSync(proxy.child.logFile, 'utf8').split('\n')
+  // The proxy writes its log from a thread of its own: give it a moment.
+  const movedLines = () => fs.readFileSync(proxy.child.logFile, 'utf8').split('\n')
     .filter((l) => l.includes('re-initialized it on another')).length;
+  for (let waited = 0; movedLines() < lost && waited < 5000; waited += 100) await sleep(100);
+  const moved = movedLines();
   checks.ok(moved === lost, `the proxy logged ${moved} sessions moved off the dead replica`);
 
   const late = await connectClient(proxy.url, { quiet: true, name: 'late' });
