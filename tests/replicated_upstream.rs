@@ -261,6 +261,29 @@ async fn a_session_stays_on_its_replica_on_another_instance_sharing_the_log() {
     common::cluster::delete_prefix(&url, &prefix);
 }
 
+#[tokio::test]
+async fn the_sessions_of_a_replica_dropped_from_urls_move_on_reload() {
+    let rig = Replicated::start(3).await;
+    let sids = sessions(&rig.client, 6).await;
+    calls(&rig.client, &sids, 1, 10).await;
+    let mut fewer = rig.config.clone();
+    let kept = [rig.replicas[0].url(), rig.replicas[2].url()];
+    fewer.upstream[0].urls = Some(kept.to_vec());
+    let proxy = rig.proxy.as_ref().expect("running");
+    proxy.reload(fewer).expect("the reload applies");
+    let reached = rig.replicas[1].stats.requests.lock().unwrap().len();
+
+    calls(&rig.client, &sids, 2, 1_000).await;
+    let created = rig.created();
+    assert_eq!(
+        created[0] + created[2],
+        6,
+        "its two sessions moved, the others stayed"
+    );
+    let now = rig.replicas[1].stats.requests.lock().unwrap().len();
+    assert_eq!(now, reached, "nothing more reached the dropped replica");
+}
+
 fn shared_log(config: &mut Config, url: &str, prefix: &str) {
     use mcp_resume_proxy::config::Backend;
     let key = config.data_dir.join("token.key");
