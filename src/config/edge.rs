@@ -120,7 +120,7 @@ pub fn validate(config: &Config) -> Result<(), String> {
                 ));
             }
         }
-        if !up.passthrough.is_empty() && up.url.is_none() {
+        if !up.passthrough.is_empty() && up.endpoints().is_empty() {
             return Err(format!(
                 "upstream[{i}].passthrough needs an upstream `url`: a stdio command has no origin"
             ));

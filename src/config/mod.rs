@@ -15,6 +15,7 @@ use crate::store::commit::SyncMode;
 pub mod auth;
 pub mod edge;
 pub mod traces;
+mod upstream;
 
 pub use traces::TracingConfig;
 
@@ -470,10 +471,24 @@ pub struct UpstreamConfig {
     /// Path the upstream is mounted at on the proxy.
     #[serde(default = "default_mount")]
     pub path: String,
-    /// The upstream's Streamable HTTP endpoint. Exactly one of `url` and
-    /// `command` is given.
+    /// The upstream's Streamable HTTP endpoint. Exactly one of `url`,
+    /// `urls` and `command` is given.
     #[serde(default)]
     pub url: Option<String>,
+    /// Replicas of one Streamable HTTP server (pods behind a Service): each
+    /// upstream session stays on the replica that created it.
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout)
+    /// after which a replica of `urls` takes no new sessions and its
+    /// sessions move to another.
+    #[serde(default = "default_eject_after")]
+    pub eject_after: u32,
+    /// Milliseconds a replica stays out after it failed `eject_after`
+    /// times; doubled each time it fails again right after (up to 32
+    /// times as long), reset by a success.
+    #[serde(default = "default_eject_ms")]
+    pub eject_ms: u64,
     /// A stdio MCP server: program and arguments. One child per session.
     #[serde(default)]
     pub command: Option<Vec<String>>,
@@ -561,6 +576,12 @@ fn default_resume_poll_max() -> u64 {
 }
 fn default_kill_grace() -> u64 {
     5
+}
+fn default_eject_after() -> u32 {
+    3
+}
+fn default_eject_ms() -> u64 {
+    10_000
 }
 fn default_max_children() -> usize {
     64
@@ -744,6 +765,9 @@ impl UpstreamConfig {
         Self {
             path: default_mount(),
             url: None,
+            urls: None,
+            eject_after: default_eject_after(),
+            eject_ms: default_eject_ms(),
             command: (!argv.is_empty()).then_some(argv),
             env: Default::default(),
             cwd: None,
@@ -995,24 +1019,7 @@ impl Config {
             if !paths.insert(up.path.trim_end_matches('/')) {
                 return fail(format!("{key}.path = {:?} is mounted twice", up.path));
             }
-            match (&up.url, &up.command) {
-                (Some(url), None) => match url.parse::<http::Uri>() {
-                    Ok(uri)
-                        if matches!(uri.scheme_str(), Some("http" | "https"))
-                            && uri.authority().is_some() => {}
-                    _ => {
-                        return fail(format!(
-                            "{key}.url = {url:?} is not an http:// or https:// URL"
-                        ))
-                    }
-                },
-                (None, Some(argv)) if argv.first().is_some_and(|p| !p.is_empty()) => {}
-                (None, Some(_)) => return fail(format!("{key}.command must name a program")),
-                (Some(_), Some(_)) => {
-                    return fail(format!("{key}: give either `url` or `command`, not both"))
-                }
-                (None, None) => return fail(format!("{key}: `url` or `command` is required")),
-            }
+            upstream::check_endpoint(&key, up).map_err(ConfigError)?;
             let rt = &up.resume_tokens;
             if rt.interim_after_ms == 0 || rt.idle_expiry_ms < rt.interim_after_ms {
                 return fail(format!(

@@ -75,7 +75,8 @@ impl Edge {
             .iter()
             .map(|up| {
                 let path = up.path.trim_end_matches('/').to_owned();
-                let urls = up.url.as_deref().and_then(|url| {
+                // Replicas serve one path; the first names their origin.
+                let urls = up.endpoints().first().and_then(|url| {
                     PublicUrls::new(url, &path, up.public_url.as_deref(), &up.passthrough)
                 });
                 Mount {

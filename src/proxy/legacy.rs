@@ -28,6 +28,7 @@ use crate::reply::{self, Body};
 use crate::session::{self, Lookup, Session};
 use crate::store::StreamStatus;
 use crate::upstream::headers::{self, SESSION_ID};
+use crate::upstream::replicas::Binding;
 use crate::upstream::Upstream;
 
 static RESULT: Needle = Needle::new(b"\"result\"");
@@ -368,17 +369,9 @@ pub async fn delete(route: &Route, req: Request<Incoming>) -> Result<Response<Bo
     let session = find_session(route, &parts).await?;
     let upstream = match &route.upstream {
         Upstream::Http(up) => {
-            let upstream_session = session.upstream_session();
+            let to = Binding::of(&session);
             let headers = access::traced(&parts.headers, "DELETE");
-            Some(
-                up.send(
-                    Method::DELETE,
-                    &headers,
-                    Bytes::new(),
-                    upstream_session.as_deref(),
-                )
-                .await,
-            )
+            Some(up.send(Method::DELETE, &headers, Bytes::new(), &to).await)
         }
         // Ending the session stops its child (SIGTERM, then SIGKILL).
         Upstream::Stdio(_) => None,

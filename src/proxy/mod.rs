@@ -41,6 +41,7 @@ use crate::session::{Era, Sessions};
 use crate::store::StreamMeta;
 use crate::stream::Log;
 use crate::token::Keyring;
+use crate::upstream::replicas::Binding;
 use crate::upstream::Upstream;
 use tokio_util::sync::CancellationToken;
 
@@ -124,9 +125,7 @@ impl Route {
     /// this process still has them. A stdio child is stopped with the
     /// session already.
     pub async fn end_upstream_session(&self, record: &crate::store::SessionRecord) {
-        let (Upstream::Http(up), Some(upstream_session)) =
-            (&self.upstream, &record.upstream_session)
-        else {
+        let (Upstream::Http(up), Some(_)) = (&self.upstream, &record.upstream_session) else {
             return;
         };
         let headers = self
@@ -140,7 +139,7 @@ impl Route {
                 Method::DELETE,
                 &headers,
                 Bytes::new(),
-                Some(upstream_session),
+                &Binding::of_record(record),
             )
             .await;
         match sent {
@@ -164,10 +163,9 @@ impl Route {
         match &self.upstream {
             Upstream::Http(up) => {
                 let headers = session.remembered_headers();
-                let upstream_session = session.upstream_session();
+                let to = Binding::of(&session);
                 for id in &stream.origin_ids {
-                    up.cancel(&headers, upstream_session.as_deref(), id, why)
-                        .await;
+                    up.cancel(&headers, &to, id, why).await;
                 }
             }
             Upstream::Stdio(stdio) => {

@@ -19,6 +19,7 @@ use crate::metrics::requests::Method as MethodLabel;
 use crate::reply::{self, Body};
 use crate::upstream::headers;
 use crate::upstream::http::HttpUpstream;
+use crate::upstream::replicas::Binding;
 
 pub async fn forward(
     route: &Route,
@@ -38,8 +39,12 @@ pub async fn forward(
         crate::traces::method_name(&parts.method),
     );
     let session = headers::get_str(&parts.headers, &headers::SESSION_ID);
+    let to = Binding {
+        session: session.map(str::to_owned),
+        replica: None,
+    };
     let res = upstream
-        .send(parts.method, &parts.headers, bytes, session)
+        .send(parts.method, &parts.headers, bytes, &to)
         .await?;
     let (head, body) = res.into_parts();
     let mut out = Response::new(reply::passthrough(body));

@@ -29,6 +29,7 @@ use http::HeaderMap;
 
 use super::{Rejection, Route};
 use crate::session::Session;
+use crate::upstream::replicas::Binding;
 use crate::upstream::UpstreamError;
 
 /// How long the upstream has to answer the ping.
@@ -54,12 +55,12 @@ pub async fn ask_upstream(
             return Err(Rejection::session_not_found());
         }
     }
-    let upstream_session = session.upstream_session();
+    let binding = Binding::of(&session);
     let version = session.protocol_version();
     let ask = |headers: HeaderMap| {
-        let (upstream_session, version) = (upstream_session.clone(), version.clone());
+        let (binding, version) = (binding.clone(), version.clone());
         async move {
-            let asked = upstream.accepts(&headers, upstream_session.as_deref(), version.as_deref());
+            let asked = upstream.accepts(&headers, &binding, version.as_deref());
             match tokio::time::timeout(ASK_WITHIN, asked).await {
                 Ok(answer) => answer,
                 Err(_) => Err(UpstreamError::TimedOut("no answer")),

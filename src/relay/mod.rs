@@ -29,6 +29,7 @@ use crate::stream::Log;
 use crate::traces::Exchange;
 use crate::upstream::http::{HttpUpstream, Messages};
 use crate::upstream::ingest::{self, Batch, Recorded};
+use crate::upstream::replicas::Binding;
 use feed::{Fed, Feed};
 use read::{Reading, Source};
 use sort::Sorter;
@@ -226,10 +227,10 @@ impl Relay {
         {
             return;
         }
-        let upstream_session = self.session.upstream_session();
+        let to = Binding::of(&self.session);
         for id in &self.stream.origin_ids {
             self.upstream
-                .cancel(&self.client_headers, upstream_session.as_deref(), id, why)
+                .cancel(&self.client_headers, &to, id, why)
                 .await;
         }
     }

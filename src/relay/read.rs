@@ -28,6 +28,7 @@ use crate::metrics::ResumedAfter;
 use crate::session::stray::{Inlet, Stray};
 use crate::store::{StreamKind, StreamStatus};
 use crate::upstream::http::{carries_messages, within, Messages, UpstreamEvent};
+use crate::upstream::replicas::Binding;
 use crate::upstream::UpstreamError;
 use opentelemetry::KeyValue;
 
@@ -367,7 +368,7 @@ impl Relay {
         while reading.resumes_left > 0 {
             reading.resumes_left -= 1;
             tokio::time::sleep(delay).await;
-            let upstream_session = self.session.upstream_session();
+            let to = Binding::of(&self.session);
             // Subscribed before the headers are read, so new ones sent
             // meanwhile wake the wait below.
             let changed = self.session.headers_changed();
@@ -385,9 +386,7 @@ impl Relay {
                 }
                 &remembered
             };
-            let answer = (self.upstream)
-                .resume(headers, upstream_session.as_deref(), &last)
-                .await;
+            let answer = (self.upstream).resume(headers, &to, &last).await;
             match answer {
                 Ok(res) if carries_messages(&res) => {
                     tracing::debug!(stream = %self.stream.id, "resumed upstream stream");
@@ -415,8 +414,7 @@ impl Relay {
                     // A refusal is an answer: asking again changes nothing.
                     tracing::info!(stream = %self.stream.id, status = %res.status(), "upstream refused to resume its stream");
                     self.log.metrics().upstream_status(res.status());
-                    let lost =
-                        res.status() == http::StatusCode::NOT_FOUND && upstream_session.is_some();
+                    let lost = res.status() == http::StatusCode::NOT_FOUND && to.session.is_some();
                     return Err(if lost { SESSION_LOST } else { failed });
                 }
                 Err(e) => {

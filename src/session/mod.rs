@@ -249,6 +249,11 @@ impl Session {
         self.lock().subject_hint.clone()
     }
 
+    /// Reads the record in place, for what must be read together.
+    pub fn read<T>(&self, f: impl FnOnce(&SessionRecord) -> T) -> T {
+        f(&self.lock())
+    }
+
     pub fn upstream_session(&self) -> Option<String> {
         self.lock().upstream_session.clone()
     }

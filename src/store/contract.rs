@@ -43,6 +43,7 @@ fn finish(status: StreamStatus, outcome: Option<Outcome>, at_ms: u64) -> Finish 
 pub fn session(id: SessionId) -> SessionRecord {
     SessionRecord {
         upstream_session: Some("up-1".into()),
+        upstream_replica: Some("http://replica-b/mcp".into()),
         protocol_version: Some("2025-11-25".into()),
         dialects: vec!["streams".into()],
         ..SessionRecord::new(id, "/mcp", "p", now_ms())

@@ -71,6 +71,11 @@ pub struct SessionRecord {
     pub route: String,
     /// The upstream's `Mcp-Session-Id`, if it issued one.
     pub upstream_session: Option<String>,
+    /// The replica (its URL as configured) that holds the upstream
+    /// session, so every instance sends the session's requests there.
+    /// Absent from records written before replicas, and then chosen anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_replica: Option<String>,
     /// Negotiated protocol version, once the `initialize` result was seen.
     pub protocol_version: Option<String>,
     /// Whom the session belongs to: a verified identity, or (with
@@ -118,6 +123,7 @@ impl SessionRecord {
             id,
             route: route.to_owned(),
             upstream_session: None,
+            upstream_replica: None,
             protocol_version: None,
             principal: principal.into(),
             credential: None,
@@ -859,5 +865,20 @@ mod tests {
             ..written
         };
         assert_eq!(meta.clone().as_of(&durable), meta);
+    }
+
+    #[test]
+    fn a_session_record_from_before_replicas_reads_with_no_replica() {
+        let id = SessionId::random();
+        let old = format!(
+            r#"{{"id":"{id}","route":"/mcp","upstream_session":"u","protocol_version":null,
+            "principal":"p","initialize":null,"created_ms":1,"last_seen_ms":2}}"#
+        );
+        let record: SessionRecord = serde_json::from_str(&old).unwrap();
+        assert_eq!(record.upstream_session.as_deref(), Some("u"));
+        assert_eq!(record.upstream_replica, None);
+        let unbound = SessionRecord::new(id, "/mcp", "p", 1);
+        let text = serde_json::to_string(&unbound).unwrap();
+        assert!(!text.contains("upstream_replica"), "{text}");
     }
 }

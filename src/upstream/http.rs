@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::headers;
+use super::replicas::{Binding, Ejection, InFlight, Replicas};
 use super::UpstreamError;
 use crate::config::UpstreamConfig;
 use crate::reply::sse;
@@ -31,19 +32,36 @@ const MAX_BATCH: usize = 512;
 
 pub struct HttpUpstream {
     pub config: UpstreamConfig,
-    url: Uri,
+    /// Where requests go: the one `url`, or the replicas of `urls`.
+    replicas: Replicas,
     /// One pool per worker: a connection is driven by the worker that
     /// opened it, so a call that borrowed another worker's connection
     /// would wake that worker twice.
     client: PerWorker<Client<Connector, Full<Bytes>>>,
 }
 
+/// What a response of an HTTP upstream carries in its extensions: the
+/// replica that answered (for the session it opened), and its count in
+/// flight, held while the body is read.
+#[derive(Clone)]
+struct Served {
+    replica: Option<String>,
+    _in_flight: InFlight,
+}
+
+/// The replica that answered `res`, for the record of a session that `res`
+/// opened (none with a single replica).
+pub fn served_by<B>(res: &Response<B>) -> Option<String> {
+    res.extensions().get::<Served>()?.replica.clone()
+}
+
 impl HttpUpstream {
     pub fn new(config: &UpstreamConfig, workers: usize) -> Result<Self, String> {
-        let text = config.url.as_deref().unwrap_or_default();
-        let url: Uri = text
-            .parse()
-            .map_err(|e| format!("upstream url {text:?}: {e}"))?;
+        let ejection = Ejection {
+            after: config.eject_after.max(1),
+            base: Duration::from_millis(config.eject_ms.max(1)),
+        };
+        let replicas = Replicas::new(&config.endpoints(), ejection)?;
         let key = crate::tls::upstream_ca_key(&config.path);
         let tls = crate::tls::upstream_client(&key, config.ca_file.as_deref())
             .map_err(|e| e.to_string())?;
@@ -56,27 +74,69 @@ impl HttpUpstream {
         });
         Ok(Self {
             config: config.clone(),
-            url,
+            replicas,
             client,
         })
     }
 
+    pub fn replicas(&self) -> &Replicas {
+        &self.replicas
+    }
+
     /// Sends one request upstream with the client's end-to-end headers and
-    /// the upstream's own session id.
+    /// the upstream's own session id, to the replica holding that session.
+    /// A request bound to no replica that cannot reach the one chosen goes
+    /// to another: nothing was sent, and any replica will do for it.
     pub async fn send(
         &self,
+        method: Method,
+        client_headers: &HeaderMap,
+        body: Bytes,
+        to: &Binding,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let chosen = self.replicas.route(to);
+        let session = to.session.as_deref();
+        let sent = self
+            .send_at(
+                chosen,
+                method.clone(),
+                client_headers,
+                body.clone(),
+                session,
+            )
+            .await;
+        match sent {
+            Err(UpstreamError::NoConnection(_)) if to.replica.is_none() && session.is_none() => {
+                let other = self.replicas.least_busy(Some(chosen));
+                if other == chosen {
+                    return sent;
+                }
+                self.send_at(other, method, client_headers, body, session)
+                    .await
+            }
+            sent => sent,
+        }
+    }
+
+    /// Sends one request to replica `at`.
+    pub async fn send_at(
+        &self,
+        at: usize,
         method: Method,
         client_headers: &HeaderMap,
         body: Bytes,
         upstream_session: Option<&str>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let headers = headers::to_upstream(client_headers, upstream_session);
-        self.exchange(method, self.url.clone(), headers, body).await
+        let url = self.replicas.get(at).url.clone();
+        self.exchange(at, method, url, headers, body).await
     }
 
-    /// One request on this upstream's pooled client.
+    /// One request to replica `at` on this upstream's pooled client; its
+    /// outcome counts toward the replica's health.
     async fn exchange(
         &self,
+        at: usize,
         method: Method,
         uri: Uri,
         headers: HeaderMap,
@@ -88,11 +148,37 @@ impl HttpUpstream {
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
         *req.headers_mut() = headers;
-        self.client
-            .get()
-            .request(req)
-            .await
-            .map_err(|e| UpstreamError::Connect(error_chain(&e)))
+        let in_flight = self.replicas.start(at);
+        let sent = self.client.get().request(req).await;
+        let mut res = match sent {
+            Ok(res) => res,
+            Err(e) => {
+                let why = error_chain(&e);
+                self.replicas.failed(at, &why);
+                return Err(if e.is_connect() {
+                    UpstreamError::NoConnection(why)
+                } else {
+                    UpstreamError::Connect(why)
+                });
+            }
+        };
+        match res.status().as_u16() {
+            502..=504 => self.replicas.failed(at, res.status().as_str()),
+            _ => self.replicas.succeeded(at),
+        }
+        res.extensions_mut().insert(Served {
+            replica: self.replicas.name_of(at),
+            _in_flight: in_flight,
+        });
+        Ok(res)
+    }
+
+    /// A request bound to `to` waited too long for its replica: a failure
+    /// of that replica (a request of no replica yet blames none).
+    pub fn timed_out(&self, to: &Binding, why: &str) {
+        if let Some(at) = to.replica.as_deref().and_then(|n| self.replicas.named(n)) {
+            self.replicas.failed(at, why);
+        }
     }
 
     /// Sends a request to another path of the upstream's origin (OAuth
@@ -107,7 +193,8 @@ impl HttpUpstream {
         client_headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let mut parts = self.url.clone().into_parts();
+        let at = self.replicas.least_busy(None);
+        let mut parts = self.replicas.get(at).url.clone().into_parts();
         parts.path_and_query = Some(
             path_and_query
                 .parse()
@@ -115,7 +202,7 @@ impl HttpUpstream {
         );
         let uri = Uri::from_parts(parts).map_err(|e| UpstreamError::Connect(e.to_string()))?;
         let headers = headers::to_upstream(client_headers, None);
-        self.exchange(method, uri, headers, body).await
+        self.exchange(at, method, uri, headers, body).await
     }
 
     /// Asks the upstream whether it accepts these client headers (a new
@@ -125,7 +212,7 @@ impl HttpUpstream {
     pub async fn accepts(
         &self,
         client_headers: &HeaderMap,
-        upstream_session: Option<&str>,
+        to: &Binding,
         protocol_version: Option<&str>,
     ) -> Result<bool, UpstreamError> {
         const PING: &[u8] = br#"{"jsonrpc":"2.0","id":"mcp-resume-proxy:rebind","method":"ping"}"#;
@@ -134,12 +221,7 @@ impl HttpUpstream {
             headers.insert(headers::PROTOCOL_VERSION, value);
         }
         let res = self
-            .send(
-                Method::POST,
-                &headers,
-                Bytes::from_static(PING),
-                upstream_session,
-            )
+            .send(Method::POST, &headers, Bytes::from_static(PING), to)
             .await?;
         if !res.status().is_success() {
             return Ok(false);
@@ -160,17 +242,12 @@ impl HttpUpstream {
         Ok(false)
     }
 
-    /// The upstream's own MCP URL, as configured.
-    pub fn url(&self) -> &Uri {
-        &self.url
-    }
-
     /// Reconnects to an upstream SSE stream after `last_event_id` (the
     /// upstream's own id), for upstreams that close streams early.
     pub async fn resume(
         &self,
         client_headers: &HeaderMap,
-        upstream_session: Option<&str>,
+        to: &Binding,
         last_event_id: &str,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut headers = client_headers.clone();
@@ -181,10 +258,12 @@ impl HttpUpstream {
         );
         let value = http::HeaderValue::from_str(last_event_id)
             .map_err(|e| UpstreamError::Broken(e.to_string()))?;
-        let mut headers = headers::to_upstream(&headers, upstream_session);
+        let mut headers = headers::to_upstream(&headers, to.session.as_deref());
         headers.insert(headers::LAST_EVENT_ID, value);
-        let url = self.url.clone();
-        self.exchange(Method::GET, url, headers, Bytes::new()).await
+        let at = self.replicas.route(to);
+        let url = self.replicas.get(at).url.clone();
+        self.exchange(at, Method::GET, url, headers, Bytes::new())
+            .await
     }
 }
 
@@ -236,16 +315,13 @@ impl HttpUpstream {
     pub async fn cancel(
         &self,
         client_headers: &HeaderMap,
-        upstream_session: Option<&str>,
+        to: &Binding,
         id: &crate::jsonrpc::RequestId,
         reason: &str,
     ) {
         let body = crate::jsonrpc::cancellation(id, reason);
         let headers = proxy_post_headers(client_headers);
-        match self
-            .send(Method::POST, &headers, body.into(), upstream_session)
-            .await
-        {
+        match self.send(Method::POST, &headers, body.into(), to).await {
             Ok(res) if res.status().is_success() => {
                 tracing::debug!(request = id.as_json(), "upstream request cancelled")
             }
@@ -260,18 +336,22 @@ impl HttpUpstream {
 }
 
 impl HttpUpstream {
-    /// Opens a new upstream session with a client's logged `initialize`
-    /// request, then sends `notifications/initialized`: the handshake the
-    /// client made once, made again for an upstream that forgot it (it
-    /// restarted). Returns the new upstream session id (`None` for an
-    /// upstream without sessions).
+    /// Opens a new upstream session on replica `at` with a client's logged
+    /// `initialize` request, then sends `notifications/initialized`: the
+    /// handshake the client made once, made again for an upstream that
+    /// forgot it (it restarted) or a replica that stopped answering.
+    /// Returns the new binding (no session id for an upstream without
+    /// sessions).
     pub async fn initialize(
         &self,
         client_headers: &HeaderMap,
         initialize: Bytes,
-    ) -> Result<Option<String>, UpstreamError> {
+        at: usize,
+    ) -> Result<Binding, UpstreamError> {
         let headers = proxy_post_headers(client_headers);
-        let res = self.send(Method::POST, &headers, initialize, None).await?;
+        let res = self
+            .send_at(at, Method::POST, &headers, initialize, None)
+            .await?;
         if !carries_messages(&res) {
             return Err(UpstreamError::Refused(res.status().as_u16()));
         }
@@ -296,12 +376,13 @@ impl HttpUpstream {
         let initialized =
             Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
         let res = self
-            .send(Method::POST, &headers, initialized, session.as_deref())
+            .send_at(at, Method::POST, &headers, initialized, session.as_deref())
             .await?;
         if !res.status().is_success() {
             return Err(UpstreamError::Refused(res.status().as_u16()));
         }
-        Ok(session)
+        let replica = self.replicas.name_of(at);
+        Ok(Binding { session, replica })
     }
 }
 
@@ -351,6 +432,8 @@ impl UpstreamEvent {
 /// The upstream messages of one response body, in order.
 pub struct Messages {
     body: Incoming,
+    /// Counts the request in flight on its replica while its body is read.
+    _served: Option<Served>,
     framing: Framing,
     /// The id of the latest event that carried no message (a priming
     /// event); messages carry their own ids.
@@ -369,7 +452,8 @@ pub struct Messages {
 }
 
 impl Messages {
-    pub fn new(res: Response<Incoming>) -> Self {
+    pub fn new(mut res: Response<Incoming>) -> Self {
+        let served = res.extensions_mut().remove::<Served>();
         let framing = if headers::has_media_type(res.headers(), "text/event-stream") {
             Framing::Sse(sse::Decoder::new())
         } else {
@@ -377,6 +461,7 @@ impl Messages {
         };
         Self {
             body: res.into_body(),
+            _served: served,
             framing,
             priming_id: None,
             retry_ms: None,

@@ -1,6 +1,7 @@
 //! Upstreams: the MCP servers behind the proxy — Streamable HTTP endpoints
-//! (`http.rs`, and `renew.rs` for one that forgot a session) and stdio
-//! programs (`stdio.rs`, one child per session). Both yield upstream
+//! (`http.rs`; `replicas.rs` for which replica of one a request goes to;
+//! `renew.rs` for a session its replica forgot, or that must leave it) and
+//! stdio programs (`stdio.rs`, one child per session). Both yield upstream
 //! messages as the raw bytes the server wrote, and every one of them passes
 //! `ingest.rs` before the log. `headers.rs` says which HTTP headers cross
 //! the proxy, toward an upstream and back.
@@ -20,6 +21,7 @@ pub mod headers;
 pub mod http;
 pub mod ingest;
 pub mod renew;
+pub mod replicas;
 pub mod stdio;
 
 use std::sync::Arc;
@@ -38,6 +40,9 @@ pub enum Upstream {
 pub enum UpstreamError {
     #[error("upstream unreachable: {0}")]
     Connect(String),
+    /// No connection could be made: nothing of the request was sent.
+    #[error("upstream unreachable: {0}")]
+    NoConnection(String),
     #[error("upstream stream broke: {0}")]
     Broken(String),
     #[error("upstream message larger than {0} bytes")]
@@ -54,7 +59,7 @@ pub enum UpstreamError {
 impl From<&UpstreamError> for UpstreamFailure {
     fn from(e: &UpstreamError) -> Self {
         match e {
-            UpstreamError::Connect(_) => UpstreamFailure::Connect,
+            UpstreamError::Connect(_) | UpstreamError::NoConnection(_) => UpstreamFailure::Connect,
             UpstreamError::Broken(_) => UpstreamFailure::Broken,
             UpstreamError::TooLarge(_) => UpstreamFailure::TooLarge,
             UpstreamError::Busy(_) => UpstreamFailure::Busy,

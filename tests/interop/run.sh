@@ -7,7 +7,9 @@
 # server --oauth; m-py-oauth: a Python SDK server with auth settings) and
 # headless Chromium running the TS SDK client (n-browser), the conformance
 # tool's client auth/* scenarios with a stock TS SDK OAuth client, direct vs
-# through the proxy (p-conformance-auth). Everything listens on 127.0.0.1 only.
+# through the proxy (p-conformance-auth), and three TS SDK server replicas
+# behind one upstream's `urls`, one killed (q-replicas). Everything listens on
+# 127.0.0.1 only.
 # i-scale-out and o-nginx (two proxies sharing a Redis store) run on REDIS_URL
 # when it is set, else on a private redis-server this script starts (free
 # loopback port, no persistence, stopped at the end); with neither they fail,
@@ -177,6 +179,7 @@ scenarios=(
   "n-browser|90|node scenarios/n-browser.mjs"
   "o-nginx|90|node scenarios/o-nginx.mjs"
   "p-conformance-auth|300|node scenarios/p-conformance-auth.mjs"
+  "q-replicas|120|node scenarios/q-replicas.mjs"
 )
 
 passed=0; failed=0; failed_names=(); not_run=()

@@ -27,7 +27,8 @@ use crate::session::Session;
 use crate::store::StreamMeta;
 use crate::stream::{Log, Reader};
 use crate::upstream::headers::{self, SESSION_ID};
-use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages};
+use crate::upstream::http::{carries_messages, served_by, within, HttpUpstream, Messages};
+use crate::upstream::replicas::Binding;
 use crate::upstream::{renew, UpstreamError};
 
 /// Largest upstream error body quoted into a JSON-RPC error entry.
@@ -163,6 +164,7 @@ async fn exchange(relay: Relay, opens_session: bool, bytes: Bytes) -> Sent {
     let sent = match within(patience, sending).await {
         Ok(sent) => sent,
         Err(why) => {
+            relay.upstream.timed_out(&Binding::of(&relay.session), why);
             // The upstream may be working on it: tell it to stop.
             relay.cancel_upstream(why).await;
             Err(UpstreamError::TimedOut(why))
@@ -179,9 +181,11 @@ async fn exchange(relay: Relay, opens_session: bool, bytes: Bytes) -> Sent {
     };
     if opens_session {
         let upstream_id = headers::get_str(res.headers(), &SESSION_ID).map(str::to_owned);
-        let update = relay
-            .sessions
-            .update(&relay.session, |r| r.upstream_session = upstream_id);
+        let replica = served_by(&res);
+        let update = relay.sessions.update(&relay.session, |r| {
+            r.upstream_session = upstream_id;
+            r.upstream_replica = replica;
+        });
         if let Err(e) = update.await {
             tracing::error!(session = %relay.session.id, error = %e, "cannot persist session");
         }

@@ -29,6 +29,7 @@ use crate::session::Session;
 use crate::store::StreamMeta;
 use crate::stream::Reader;
 use crate::upstream::http::HttpUpstream;
+use crate::upstream::replicas::Binding;
 use crate::upstream::stdio::Child;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -96,11 +97,9 @@ impl<'a> Target<'a> {
     ) -> Result<Response<Body>, Rejection> {
         match self {
             Target::Http(up) => {
-                let upstream_session = session.upstream_session();
+                let to = Binding::of(session);
                 let headers = crate::access::traced(headers, "POST");
-                let res = up
-                    .send(Method::POST, &headers, bytes, upstream_session.as_deref())
-                    .await?;
+                let res = up.send(Method::POST, &headers, bytes, &to).await?;
                 Ok(present::pass_through(res, Some(session.id)))
             }
             Target::Stdio(child) => {

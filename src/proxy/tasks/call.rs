@@ -37,6 +37,7 @@ use crate::task::modern as wire;
 use crate::task::{self, Answer, TaskRecord};
 use crate::token::Keyring;
 use crate::upstream::http::{carries_messages, within, HttpUpstream, Messages, UpstreamEvent};
+use crate::upstream::replicas::Binding;
 use crate::upstream::UpstreamError;
 
 /// Why a task failed when its upstream stream ended without the answer.
@@ -204,8 +205,11 @@ impl Call {
         let deadline = Instant::now() + after;
         let upstream = self.upstream.clone();
         let headers = self.headers.clone();
-        let send: BoxFuture<'static, _> =
-            Box::pin(async move { upstream.send(Method::POST, &headers, request, None).await });
+        let send: BoxFuture<'static, _> = Box::pin(async move {
+            upstream
+                .send(Method::POST, &headers, request, &Binding::NONE)
+                .await
+        });
         let pending = tokio::select! {
             // The client left before any answer: dropping the call is the
             // cancellation.
@@ -239,8 +243,11 @@ impl Call {
     pub(super) async fn run_leg(self, leg: StreamMeta, request: Bytes) {
         let upstream = self.upstream.clone();
         let headers = self.headers.clone();
-        let send: BoxFuture<'static, _> =
-            Box::pin(async move { upstream.send(Method::POST, &headers, request, None).await });
+        let send: BoxFuture<'static, _> = Box::pin(async move {
+            upstream
+                .send(Method::POST, &headers, request, &Binding::NONE)
+                .await
+        });
         let _counted = Counted::new(&self.tasks, &self.principal);
         let ending = self.follow(&leg, Upstream::Head(send), None).await;
         self.end(&leg, ending).await;

@@ -27,6 +27,7 @@ use crate::jsonrpc::{self, Kind, RequestId};
 use crate::reply::{self, Body};
 use crate::task::modern as wire;
 use crate::upstream::http::{carries_messages, HttpUpstream, Messages};
+use crate::upstream::replicas::Binding;
 
 /// What a route knows of its upstream and its tasks.
 #[derive(Default)]
@@ -174,7 +175,7 @@ async fn discover_through(
             parts.method.clone(),
             &parts.headers,
             request.body.clone(),
-            None,
+            &Binding::NONE,
         )
         .await?;
     let json = res.status().is_success()
@@ -229,7 +230,7 @@ async fn discover(upstream: &HttpUpstream, client: &HeaderMap) -> Option<bool> {
     // Unreachable: cannot tell. Reached, but no discover answer (a refusal,
     // an error): it has no tasks to speak of, and is not asked again.
     let res = upstream
-        .send(Method::POST, &headers, body, None)
+        .send(Method::POST, &headers, body, &Binding::NONE)
         .await
         .ok()?;
     if !carries_messages(&res) {

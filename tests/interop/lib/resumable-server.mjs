@@ -17,6 +17,10 @@
 // `ask-colour`: asks the client (elicitation/create on the call's stream) and
 // answers with the colour it got. It knows nothing of tasks.
 //
+// With LOG_REQUESTS=1 it logs each request and each session it creates, one
+// line each on stdout ("request POST session=<id|-> rpc=<method>", "session
+// created <id>"): a replica's own account of what reached it (q-replicas).
+//
 // usage: node lib/resumable-server.mjs <port>   (listens on 127.0.0.1)
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
@@ -93,6 +97,9 @@ function mcpServer() {
 const transports = new Map();
 const stats = { posts: 0, gets: 0, resumes: 0, calls: 0, aborted: 0 };
 
+const logRequests = process.env.LOG_REQUESTS === '1';
+const note = (line) => logRequests && console.log(line);
+
 async function readJson(req) {
   const chunks = [];
   for await (const c of req) chunks.push(c);
@@ -116,6 +123,7 @@ const httpServer = http.createServer(async (req, res) => {
       const body = await readJson(req);
       const msgs = Array.isArray(body) ? body : [body];
       stats.calls += msgs.filter((m) => m?.method === 'tools/call').length;
+      note(`request POST session=${sid ?? '-'} rpc=${msgs.map((m) => m?.method ?? 'response').join(',')}`);
       let transport = sid ? transports.get(sid) : undefined;
       if (!transport) {
         if (sid || !msgs.some((m) => isInitializeRequest(m))) {
@@ -126,7 +134,10 @@ const httpServer = http.createServer(async (req, res) => {
         transport = new StreamableHTTPServerTransport({
           sessionIdGenerator: () => randomUUID(),
           eventStore: new OrderedEventStore(),
-          onsessioninitialized: (id) => transports.set(id, transport),
+          onsessioninitialized: (id) => {
+            transports.set(id, transport);
+            note(`session created ${id}`);
+          },
         });
         transport.onclose = () => transport.sessionId && transports.delete(transport.sessionId);
         await mcpServer().connect(transport);
@@ -134,6 +145,7 @@ const httpServer = http.createServer(async (req, res) => {
       await transport.handleRequest(req, res, body);
       return;
     }
+    note(`request ${req.method} session=${sid ?? '-'}`);
     const transport = sid ? transports.get(sid) : undefined;
     if (!transport) {
       res.writeHead(404).end();

@@ -1,0 +1,167 @@
+//! What an `[[upstream]]` is reached at: one `url`, several `urls` (the
+//! replicas of one server) or a stdio `command`, and the checks that refuse
+//! a bad one at start with the key it is under. Plain data: nothing here
+//! connects anywhere or knows how replicas are chosen (`upstream::replicas`).
+
+use super::UpstreamConfig;
+
+impl UpstreamConfig {
+    /// The Streamable HTTP endpoints of this upstream, as configured: its
+    /// `url`, or each of its `urls`; none for a stdio `command`.
+    pub fn endpoints(&self) -> Vec<&str> {
+        match (&self.url, &self.urls) {
+            (Some(url), _) => vec![url.as_str()],
+            (None, Some(urls)) => urls.iter().map(String::as_str).collect(),
+            (None, None) => Vec::new(),
+        }
+    }
+}
+
+/// Checks that `up` names exactly one way to reach its server, and that
+/// every URL of it is usable. `key` is the table's key (`upstream[0]`).
+pub(super) fn check_endpoint(key: &str, up: &UpstreamConfig) -> Result<(), String> {
+    match (&up.url, &up.urls, &up.command) {
+        (Some(url), None, None) => check_url(&format!("{key}.url"), url).map(|_| ()),
+        (None, Some(urls), None) => {
+            check_urls(key, urls)?;
+            check_ejection(key, up)
+        }
+        (None, None, Some(argv)) if argv.first().is_some_and(|p| !p.is_empty()) => Ok(()),
+        (None, None, Some(_)) => Err(format!("{key}.command must name a program")),
+        (None, None, None) => Err(format!("{key}: `url` or `command` is required")),
+        (Some(_), None, Some(_)) => Err(format!("{key}: give either `url` or `command`, not both")),
+        _ => Err(format!(
+            "{key}: give one of `url`, `urls` and `command`, not several"
+        )),
+    }
+}
+
+/// The replicas' URLs: at least one, each usable, none twice.
+fn check_urls(key: &str, urls: &[String]) -> Result<(), String> {
+    if urls.is_empty() {
+        return Err(format!("{key}.urls is empty: list at least one replica"));
+    }
+    let mut seen = Vec::with_capacity(urls.len());
+    for (i, url) in urls.iter().enumerate() {
+        let same = check_url(&format!("{key}.urls[{i}]"), url)?;
+        if let Some(j) = seen.iter().position(|s| *s == same) {
+            return Err(format!(
+                "{key}.urls[{i}] = {url:?} is the same replica as {key}.urls[{j}] = {:?}: \
+                 each replica is listed once",
+                urls[j]
+            ));
+        }
+        seen.push(same);
+    }
+    Ok(())
+}
+
+/// A replica is taken out after at least one failure, for some time.
+fn check_ejection(key: &str, up: &UpstreamConfig) -> Result<(), String> {
+    if up.eject_after == 0 {
+        return Err(format!("{key}.eject_after must be greater than 0"));
+    }
+    if up.eject_ms == 0 {
+        return Err(format!("{key}.eject_ms must be greater than 0"));
+    }
+    Ok(())
+}
+
+/// Checks one endpoint URL and returns what makes it the same replica as
+/// another (scheme, host, port, path and query), whatever its spelling.
+fn check_url(key: &str, url: &str) -> Result<(String, String, u16, String), String> {
+    let bad = || format!("{key} = {url:?} is not an http:// or https:// URL");
+    let uri: http::Uri = url.parse().map_err(|_| bad())?;
+    let scheme = uri
+        .scheme_str()
+        .map(str::to_ascii_lowercase)
+        .ok_or_else(bad)?;
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return Err(bad()),
+    };
+    let authority = uri.authority().ok_or_else(bad)?;
+    let host = authority.host().to_ascii_lowercase();
+    let port = authority.port_u16().unwrap_or(default_port);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    Ok((scheme, host, port, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn refused(upstream: &str) -> String {
+        let toml = format!("[[upstream]]\n{upstream}");
+        match Config::from_toml(&toml) {
+            Ok(_) => panic!("accepted: {upstream}"),
+            Err(e) => e.0,
+        }
+    }
+
+    #[test]
+    fn replicas_are_listed_under_urls() {
+        let toml = "[[upstream]]\nurls = [\"http://a/mcp\", \"http://b:8080/mcp\"]\n";
+        let c = Config::from_toml(toml).unwrap();
+        assert_eq!(
+            c.upstream[0].endpoints(),
+            ["http://a/mcp", "http://b:8080/mcp"]
+        );
+        assert_eq!(
+            (c.upstream[0].eject_after, c.upstream[0].eject_ms),
+            (3, 10_000)
+        );
+        let one = Config::from_toml("[[upstream]]\nurl = \"http://a/mcp\"\n").unwrap();
+        assert_eq!(one.upstream[0].endpoints(), ["http://a/mcp"]);
+    }
+
+    #[test]
+    fn an_empty_replica_list_is_refused() {
+        let err = refused("urls = []\n");
+        assert!(err.contains("upstream[0].urls is empty"), "{err}");
+    }
+
+    #[test]
+    fn a_replica_listed_twice_is_refused_however_spelled() {
+        for urls in [
+            r#"["http://a/mcp", "http://b/mcp", "http://a/mcp"]"#,
+            r#"["http://A:80/mcp", "http://b/mcp", "http://a/mcp"]"#,
+        ] {
+            let err = refused(&format!("urls = {urls}\n"));
+            assert!(err.contains("upstream[0].urls[2]"), "{err}");
+            assert!(err.contains("upstream[0].urls[0]"), "{err}");
+        }
+        let other_path = r#"urls = ["http://a/mcp", "http://a/other"]"#;
+        Config::from_toml(&format!("[[upstream]]\n{other_path}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_bad_replica_url_is_refused_by_its_index() {
+        for bad in ["ftp://c/mcp", "not a url", "/mcp", ""] {
+            let err = refused(&format!("urls = [\"http://a/mcp\", {bad:?}]\n"));
+            assert!(err.contains("upstream[0].urls[1]"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn urls_mixed_with_url_or_command_is_refused() {
+        for mixed in [
+            "url = \"http://a/mcp\"\nurls = [\"http://b/mcp\"]\n",
+            "urls = [\"http://b/mcp\"]\ncommand = [\"x\"]\n",
+            "url = \"http://a/mcp\"\nurls = [\"http://b/mcp\"]\ncommand = [\"x\"]\n",
+        ] {
+            let err = refused(mixed);
+            assert!(err.contains("one of `url`, `urls` and `command`"), "{err}");
+        }
+    }
+
+    #[test]
+    fn ejection_needs_a_failure_and_a_time() {
+        let urls = "urls = [\"http://a/mcp\", \"http://b/mcp\"]\n";
+        let err = refused(&format!("{urls}eject_after = 0\n"));
+        assert!(err.contains("upstream[0].eject_after"), "{err}");
+        let err = refused(&format!("{urls}eject_ms = 0\n"));
+        assert!(err.contains("upstream[0].eject_ms"), "{err}");
+    }
+}
