@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::read::metas_on;
 use super::record::backend;
+use super::sentinel::Route;
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -177,7 +178,8 @@ pub(super) fn order_of(id: &str) -> Option<ClaimOrder> {
 /// Where the listener reads.
 pub(super) struct Listener {
     pub follow: Arc<Follow>,
-    pub client: redis::Client,
+    /// Where the primary is: asked again when the feed's connection fails.
+    pub route: Arc<Route>,
     pub instance: String,
     pub feed_key: String,
     /// The deployment's `key_prefix`.
@@ -194,6 +196,7 @@ impl Listener {
         // line written meanwhile is still read (the feed keeps ~100k).
         let mut read_up_to: Option<String> = None;
         loop {
+            let generation = self.route.now().generation;
             let followed = tokio::select! {
                 r = self.follow_feed(&mut away, &mut read_up_to) => r,
                 () = stop.cancelled() => return,
@@ -203,6 +206,18 @@ impl Listener {
                 if !std::mem::replace(&mut away, true) {
                     tracing::warn!(error = %e, "lost the Redis feed; reconnecting");
                     backoff = Duration::from_millis(50);
+                }
+                if self.route.follows() {
+                    // The primary may have moved: the next attempt goes
+                    // where the sentinels say (a failure is logged there).
+                    let until = tokio::time::Instant::now() + MAX_BACKOFF;
+                    let asked = tokio::select! {
+                        r = self.route.follow(generation, until) => r,
+                        () = stop.cancelled() => return,
+                    };
+                    if let Err(why) = asked {
+                        tracing::debug!(error = %why, "the feed waits for a primary");
+                    }
                 }
             }
             tokio::select! {
@@ -222,6 +237,8 @@ impl Listener {
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
         let mut conn = self
+            .route
+            .now()
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
