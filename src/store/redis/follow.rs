@@ -10,7 +10,7 @@
 //! [`RESYNC_EVERY`] anyway, each tail is re-read from its stream's
 //! metadata.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,7 +48,14 @@ pub(super) struct Tail {
     /// Read from Redis after it was put where writes find it (see
     /// [`RedisStore::tail`]).
     synced: AtomicBool,
+    /// The stream's entry count as this instance's last answered write
+    /// left it ([`UNKNOWN`] before one): what settles a write the primary
+    /// went away without answering (`write.rs`). Moved by nothing else.
+    written: AtomicU64,
 }
+
+/// [`Tail::written`] before this instance wrote.
+const UNKNOWN: u64 = u64::MAX;
 
 impl Tail {
     pub fn new(mark: Watermark) -> Self {
@@ -57,6 +64,7 @@ impl Tail {
             claims: watch::Sender::new((0, 0)),
             fresh: AtomicBool::new(false),
             synced: AtomicBool::new(false),
+            written: AtomicU64::new(UNKNOWN),
         }
     }
 
@@ -65,8 +73,19 @@ impl Tail {
         Self {
             fresh: AtomicBool::new(true),
             synced: AtomicBool::new(true),
+            written: AtomicU64::new(mark.seq),
             ..Self::new(mark)
         }
+    }
+
+    /// The entry count this instance's last answered write left.
+    pub fn written(&self) -> Option<u64> {
+        Some(self.written.load(Ordering::SeqCst)).filter(|n| *n != UNKNOWN)
+    }
+
+    /// Notes an answered write that left `seq` entries.
+    pub fn wrote(&self, seq: u64) {
+        self.written.store(seq, Ordering::SeqCst);
     }
 
     /// Moves the watermark to what Redis says now: never back in seq, and

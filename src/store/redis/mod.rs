@@ -70,8 +70,10 @@
 //! when a connection to it fails or it answers `READONLY`. Every connection
 //! of the store — the workers', the waited writes', the lease's, the
 //! feed's — follows it. A command that cannot have run is sent again to
-//! the new primary; a write the old one may have run without answering
-//! fails with a `Backend` error saying it may or may not be in the log.
+//! the new primary; an append the old one may have run without answering
+//! is settled on the new one against the entry count this instance's
+//! writes left (`write.rs`); any other such write fails with a `Backend`
+//! error saying it may or may not be in the log.
 //!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used), or with `min_replicas` once that many replicas acknowledged
