@@ -279,15 +279,17 @@ fn cmd_reads(cmd: &Cmd) -> bool {
     }
 }
 
-/// A connection to the route's primary, one per worker (or purpose), that
-/// follows it: after a resolution its next command goes to the new one.
+/// A connection to the route's primary, one per worker (or purpose). On a
+/// fixed route, the connection manager as it is; on the sentinels', one
+/// that follows the primary: after a resolution its next command goes to
+/// the new one.
 #[derive(Clone)]
-pub(crate) struct Conn {
-    route: Arc<Route>,
-    held: Arc<Held>,
+pub(crate) enum Conn {
+    Fixed(ConnectionManager),
+    Following { route: Arc<Route>, held: Arc<Held> },
 }
 
-struct Held {
+pub(crate) struct Held {
     timeout: Duration,
     /// The generation the manager was made for, and the manager.
     conn: Mutex<(u64, ConnectionManager)>,
@@ -299,21 +301,24 @@ impl Conn {
     pub(super) fn new(route: Arc<Route>, timeout: Duration) -> Result<Self> {
         let target = route.now();
         let manager = manager(&route, &target.client, timeout)?;
-        Ok(Self {
-            held: Arc::new(Held {
-                timeout,
-                conn: Mutex::new((target.generation, manager)),
-            }),
-            route,
-        })
+        if !route.follows() {
+            return Ok(Self::Fixed(manager));
+        }
+        let held = Arc::new(Held {
+            timeout,
+            conn: Mutex::new((target.generation, manager)),
+        });
+        Ok(Self::Following { route, held })
     }
+}
 
-    /// The manager for the route's primary now, and its generation.
-    fn current(&self) -> std::result::Result<(u64, ConnectionManager), RedisError> {
-        let target = self.route.now();
-        let mut held = self.held.conn.lock().unwrap_or_else(|e| e.into_inner());
+impl Held {
+    /// The manager for `route`'s primary now, and its generation.
+    fn current(&self, route: &Route) -> std::result::Result<(u64, ConnectionManager), RedisError> {
+        let target = route.now();
+        let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if held.0 != target.generation {
-            let made = manager(&self.route, &target.client, self.held.timeout)
+            let made = manager(route, &target.client, self.timeout)
                 .map_err(|e| RedisError::from((ErrorKind::Io, "redis", e.to_string())))?;
             *held = (target.generation, made);
         }
@@ -323,16 +328,21 @@ impl Conn {
     /// Sends `request` until it is answered, or fails with no sign of a
     /// failover, or a resolution fails; `reads`: sending it twice is
     /// harmless.
-    async fn run(&mut self, reads: bool, request: Request<'_>) -> redis::RedisResult<Answer> {
+    async fn run(
+        &self,
+        route: &Route,
+        reads: bool,
+        request: Request<'_>,
+    ) -> redis::RedisResult<Answer> {
         let until = Instant::now() + FAILOVER_WAIT;
         loop {
-            let (generation, mut conn) = self.current()?;
+            let (generation, mut conn) = self.current(route)?;
             let e = match request.send(&mut conn).await {
                 Ok(answer) => return Ok(answer),
                 Err(e) => e,
             };
             let sign = sign(&e);
-            if sign == Sign::None || !self.route.follows() || Instant::now() >= until {
+            if sign == Sign::None || Instant::now() >= until {
                 return Err(e);
             }
             if sign == Sign::NotRun {
@@ -340,7 +350,7 @@ impl Conn {
                 // it turned primary: not asked again at once.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            self.route
+            route
                 .follow(generation, until)
                 .await
                 .map_err(|why| RedisError::from((ErrorKind::Io, "redis", why)))?;
@@ -401,9 +411,13 @@ fn mismatched() -> RedisError {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let (route, held) = match self {
+            Conn::Fixed(manager) => return manager.req_packed_command(cmd),
+            Conn::Following { route, held } => (route, held),
+        };
         let reads = cmd_reads(cmd);
         Box::pin(async move {
-            match self.run(reads, Request::One(cmd)).await? {
+            match held.run(route, reads, Request::One(cmd)).await? {
                 Answer::One(value) => Ok(value),
                 Answer::Many(_) => Err(mismatched()),
             }
@@ -416,10 +430,14 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        let (route, held) = match self {
+            Conn::Fixed(manager) => return manager.req_packed_commands(cmd, offset, count),
+            Conn::Following { route, held } => (route, held),
+        };
         let reads = cmd.cmd_iter().all(cmd_reads);
         Box::pin(async move {
-            match self
-                .run(reads, Request::Pipeline(cmd, offset, count))
+            match held
+                .run(route, reads, Request::Pipeline(cmd, offset, count))
                 .await?
             {
                 Answer::Many(values) => Ok(values),
@@ -429,12 +447,15 @@ impl ConnectionLike for Conn {
     }
 
     fn get_db(&self) -> i64 {
-        self.route
-            .now()
-            .client
-            .get_connection_info()
-            .redis_settings()
-            .db()
+        match self {
+            Conn::Fixed(manager) => manager.get_db(),
+            Conn::Following { route, .. } => route
+                .now()
+                .client
+                .get_connection_info()
+                .redis_settings()
+                .db(),
+        }
     }
 }
 
