@@ -7,11 +7,15 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::redis_server::{Persistence, RedisServer};
+use common::redis_server::{Persistence, RedisServer, Tls};
+use common::tls::Pki;
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
@@ -41,7 +45,7 @@ impl Watched {
         let primary = start(RedisServer::start(Persistence::None));
         let replica = start(RedisServer::start_replica_of(&primary));
         let sentinels: Vec<RedisServer> = (0..3)
-            .map(|_| start(RedisServer::start_sentinel(&primary, NAME, 2)))
+            .map(|_| start(RedisServer::start_sentinel(&primary, NAME, 2, None)))
             .collect();
         let watched = Self {
             primary,
@@ -204,6 +208,34 @@ async fn a_name_the_sentinels_do_not_know_is_refused() {
     assert!(err.contains("\"no-such-primary\""), "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_whose_certificate_is_not_trusted_is_refused() {
+    let pki = Pki::new();
+    let primary = RedisServer::start(Persistence::None).unwrap_or_else(|why| panic!("{why}"));
+    let tls = Tls {
+        port: 0,
+        cert: pki.server_cert_file.clone(),
+        key: pki.server_key_file.clone(),
+        ca: pki.ca_file.clone(),
+        users: Vec::new(),
+        client_certificates: false,
+    };
+    let sentinel = RedisServer::start_sentinel(&primary, NAME, 1, Some(tls))
+        .unwrap_or_else(|why| panic!("{why}"));
+    // No `redis_ca_file`: the test CA is not among the system's roots.
+    let at = Endpoint {
+        sentinels: vec![sentinel.tls_url()],
+        sentinel_master: Some(NAME.into()),
+        ..Endpoint::default()
+    };
+    let err = match RedisStore::open_at(&at, PREFIX, Duration::from_secs(10)).await {
+        Ok(_) => panic!("opened through a sentinel whose certificate nothing vouches for"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    assert!(err.contains("sentinels"), "{err}");
+}
+
 /// A proxy configuration on the sentinels of `at`, its data dir `dir`
 /// (with the token key), its writes waiting for `min` replicas.
 fn proxy_config(at: &Endpoint, dir: &std::path::Path, min: u32) -> Config {
@@ -351,37 +383,58 @@ impl std::fmt::Display for Lost {
     }
 }
 
+/// Appends one message of `size` bytes after another to `stream` until
+/// `stop`; gives the messages acknowledged and the count that failed.
+fn spawn_writer(
+    store: Arc<RedisStore>,
+    stream: StreamId,
+    size: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<Vec<u8>>, usize)> {
+    tokio::spawn(async move {
+        let (mut acked, mut failed) = (Vec::new(), 0);
+        for i in 0u64.. {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let mut message = format!("{i:08}").into_bytes();
+            message.resize(size, b'.');
+            match store.append(stream, &[Bytes::from(message.clone())]).await {
+                Ok(_) => acked.push(message),
+                Err(_) => failed += 1,
+            }
+        }
+        (acked, failed)
+    })
+}
+
+/// Every message of `stream` that `server` holds.
+async fn held_on(server: &RedisServer, stream: StreamId) -> HashSet<Bytes> {
+    let held = reader_on(server).await;
+    let mut messages = HashSet::new();
+    let mut after = 0;
+    loop {
+        let entries = held.read_after(stream, after, 1_000).await.expect("read");
+        let Some(last) = entries.last() else {
+            return messages;
+        };
+        after = last.seq;
+        messages.extend(entries.into_iter().map(|e| e.message));
+    }
+}
+
 /// Appends without pause to one stream through the sentinels, writes
 /// waiting for `min` replicas; with `lagging`, the replica is stopped for
 /// the last 300 ms before the `kill -9` (less than the 500 ms after which
 /// the sentinels would count it down too), as a replica behind would be.
 async fn a_failover_under_writes(min: u32, lagging: bool) -> Lost {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     let mut watched = Watched::start();
     let store = Arc::new(store_through(&watched, min).await);
     let meta = call_meta();
     store.create_stream(&meta).await.expect("created");
     let stop = Arc::new(AtomicBool::new(false));
     let size = if lagging { 8 * 1024 } else { 64 };
-    let writer = {
-        let (store, stop) = (store.clone(), stop.clone());
-        tokio::spawn(async move {
-            let (mut acked, mut failed) = (Vec::new(), 0);
-            for i in 0u64.. {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                let mut message = format!("{i:08}").into_bytes();
-                message.resize(size, b'.');
-                match store.append(meta.id, &[Bytes::from(message.clone())]).await {
-                    Ok(_) => acked.push(message),
-                    Err(_) => failed += 1,
-                }
-            }
-            (acked, failed)
-        })
-    };
+    let writer = spawn_writer(store.clone(), meta.id, size, stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     if lagging {
         watched.replica.pause();
@@ -398,19 +451,10 @@ async fn a_failover_under_writes(min: u32, lagging: bool) -> Lost {
         .await
         .expect("the writer stops")
         .expect("the task");
-    let held = reader_on(&watched.replica).await;
-    let mut on_new: std::collections::HashSet<Bytes> = std::collections::HashSet::new();
-    let mut after = 0;
-    loop {
-        let entries = held.read_after(meta.id, after, 1_000).await.expect("read");
-        let Some(last) = entries.last() else { break };
-        after = last.seq;
-        on_new.extend(entries.into_iter().map(|e| e.message));
-    }
-    let lost = acked.iter().filter(|m| !on_new.contains(&m[..])).count();
+    let on_new = held_on(&watched.replica, meta.id).await;
     Lost {
         acknowledged: acked.len(),
-        lost,
+        lost: acked.iter().filter(|m| !on_new.contains(&m[..])).count(),
         failed,
     }
 }

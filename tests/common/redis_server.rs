@@ -147,11 +147,14 @@ impl RedisServer {
 
     /// Starts a sentinel (`redis-server <conf> --sentinel`, the program
     /// Debian's `redis-sentinel` is) watching `primary` as `name`, with
-    /// `quorum`, quick to call it down (500 ms) and to fail over.
+    /// `quorum`, quick to call it down (500 ms) and to fail over; with
+    /// `tls`, serving TLS too (on `tls.port`, chosen here), still watching
+    /// `primary` in plain.
     pub fn start_sentinel(
         primary: &RedisServer,
         name: &str,
         quorum: u32,
+        tls: Option<Tls>,
     ) -> Result<RedisServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("mcp-resume-proxy-sentinel-")
@@ -166,12 +169,19 @@ impl RedisServer {
             port = primary.port
         );
         std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
+        let tls = match tls {
+            Some(tls) => Some(Tls {
+                port: free_port()?,
+                ..tls
+            }),
+            None => None,
+        };
         let mut sentinel = RedisServer {
             child: None,
             port: 0,
             dir: Some(dir),
             persistence: Persistence::None,
-            tls: None,
+            tls,
             primary: None,
             sentinel: Some(conf),
         };
