@@ -162,6 +162,27 @@ async fn the_store_finds_the_primary_through_the_sentinels() {
     assert_eq!(entries[0].message, message);
 }
 
+/// A sentinel stopped (`SIGSTOP`) accepts connections and answers
+/// nothing, as one behind a dropped network would: the others are asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_never_answers_is_passed_over() {
+    let watched = Watched::start();
+    watched.sentinels[0].pause();
+    let started = Instant::now();
+    let store = store_through(&watched, 0).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let meta = call_meta();
+    store
+        .create_stream(&meta)
+        .await
+        .expect("created on the primary");
+    watched.sentinels[0].resume();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_sentinel_set_is_refused_with_the_reason() {
     let ports = [closed_port(), closed_port()];

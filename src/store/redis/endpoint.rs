@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
+use redis::sentinel::SentinelClientBuilder;
 use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates, TlsMode};
 
 use super::sentinel::{Route, Sentinels};
@@ -67,34 +68,67 @@ pub(super) async fn route(store: &Endpoint) -> Result<Route> {
         return Ok(Route::fixed(client(store)?));
     }
     let master = store.sentinel_master.as_deref().unwrap_or_default();
-    let (mut builder, listed) = Sentinels::builder(&store.sentinels, master)?;
-    if let Some(user) = &store.username {
-        builder = builder.set_client_to_redis_username(user);
+    let (builders, listed) = Sentinels::builders(&store.sentinels, master)?;
+    let how = Reached::from(store)?;
+    let builders = builders.into_iter().map(|b| how.apply(b)).collect();
+    Route::through(Sentinels::new(builders, master, listed)?).await
+}
+
+/// How the sentinels and the data nodes are reached: users, passwords, TLS.
+struct Reached {
+    username: Option<String>,
+    password: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+    /// With `rediss://` sentinels: both verified, never `TlsMode::Insecure`.
+    tls: Option<TlsCertificates>,
+}
+
+impl Reached {
+    fn from(store: &Endpoint) -> Result<Self> {
+        let sentinel_password = match &store.sentinel_password_file {
+            Some(file) => Some(first_line("store.redis_sentinel_password_file", file)?),
+            None => None,
+        };
+        let sentinel_username = store.sentinels.iter().find_map(|url| {
+            let info = url.as_str().into_connection_info().ok()?;
+            info.redis_settings().username().map(str::to_owned)
+        });
+        let tls = match store.sentinels.iter().any(|u| u.starts_with("rediss://")) {
+            true => Some(certificates(store)?),
+            false => None,
+        };
+        Ok(Self {
+            username: store.username.clone(),
+            password: password(store)?,
+            sentinel_username,
+            sentinel_password,
+            tls,
+        })
     }
-    if let Some(password) = password(store)? {
-        builder = builder.set_client_to_redis_password(password);
+
+    fn apply(&self, mut builder: SentinelClientBuilder) -> SentinelClientBuilder {
+        if let Some(user) = &self.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &self.sentinel_username {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(certificates) = &self.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates.clone());
+        }
+        builder
     }
-    if let Some(file) = &store.sentinel_password_file {
-        let password = first_line("store.redis_sentinel_password_file", file)?;
-        builder = builder.set_client_to_sentinel_password(password);
-    }
-    let sentinel_user = store.sentinels.iter().find_map(|url| {
-        let info = url.as_str().into_connection_info().ok()?;
-        info.redis_settings().username().map(str::to_owned)
-    });
-    if let Some(user) = sentinel_user {
-        builder = builder.set_client_to_sentinel_username(user);
-    }
-    if store.sentinels.iter().any(|u| u.starts_with("rediss://")) {
-        // Both verified: never `TlsMode::Insecure`.
-        let certificates = certificates(store)?;
-        builder = builder
-            .set_client_to_redis_tls_mode(TlsMode::Secure)
-            .set_client_to_sentinel_tls_mode(TlsMode::Secure)
-            .set_client_to_redis_certificates(certificates.clone())
-            .set_client_to_sentinel_certificates(certificates);
-    }
-    Route::through(Sentinels::new(builder, master, listed)?).await
 }
 
 /// The CA and client certificate `rediss://` connections present.

@@ -15,6 +15,7 @@
 //! With a fixed server nothing here changes how commands go: no retry, the
 //! connection manager's own reconnection.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,26 +39,38 @@ const UNANSWERED: &str = "the Redis primary went away before answering a write";
 
 /// The sentinels and the name of the primary they watch.
 pub(super) struct Sentinels {
-    client: tokio::sync::Mutex<SentinelClient>,
+    /// One client per sentinel, each asking them all but starting from its
+    /// own: redis-rs takes the answers in the order it was given, so a
+    /// sentinel that accepts and never answers would hold up every round
+    /// that starts with it. Rounds take turns.
+    clients: Vec<tokio::sync::Mutex<SentinelClient>>,
+    next: AtomicUsize,
     master: String,
     /// The sentinels' addresses, for messages.
     listed: String,
 }
 
 impl Sentinels {
-    pub fn new(builder: SentinelClientBuilder, master: &str, listed: String) -> Result<Self> {
-        let client = builder
-            .build()
+    pub fn new(builders: Vec<SentinelClientBuilder>, master: &str, listed: String) -> Result<Self> {
+        let clients = builders
+            .into_iter()
+            .map(|b| b.build().map(tokio::sync::Mutex::new))
+            .collect::<redis::RedisResult<Vec<_>>>()
             .map_err(|e| StoreError::Backend(format!("store.redis_sentinels = {listed}: {e}")))?;
         Ok(Self {
-            client: tokio::sync::Mutex::new(client),
+            clients,
+            next: AtomicUsize::new(0),
             master: master.to_owned(),
             listed,
         })
     }
 
-    /// The builder for `sentinels`' addresses, the primary's name and type.
-    pub fn builder(sentinels: &[String], master: &str) -> Result<(SentinelClientBuilder, String)> {
+    /// A builder for each turn of `sentinels`' addresses (see
+    /// [`Sentinels::clients`]), with the primary's name and type.
+    pub fn builders(
+        sentinels: &[String],
+        master: &str,
+    ) -> Result<(Vec<SentinelClientBuilder>, String)> {
         let mut addrs = Vec::new();
         for url in sentinels {
             let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
@@ -69,14 +82,26 @@ impl Sentinels {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        let builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
-            .map_err(|e| StoreError::Backend(format!("store.redis_sentinels = {listed}: {e}")))?;
-        Ok((builder, listed))
+        let mut builders = Vec::new();
+        for turn in 0..addrs.len() {
+            let mut turned = addrs.clone();
+            turned.rotate_left(turn);
+            let builder = SentinelClientBuilder::new(turned, master, SentinelServerType::Master)
+                .map_err(|e| {
+                    StoreError::Backend(format!("store.redis_sentinels = {listed}: {e}"))
+                })?;
+            builders.push(builder);
+        }
+        Ok((builders, listed))
     }
 
     /// One round: the primary's client, or why none.
     async fn ask(&self) -> std::result::Result<redis::Client, String> {
-        let mut client = self.client.lock().await;
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len().max(1);
+        let Some(client) = self.clients.get(turn) else {
+            return Err("no sentinels to ask".into());
+        };
+        let mut client = client.lock().await;
         match tokio::time::timeout(ASK_TIMEOUT, client.async_get_client()).await {
             Ok(Ok(found)) => Ok(found),
             Ok(Err(e)) => Err(format!(
@@ -88,6 +113,18 @@ impl Sentinels {
                 self.listed, self.master
             )),
         }
+    }
+
+    /// Asks once in each turn, until one names a primary.
+    async fn ask_each(&self) -> std::result::Result<redis::Client, String> {
+        let mut why = String::from("no sentinels to ask");
+        for _ in 0..self.clients.len() {
+            match self.ask().await {
+                Ok(client) => return Ok(client),
+                Err(e) => why = e,
+            }
+        }
+        Err(why)
     }
 }
 
@@ -115,9 +152,9 @@ impl Route {
     }
 
     /// The primary the sentinels name now; an error saying why when none
-    /// answers within [`ASK_TIMEOUT`] (the store is not opened).
+    /// does in a round from each (the store is not opened).
     pub async fn through(sentinels: Sentinels) -> Result<Self> {
-        let client = sentinels.ask().await.map_err(StoreError::Backend)?;
+        let client = sentinels.ask_each().await.map_err(StoreError::Backend)?;
         tracing::info!(
             primary = %client.get_connection_info().addr(),
             master = %sentinels.master,
