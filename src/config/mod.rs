@@ -14,6 +14,7 @@ use crate::store::commit::SyncMode;
 
 pub mod auth;
 pub mod edge;
+mod redis_keys;
 pub mod traces;
 mod upstream;
 
@@ -444,6 +445,16 @@ pub struct StoreConfig {
     /// key in `redis_client_key`.
     pub redis_client_cert: Option<PathBuf>,
     pub redis_client_key: Option<PathBuf>,
+    /// Redis Sentinel: the sentinels (`redis://host:26379`, or all
+    /// `rediss://`) asked for the primary named `redis_sentinel_master`, in
+    /// place of `redis_url`'s server; asked again whenever the primary
+    /// fails or turns replica. The user, password and TLS keys above apply
+    /// to the data nodes (TLS with `rediss://` sentinels).
+    pub redis_sentinels: Vec<String>,
+    pub redis_sentinel_master: Option<String>,
+    /// The sentinels' own password (`requirepass`), if they have one: its
+    /// first line.
+    pub redis_sentinel_password_file: Option<PathBuf>,
     /// The start of every key `backend = "redis"` writes, so that several
     /// deployments can share one Redis.
     pub key_prefix: String,
@@ -607,6 +618,9 @@ impl StoreConfig {
             ca_file: self.redis_ca_file.clone(),
             client_cert: self.redis_client_cert.clone(),
             client_key: self.redis_client_key.clone(),
+            sentinels: self.redis_sentinels.clone(),
+            sentinel_master: self.redis_sentinel_master.clone(),
+            sentinel_password_file: self.redis_sentinel_password_file.clone(),
         }
     }
 
@@ -659,16 +673,10 @@ impl StoreConfig {
     /// only for `rediss://`, a client certificate with its key.
     fn check_redis(&self) -> Result<(), String> {
         let url = &self.redis_url;
-        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-        let authority = rest.split('/').next().unwrap_or_default();
-        if let Some((userinfo, _)) = authority.rsplit_once('@') {
-            if userinfo.contains(':') {
-                return Err(
-                    "store.redis_url holds a password: give it in store.redis_password_file \
-                     or MCP_RESUME_PROXY_REDIS_PASSWORD, never in the configuration"
-                        .into(),
-                );
-            }
+        redis_keys::check_redis_url("store.redis_url", url)?;
+        let mut scheme = url.split_once("://").map_or("", |(s, _)| s);
+        if let Some(sentinels) = self.check_sentinels()? {
+            scheme = sentinels;
         }
         let tls_files = [
             ("redis_ca_file", &self.redis_ca_file),
@@ -678,7 +686,8 @@ impl StoreConfig {
         if let Some((key, _)) = tls_files.iter().find(|(_, f)| f.is_some()) {
             if scheme != "rediss" {
                 return Err(format!(
-                    "store.{key} is for TLS: store.redis_url must start with rediss://"
+                    "store.{key} is for TLS: store.redis_url (or store.redis_sentinels) must \
+                     start with rediss://"
                 ));
             }
         }
@@ -744,6 +753,9 @@ impl Default for StoreConfig {
             redis_ca_file: None,
             redis_client_cert: None,
             redis_client_key: None,
+            redis_sentinels: Vec::new(),
+            redis_sentinel_master: None,
+            redis_sentinel_password_file: None,
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
             min_replicas: 0,

@@ -107,6 +107,8 @@ pub struct RedisServer {
     tls: Option<Tls>,
     /// For a replica: the port of its primary (on loopback).
     primary: Option<u16>,
+    /// For a sentinel: its configuration file (which it rewrites).
+    sentinel: Option<std::path::PathBuf>,
 }
 
 /// A server's TLS: its port, its certificate and key files, and ACL users
@@ -137,9 +139,65 @@ impl RedisServer {
             persistence,
             tls: None,
             primary: None,
+            sentinel: None,
         };
         server.first_run()?;
         Ok(server)
+    }
+
+    /// Starts a sentinel (`redis-server <conf> --sentinel`, the program
+    /// Debian's `redis-sentinel` is) watching `primary` as `name`, with
+    /// `quorum`, quick to call it down (500 ms) and to fail over; with
+    /// `tls`, serving TLS too (on `tls.port`, chosen here), still watching
+    /// `primary` in plain.
+    pub fn start_sentinel(
+        primary: &RedisServer,
+        name: &str,
+        quorum: u32,
+        tls: Option<Tls>,
+    ) -> Result<RedisServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-sentinel-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for a sentinel: {e}"))?;
+        let conf = dir.path().join("sentinel.conf");
+        let text = format!(
+            "sentinel monitor {name} 127.0.0.1 {port} {quorum}\n\
+             sentinel down-after-milliseconds {name} 500\n\
+             sentinel failover-timeout {name} 2000\n\
+             sentinel parallel-syncs {name} 1\n",
+            port = primary.port
+        );
+        std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
+        let tls = match tls {
+            Some(tls) => Some(Tls {
+                port: free_port()?,
+                ..tls
+            }),
+            None => None,
+        };
+        let mut sentinel = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence: Persistence::None,
+            tls,
+            primary: None,
+            sentinel: Some(conf),
+        };
+        sentinel.first_run()?;
+        Ok(sentinel)
+    }
+
+    /// The port of the primary this sentinel names for `name` now.
+    pub fn primary_named(&self, name: &str) -> Option<u16> {
+        let mut conn = connect(&self.url()).ok()?;
+        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query(&mut conn)
+            .ok()?;
+        addr?.1.parse().ok()
     }
 
     /// Starts a replica of `primary` (`--replicaof`, no persistence) and
@@ -169,6 +227,7 @@ impl RedisServer {
             persistence: Persistence::None,
             tls: None,
             primary: Some(primary.port),
+            sentinel: None,
         };
         replica.first_run()?;
         replica.wait_for_replication(|line| line == "master_link_status:up")?;
@@ -218,6 +277,7 @@ impl RedisServer {
             persistence: Persistence::None,
             tls: Some(tls),
             primary: None,
+            sentinel: None,
         };
         server.first_run()?;
         Ok(server)
@@ -251,6 +311,9 @@ impl RedisServer {
     fn run(&mut self) -> Result<(), Start> {
         let dir = self.dir.as_ref().expect("a server that runs has its dir");
         let mut cmd = Command::new("redis-server");
+        if let Some(conf) = &self.sentinel {
+            cmd.arg(conf).arg("--sentinel");
+        }
         cmd.args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", ""])
             .arg("--dir")

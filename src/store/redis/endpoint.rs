@@ -1,8 +1,11 @@
-//! Where the Redis log is and how to reach it ([`Endpoint`]): the URL, the
-//! ACL user and its password, and for `rediss://` the CA to trust and a
-//! client certificate. Made from `[store]` by the configuration, read once
-//! when the store opens, into one [`redis::Client`] every connection of the
-//! store is made from (commands, the live feed, the probe).
+//! Where the Redis log is and how to reach it ([`Endpoint`]): the URL, or
+//! the sentinels and the name of the primary they watch; the ACL user and
+//! its password, and for `rediss://` the CA to trust and a client
+//! certificate. Made from `[store]` by the configuration, read once when
+//! the store opens, into the route every connection of the store is made
+//! from (commands, the live feed, the probe): one [`redis::Client`], or the
+//! sentinels' (`sentinel.rs`), which the same user, password and TLS
+//! settings reach the data nodes through.
 //!
 //! The password never comes from the configuration file (validation refuses
 //! one in `redis_url`): from `redis_password_file`, else the environment.
@@ -10,8 +13,10 @@
 
 use std::path::{Path, PathBuf};
 
-use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
+use redis::sentinel::SentinelClientBuilder;
+use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates, TlsMode};
 
+use super::sentinel::{Route, Sentinels};
 use crate::store::{Result, StoreError};
 
 /// How to reach the Redis log; `[store]`'s keys of the same names.
@@ -23,6 +28,12 @@ pub struct Endpoint {
     pub ca_file: Option<PathBuf>,
     pub client_cert: Option<PathBuf>,
     pub client_key: Option<PathBuf>,
+    /// Sentinels to ask for the primary instead of `url`'s server.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels know the primary by.
+    pub sentinel_master: Option<String>,
+    /// The sentinels' own password (`requirepass`), if they have one.
+    pub sentinel_password_file: Option<PathBuf>,
 }
 
 /// The environment variable a password is taken from when no file is named.
@@ -46,6 +57,82 @@ pub fn client(store: &Endpoint) -> Result<redis::Client> {
     if !url.starts_with("rediss://") {
         return redis::Client::open(info).map_err(|e| StoreError::Backend(e.to_string()));
     }
+    redis::Client::build_with_tls(info, certificates(store)?)
+        .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: TLS: {e}")))
+}
+
+/// Where the store's connections go: `url`'s server, or the primary the
+/// sentinels name (an error when none of them names one that answers).
+pub(super) async fn route(store: &Endpoint) -> Result<Route> {
+    if store.sentinels.is_empty() {
+        return Ok(Route::fixed(client(store)?));
+    }
+    let master = store.sentinel_master.as_deref().unwrap_or_default();
+    let (builders, listed) = Sentinels::builders(&store.sentinels, master)?;
+    let how = Reached::from(store)?;
+    let builders = builders.into_iter().map(|b| how.apply(b)).collect();
+    Route::through(Sentinels::new(builders, master, listed)?).await
+}
+
+/// How the sentinels and the data nodes are reached: users, passwords, TLS.
+struct Reached {
+    username: Option<String>,
+    password: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+    /// With `rediss://` sentinels: both verified, never `TlsMode::Insecure`.
+    tls: Option<TlsCertificates>,
+}
+
+impl Reached {
+    fn from(store: &Endpoint) -> Result<Self> {
+        let sentinel_password = match &store.sentinel_password_file {
+            Some(file) => Some(first_line("store.redis_sentinel_password_file", file)?),
+            None => None,
+        };
+        let sentinel_username = store.sentinels.iter().find_map(|url| {
+            let info = url.as_str().into_connection_info().ok()?;
+            info.redis_settings().username().map(str::to_owned)
+        });
+        let tls = match store.sentinels.iter().any(|u| u.starts_with("rediss://")) {
+            true => Some(certificates(store)?),
+            false => None,
+        };
+        Ok(Self {
+            username: store.username.clone(),
+            password: password(store)?,
+            sentinel_username,
+            sentinel_password,
+            tls,
+        })
+    }
+
+    fn apply(&self, mut builder: SentinelClientBuilder) -> SentinelClientBuilder {
+        if let Some(user) = &self.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &self.sentinel_username {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &self.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(certificates) = &self.tls {
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(certificates.clone())
+                .set_client_to_sentinel_certificates(certificates.clone());
+        }
+        builder
+    }
+}
+
+/// The CA and client certificate `rediss://` connections present.
+fn certificates(store: &Endpoint) -> Result<TlsCertificates> {
     let client_tls = match (&store.client_cert, &store.client_key) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
             client_cert: read("store.redis_client_cert", cert)?,
@@ -57,28 +144,26 @@ pub fn client(store: &Endpoint) -> Result<redis::Client> {
         Some(ca) => Some(read("store.redis_ca_file", ca)?),
         None => None,
     };
-    let certificates = TlsCertificates {
+    Ok(TlsCertificates {
         client_tls,
         root_cert,
-    };
-    redis::Client::build_with_tls(info, certificates)
-        .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: TLS: {e}")))
+    })
 }
 
 /// The password: `redis_password_file`'s first line, else the environment.
 fn password(store: &Endpoint) -> Result<Option<String>> {
     if let Some(file) = &store.password_file {
-        let text = read("store.redis_password_file", file)?;
-        let text = String::from_utf8(text).map_err(|_| {
-            StoreError::Backend(format!(
-                "store.redis_password_file = {}: not UTF-8",
-                file.display()
-            ))
-        })?;
-        let first = text.lines().next().unwrap_or_default().to_owned();
-        return Ok(Some(first));
+        return first_line("store.redis_password_file", file).map(Some);
     }
     Ok(std::env::var(PASSWORD_VAR).ok().filter(|p| !p.is_empty()))
+}
+
+/// A password file's first line.
+fn first_line(key: &str, file: &Path) -> Result<String> {
+    let text = read(key, file)?;
+    let text = String::from_utf8(text)
+        .map_err(|_| StoreError::Backend(format!("{key} = {}: not UTF-8", file.display())))?;
+    Ok(text.lines().next().unwrap_or_default().to_owned())
 }
 
 fn read(key: &str, file: &Path) -> Result<Vec<u8>> {

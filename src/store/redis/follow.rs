@@ -10,7 +10,7 @@
 //! [`RESYNC_EVERY`] anyway, each tail is re-read from its stream's
 //! metadata.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::read::metas_on;
 use super::record::backend;
+use super::sentinel::Route;
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -47,7 +48,14 @@ pub(super) struct Tail {
     /// Read from Redis after it was put where writes find it (see
     /// [`RedisStore::tail`]).
     synced: AtomicBool,
+    /// The stream's entry count as this instance's last answered write
+    /// left it ([`UNKNOWN`] before one): what settles a write the primary
+    /// went away without answering (`write.rs`). Moved by nothing else.
+    written: AtomicU64,
 }
+
+/// [`Tail::written`] before this instance wrote.
+const UNKNOWN: u64 = u64::MAX;
 
 impl Tail {
     pub fn new(mark: Watermark) -> Self {
@@ -56,6 +64,7 @@ impl Tail {
             claims: watch::Sender::new((0, 0)),
             fresh: AtomicBool::new(false),
             synced: AtomicBool::new(false),
+            written: AtomicU64::new(UNKNOWN),
         }
     }
 
@@ -64,8 +73,19 @@ impl Tail {
         Self {
             fresh: AtomicBool::new(true),
             synced: AtomicBool::new(true),
+            written: AtomicU64::new(mark.seq),
             ..Self::new(mark)
         }
+    }
+
+    /// The entry count this instance's last answered write left.
+    pub fn written(&self) -> Option<u64> {
+        Some(self.written.load(Ordering::SeqCst)).filter(|n| *n != UNKNOWN)
+    }
+
+    /// Notes an answered write that left `seq` entries.
+    pub fn wrote(&self, seq: u64) {
+        self.written.store(seq, Ordering::SeqCst);
     }
 
     /// Moves the watermark to what Redis says now: never back in seq, and
@@ -177,7 +197,8 @@ pub(super) fn order_of(id: &str) -> Option<ClaimOrder> {
 /// Where the listener reads.
 pub(super) struct Listener {
     pub follow: Arc<Follow>,
-    pub client: redis::Client,
+    /// Where the primary is: asked again when the feed's connection fails.
+    pub route: Arc<Route>,
     pub instance: String,
     pub feed_key: String,
     /// The deployment's `key_prefix`.
@@ -194,6 +215,7 @@ impl Listener {
         // line written meanwhile is still read (the feed keeps ~100k).
         let mut read_up_to: Option<String> = None;
         loop {
+            let generation = self.route.now().generation;
             let followed = tokio::select! {
                 r = self.follow_feed(&mut away, &mut read_up_to) => r,
                 () = stop.cancelled() => return,
@@ -203,6 +225,18 @@ impl Listener {
                 if !std::mem::replace(&mut away, true) {
                     tracing::warn!(error = %e, "lost the Redis feed; reconnecting");
                     backoff = Duration::from_millis(50);
+                }
+                if self.route.follows() {
+                    // The primary may have moved: the next attempt goes
+                    // where the sentinels say (a failure is logged there).
+                    let until = tokio::time::Instant::now() + MAX_BACKOFF;
+                    let asked = tokio::select! {
+                        r = self.route.follow(generation, until) => r,
+                        () = stop.cancelled() => return,
+                    };
+                    if let Err(why) = asked {
+                        tracing::debug!(error = %why, "the feed waits for a primary");
+                    }
                 }
             }
             tokio::select! {
@@ -222,6 +256,8 @@ impl Listener {
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
         let mut conn = self
+            .route
+            .now()
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;

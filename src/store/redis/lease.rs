@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
 use redis::Script;
 use tokio_util::sync::CancellationToken;
 
 use super::read::metas_on;
 use super::record::backend;
+use super::sentinel::Conn;
 use super::{ids, RedisStore};
 use crate::id::StreamId;
 use crate::store::{Result, StreamMeta};
@@ -67,7 +67,7 @@ impl Renewed {
 /// lets the other instances take this one's streams over. Each renewal is
 /// marked in `renewed`.
 pub(super) fn spawn_renewal(
-    mut conn: ConnectionManager,
+    mut conn: Conn,
     renew: Script,
     instances_key: String,
     instance: String,

@@ -65,6 +65,16 @@
 //! reads the retention index, `sessions.rs` keeps the idle-session index;
 //! `tests.rs` runs the contract suite against a real Redis.
 //!
+//! Where the primary is, `endpoint.rs` says and `sentinel.rs` keeps: one
+//! server (`redis_url`), or the primary the sentinels name, asked again
+//! when a connection to it fails or it answers `READONLY`. Every connection
+//! of the store — the workers', the waited writes', the lease's, the
+//! feed's — follows it. A command that cannot have run is sent again to
+//! the new primary; an append the old one may have run without answering
+//! is settled on the new one against the entry count this instance's
+//! writes left (`write.rs`); any other such write fails with a `Backend`
+//! error saying it may or may not be in the log.
+//!
 //! Durability: a write counts once Redis answered it (the `sync` mode is
 //! not used), or with `min_replicas` once that many replicas acknowledged
 //! it too (`replicas.rs`); whether Redis itself survives a crash (AOF,
@@ -92,7 +102,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use self::follow::{Follow, Listener};
 use self::lease::Tasks;
@@ -100,6 +109,7 @@ use self::record::{backend, decode, encode};
 pub use self::replicas::Replicas;
 use self::replicas::Waiting;
 use self::scripts::{Scripts, FEED_LENGTH};
+use self::sentinel::{Conn, Route};
 use self::sessions::Indexing;
 pub use self::ttl::Lifetimes;
 use super::{
@@ -113,18 +123,18 @@ use crate::workers::PerWorker;
 /// How long one command may take before it fails (the client's default,
 /// 500 ms, is short for a long `XRANGE` on a loaded server).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct RedisStore {
     prefix: String,
     /// The connection of code on no worker, made with the store.
-    first: ConnectionManager,
+    first: Conn,
     /// Each worker's own, made there on its first command
     /// ([`RedisStore::with_workers`]); the first for code on no worker.
-    conn: PerWorker<OnceLock<ConnectionManager>>,
-    /// Makes the workers' connections, the feed listener's own (its
-    /// `XREAD BLOCK` must not hold up the others) and the probe's.
-    client: redis::Client,
+    conn: PerWorker<OnceLock<Conn>>,
+    /// Where the primary is (`sentinel.rs`): makes the workers'
+    /// connections, the feed listener's own (its `XREAD BLOCK` must not
+    /// hold up the others) and the probe's.
+    route: Arc<Route>,
     follow: Arc<Follow>,
     scripts: Scripts,
     /// This process's name among the instances (see `lease.rs`).
@@ -144,13 +154,11 @@ pub struct RedisStore {
     waiting: Waiting,
 }
 
-/// A connection to `client` that connects on first use, and again after
-/// it breaks, failing a command not answered within `timeout`.
-fn connection(client: &redis::Client, timeout: Duration) -> Result<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(timeout))
-        .set_connection_timeout(Some(CONNECT_TIMEOUT));
-    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(backend)
+/// A connection to the route's primary that connects on first use, and
+/// again after it breaks (to the primary then), failing a command not
+/// answered within `timeout`.
+fn connection(route: &Arc<Route>, timeout: Duration) -> Result<Conn> {
+    Conn::new(route.clone(), timeout)
 }
 
 /// The key of one of a stream's values (`meta`, `log`) under `prefix`.
@@ -170,25 +178,26 @@ impl RedisStore {
     /// starts following the feed and renewing its lease at once.
     pub fn new(url: &str, prefix: &str, lease: Duration) -> Result<Self> {
         let client = redis::Client::open(url).map_err(backend)?;
-        Self::with_client(client, prefix, lease)
+        Self::with_route(Route::fixed(client), prefix, lease)
     }
 
-    fn with_client(client: redis::Client, prefix: &str, lease: Duration) -> Result<Self> {
-        let store = Self::build(client, prefix, lease)?;
+    fn with_route(route: Route, prefix: &str, lease: Duration) -> Result<Self> {
+        let store = Self::build(route, prefix, lease)?;
         if tokio::runtime::Handle::try_current().is_ok() {
             store.start_tasks();
         }
         Ok(store)
     }
 
-    fn build(client: redis::Client, prefix: &str, lease: Duration) -> Result<Self> {
-        let first = connection(&client, RESPONSE_TIMEOUT)?;
+    fn build(route: Route, prefix: &str, lease: Duration) -> Result<Self> {
+        let route = Arc::new(route);
+        let first = connection(&route, RESPONSE_TIMEOUT)?;
         let conn = PerWorker::new(0, |_| OnceLock::from(first.clone()));
         let store = Self {
             prefix: prefix.to_owned(),
             first,
             conn,
-            client,
+            route,
             follow: Arc::new(Follow::new()),
             scripts: Scripts::new(),
             instance: lease::new_instance(),
@@ -207,7 +216,7 @@ impl RedisStore {
     fn start_tasks(&self) {
         let listener = Listener {
             follow: self.follow.clone(),
-            client: self.client.clone(),
+            route: self.route.clone(),
             instance: self.instance.clone(),
             feed_key: self.global_key("feed"),
             prefix: self.prefix.clone(),
@@ -252,8 +261,8 @@ impl RedisStore {
     /// (`streams list|show`): no lease, no feed listener, so it never
     /// counts as an instance.
     pub async fn observer(at: &endpoint::Endpoint, prefix: &str) -> Result<Self> {
-        let client = endpoint::client(at)?;
-        let store = Self::build(client, prefix, Duration::ZERO)?;
+        let route = endpoint::route(at).await?;
+        let store = Self::build(route, prefix, Duration::ZERO)?;
         store.probe(&at.url).await?;
         Ok(store)
     }
@@ -268,21 +277,24 @@ impl RedisStore {
     /// Opens the log at `at`: its URL (`rediss://` for TLS), ACL user,
     /// password, CA and client certificate ([`endpoint`]).
     pub async fn open_at(at: &endpoint::Endpoint, prefix: &str, lease: Duration) -> Result<Self> {
-        let client = endpoint::client(at)?;
-        let store = Self::with_client(client, prefix, lease)?;
+        let route = endpoint::route(at).await?;
+        let store = Self::with_route(route, prefix, lease)?;
         store.probe(&at.url).await?;
         Ok(store)
     }
 
-    /// Checks that Redis answers at `url`.
+    /// Checks that Redis answers at `url` (or where the sentinels said).
     async fn probe(&self, url: &str) -> Result<()> {
-        let store = self;
+        let client = self.route.now().client.clone();
+        let at = match self.route.follows() {
+            true => client.get_connection_info().addr().to_string(),
+            false => url.to_owned(),
+        };
         // A connection of its own: the manager would retry for seconds.
         let silent = |e: redis::RedisError| {
-            StoreError::Backend(format!("redis at {url} does not answer: {e}"))
+            StoreError::Backend(format!("redis at {at} does not answer: {e}"))
         };
-        let mut probe = store
-            .client
+        let mut probe = client
             .get_multiplexed_async_connection()
             .await
             .map_err(silent)?;
@@ -293,12 +305,12 @@ impl RedisStore {
         Ok(())
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Conn {
         let own = self.conn.get().get_or_init(|| {
             // Made here, on the worker, so that the connection's tasks (and
             // those of every reconnection) run on this thread. Making it
             // fails only on a configuration `build` already accepted.
-            connection(&self.client, RESPONSE_TIMEOUT).unwrap_or_else(|_| self.first.clone())
+            connection(&self.route, RESPONSE_TIMEOUT).unwrap_or_else(|_| self.first.clone())
         });
         own.clone()
     }
@@ -670,7 +682,11 @@ impl Store for RedisStore {
         if away <= self.lease || self.tasks.renewal.is_cancelled() {
             return Ok(());
         }
-        Err(format!("redis unreachable for {}s", away.as_secs()))
+        let unreachable = format!("redis unreachable for {}s", away.as_secs());
+        match self.route.failing() {
+            Some(why) => Err(format!("{unreachable}: {why}")),
+            None => Err(unreachable),
+        }
     }
 
     async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {
@@ -698,6 +714,7 @@ mod record;
 mod replicas;
 mod retention;
 mod scripts;
+mod sentinel;
 mod sessions;
 #[cfg(test)]
 mod tests;

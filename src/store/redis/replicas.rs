@@ -37,10 +37,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, FromRedisValue, Pipeline, ScriptInvocation, ServerErrorKind, Value};
 
 use super::record::backend;
+use super::sentinel::Conn;
 use super::{connection, RedisStore, RESPONSE_TIMEOUT};
 use crate::store::{Result, StoreError};
 use crate::workers::PerWorker;
@@ -78,7 +78,7 @@ impl Replicas {
 /// The replicas a write waits for, and the connections waited writes go on.
 pub(super) struct Waiting {
     replicas: Replicas,
-    conns: PerWorker<OnceLock<ConnectionManager>>,
+    conns: PerWorker<OnceLock<Conn>>,
 }
 
 impl Waiting {
@@ -110,12 +110,12 @@ impl RedisStore {
 
     /// This worker's connection for waited writes. Its answers may take
     /// the wait longer than a command's.
-    fn waited_conn(&self) -> ConnectionManager {
+    fn waited_conn(&self) -> Conn {
         let timeout = RESPONSE_TIMEOUT.saturating_add(self.waiting.replicas.wait);
         let own = self.waiting.conns.get().get_or_init(|| {
             // As `RedisStore::conn`: made on the worker, failing only on a
             // configuration the store already accepted.
-            connection(&self.client, timeout).unwrap_or_else(|_| self.first.clone())
+            connection(&self.route, timeout).unwrap_or_else(|_| self.first.clone())
         });
         own.clone()
     }

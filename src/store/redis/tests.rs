@@ -283,7 +283,7 @@ async fn a_first_subscribe_waiting_on_redis_leaves_its_thread_to_the_other_tasks
     let url = format!("redis://{}/0", silent.local_addr().unwrap());
     let store = Arc::new(
         RedisStore::build(
-            redis::Client::open(url.as_str()).unwrap(),
+            super::Route::fixed(redis::Client::open(url.as_str()).unwrap()),
             "silent",
             TEST_LEASE,
         )
@@ -350,7 +350,7 @@ async fn a_tail_left_unread_by_a_dropped_subscribe_is_read_by_the_next() {
     let a = open_store(dir.path(), SyncMode::Batch);
     // No feed listener: nothing but the subscribe may move B's tail.
     let b = RedisStore::build(
-        redis::Client::open(url()).unwrap(),
+        super::Route::fixed(redis::Client::open(url()).unwrap()),
         &prefix_of(dir.path()),
         TEST_LEASE,
     )

@@ -11,9 +11,17 @@ use bytes::Bytes;
 
 use super::follow::Tail;
 use super::record::{backend, encode};
-use super::{packed, ttl, RedisStore};
+use super::{packed, sentinel, ttl, RedisStore};
 use crate::id::{Seq, StreamId};
-use crate::store::{now_ms, Along, Prior, Result, StoreError, StreamMeta, TaskRecord};
+use crate::store::{now_ms, Along, Finish, Prior, Result, StoreError, StreamMeta, TaskRecord};
+
+/// What an append that went unanswered had sent.
+struct Sent {
+    /// The entry count before it, as this instance's writes left it.
+    before: Option<Seq>,
+    count: Seq,
+    finish: Option<Finish>,
+}
 
 /// An optional number as a script argument: `''` for none.
 fn optional(value: Option<u64>) -> String {
@@ -148,7 +156,20 @@ impl RedisStore {
         for message in messages {
             invocation.arg(message.as_ref());
         }
-        let seq = match self.run_write::<i64>(&invocation).await? {
+        let before = self.follow.tails.get(&stream).and_then(|t| t.written());
+        let answer = match self.run_write::<i64>(&invocation).await {
+            Err(StoreError::Backend(why)) if sentinel::unanswered_message(&why) => {
+                let sent = Sent {
+                    before,
+                    count: messages.len() as Seq,
+                    finish,
+                };
+                self.settle_unanswered(stream, &invocation, sent, why)
+                    .await?
+            }
+            answered => answered?,
+        };
+        let seq = match answer {
             -2 => return Err(StoreError::NotOwner(stream)),
             -3 => return Err(StoreError::OverCaps(stream)),
             seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
@@ -157,6 +178,7 @@ impl RedisStore {
         // A stream with no tail here has no reader here to wake; a tail made
         // later reads this write from Redis.
         if let Some(tail) = self.follow.tails.get(&stream) {
+            tail.wrote(seq);
             tail.watermark.send_modify(|w| {
                 w.seq = w.seq.max(seq);
                 if let Some(end) = finish {
@@ -165,6 +187,49 @@ impl RedisStore {
             });
         }
         Ok(seq)
+    }
+
+    /// Settles an append the primary went away without answering (a
+    /// failover; `sentinel.rs` already follows the new primary): the new
+    /// primary holds it whole or not at all (one script), which its entry
+    /// count tells, against the count this instance's last answered write
+    /// left. Written again when it is not there; an error saying so when
+    /// that count is not known here or the log moved otherwise.
+    async fn settle_unanswered(
+        &self,
+        stream: StreamId,
+        invocation: &redis::ScriptInvocation<'_>,
+        sent: Sent,
+        why: String,
+    ) -> Result<i64> {
+        let Some(before) = sent.before else {
+            return Err(StoreError::Backend(format!(
+                "{why}: this instance does not know where the stream stood, so the write is \
+                 not sent again; it may or may not be in the log"
+            )));
+        };
+        let meta = self
+            .meta(stream)
+            .await?
+            .ok_or(StoreError::NoSuchStream(stream))?;
+        let ended = sent.finish.is_some_and(|end| meta.status == end.status);
+        let landed = match sent.count {
+            0 => ended,
+            count => meta.entries == before + count,
+        };
+        if landed {
+            tracing::warn!(%stream, entries = meta.entries, "an append the old primary did not answer is on the new one");
+            return i64::try_from(meta.entries).map_err(|_| StoreError::NoSuchStream(stream));
+        }
+        if meta.entries != before {
+            return Err(StoreError::Backend(format!(
+                "{why}: the log holds {} entries where this instance wrote {before}, so the \
+                 write is not sent again",
+                meta.entries
+            )));
+        }
+        tracing::warn!(%stream, "an append the old primary did not answer is not on the new one: sent again");
+        self.run_write(invocation).await
     }
 
     /// Runs the task script: writes `task`, over a stored record of version

@@ -1,0 +1,185 @@
+//! The Redis keys of `[store]` that must agree with one another: a URL
+//! with no password in it and no certificate check turned off, and Redis
+//! Sentinel's keys — the sentinels and the primary's name together, in
+//! place of a server in `redis_url`, reached one way (all `redis://` or all
+//! `rediss://`). It only refuses; the store reads the keys
+//! (`store::redis::endpoint`).
+
+use super::{Backend, StoreConfig};
+
+impl StoreConfig {
+    /// The Sentinel keys: the sentinels and the primary's name together,
+    /// for Redis only, in place of a server in `redis_url`, one scheme for
+    /// all. Returns that scheme, when there are sentinels.
+    pub(super) fn check_sentinels(&self) -> Result<Option<&str>, String> {
+        let sentinels = &self.redis_sentinels;
+        let named = self
+            .redis_sentinel_master
+            .as_deref()
+            .is_some_and(|m| !m.trim().is_empty());
+        if sentinels.is_empty() {
+            if self.redis_sentinel_master.is_some() || self.redis_sentinel_password_file.is_some() {
+                return Err(
+                    "store.redis_sentinel_master and store.redis_sentinel_password_file \
+                            need store.redis_sentinels"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        }
+        if self.backend != Backend::Redis {
+            return Err("store.redis_sentinels needs backend = \"redis\"".into());
+        }
+        if !named {
+            return Err(
+                "store.redis_sentinels needs store.redis_sentinel_master: the name the \
+                        sentinels know the primary by"
+                    .into(),
+            );
+        }
+        if self.redis_url != StoreConfig::default().redis_url {
+            return Err(format!(
+                "store.redis_url = {} names a server, and store.redis_sentinels ask for the \
+                 primary: give one or the other",
+                self.redis_url
+            ));
+        }
+        let mut schemes = Vec::new();
+        for url in sentinels {
+            check_redis_url("store.redis_sentinels", url)?;
+            let scheme = url.split_once("://").map_or("", |(s, _)| s);
+            if !matches!(scheme, "redis" | "rediss") {
+                return Err(format!(
+                    "store.redis_sentinels: {url} is not a redis:// or rediss:// URL"
+                ));
+            }
+            schemes.push(scheme);
+        }
+        if schemes.iter().any(|s| *s != schemes[0]) {
+            return Err(
+                "store.redis_sentinels mixes redis:// and rediss://: all sentinels \
+                        (and so the data nodes) are reached one way"
+                    .into(),
+            );
+        }
+        Ok(Some(schemes[0]))
+    }
+}
+
+/// One Redis URL of `key`: no password in it, no certificate check turned
+/// off (`#insecure`), and one the client can read.
+pub(super) fn check_redis_url(key: &str, url: &str) -> Result<(), String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or_default();
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        if userinfo.contains(':') {
+            return Err(format!(
+                "{key} holds a password: give it in store.redis_password_file \
+                 or MCP_RESUME_PROXY_REDIS_PASSWORD, never in the configuration"
+            ));
+        }
+    }
+    if url.contains("#insecure") {
+        return Err(format!(
+            "{key}: {url} turns off the check of the server's certificate (#insecure): \
+             refused; trust its CA with store.redis_ca_file instead"
+        ));
+    }
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|_| ())
+        .map_err(|e| format!("{key}: {url}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const UP: &str = "[[upstream]]\nurl = \"http://a/\"\n";
+    const KEY: &str = "[tokens]\nkey_file = \"/etc/k\"\n";
+
+    fn refused(store: &str) -> String {
+        let toml = format!("[store]\nbackend = \"redis\"\n{store}\n{UP}");
+        Config::from_toml(&toml).unwrap_err().0
+    }
+
+    #[test]
+    fn sentinels_and_the_primary_name_make_a_valid_configuration() {
+        let store = "redis_sentinels = [\"redis://10.0.0.1:26379\", \"redis://10.0.0.2:26379\"]\n\
+                     redis_sentinel_master = \"mcp\"";
+        let toml = format!("[store]\nbackend = \"redis\"\n{store}\n{KEY}{UP}");
+        let c = Config::from_toml(&toml).expect("valid");
+        let at = c.store.redis_endpoint();
+        assert_eq!(at.sentinels.len(), 2);
+        assert_eq!(at.sentinel_master.as_deref(), Some("mcp"));
+    }
+
+    #[test]
+    fn sentinels_without_the_primary_name_are_refused() {
+        let err = refused("redis_sentinels = [\"redis://s:26379\"]");
+        assert!(err.contains("needs store.redis_sentinel_master"), "{err}");
+        let err = refused("redis_sentinels = [\"redis://s:26379\"]\nredis_sentinel_master = \" \"");
+        assert!(err.contains("needs store.redis_sentinel_master"), "{err}");
+    }
+
+    #[test]
+    fn a_primary_name_without_sentinels_is_refused() {
+        let err = refused("redis_sentinel_master = \"mcp\"");
+        assert!(err.contains("need store.redis_sentinels"), "{err}");
+    }
+
+    #[test]
+    fn a_server_in_redis_url_and_sentinels_are_refused_together() {
+        let err = refused(
+            "redis_url = \"redis://10.0.0.5:6379/0\"\nredis_sentinels = [\"redis://s:26379\"]\n\
+             redis_sentinel_master = \"mcp\"",
+        );
+        assert!(err.contains("give one or the other"), "{err}");
+    }
+
+    #[test]
+    fn sentinels_with_another_backend_are_refused() {
+        let toml = format!(
+            "[store]\nredis_sentinels = [\"redis://s:26379\"]\nredis_sentinel_master = \"m\"\n{UP}"
+        );
+        let err = Config::from_toml(&toml).unwrap_err().0;
+        assert!(err.contains("needs backend = \"redis\""), "{err}");
+    }
+
+    #[test]
+    fn a_sentinel_url_with_a_password_or_of_another_scheme_or_mixed_is_refused() {
+        let named = "redis_sentinel_master = \"m\"";
+        let err = refused(&format!(
+            "redis_sentinels = [\"redis://u:secret@s:26379\"]\n{named}"
+        ));
+        assert!(err.contains("holds a password"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+        let err = refused(&format!("redis_sentinels = [\"http://s:26379\"]\n{named}"));
+        assert!(err.contains("store.redis_sentinels"), "{err}");
+        let err = refused(&format!(
+            "redis_sentinels = [\"redis://a:26379\", \"rediss://b:26379\"]\n{named}"
+        ));
+        assert!(err.contains("mixes redis:// and rediss://"), "{err}");
+    }
+
+    #[test]
+    fn tls_that_does_not_verify_is_refused() {
+        let named = "redis_sentinel_master = \"m\"";
+        let err = refused(&format!(
+            "redis_sentinels = [\"rediss://s:26379/#insecure\"]\n{named}"
+        ));
+        assert!(err.contains("#insecure"), "{err}");
+        let err = refused("redis_url = \"rediss://r:6380/0#insecure\"");
+        assert!(err.contains("turns off the check"), "{err}");
+    }
+
+    #[test]
+    fn tls_files_go_with_rediss_sentinels() {
+        let named = "redis_sentinel_master = \"m\"\nredis_ca_file = \"/ca.pem\"";
+        let err = refused(&format!("redis_sentinels = [\"redis://s:26379\"]\n{named}"));
+        assert!(err.contains("store.redis_ca_file is for TLS"), "{err}");
+        let toml = format!(
+            "[store]\nbackend = \"redis\"\nredis_sentinels = [\"rediss://s:26379\"]\n{named}\n{KEY}{UP}"
+        );
+        Config::from_toml(&toml).expect("valid");
+    }
+}
