@@ -260,7 +260,7 @@ impl Continue {
         Self {
             id,
             token,
-            digest: jsonrpc::params_digest(bytes),
+            digest: jsonrpc::params_digest(bytes).map(|d| d.to_string()),
             progress_token: jsonrpc::progress_token(bytes),
         }
     }

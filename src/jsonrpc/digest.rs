@@ -19,6 +19,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
@@ -27,7 +28,7 @@ use serde_json::Number;
 
 /// SHA-256 (hex) of a request's method and canonical params; `None` for
 /// what is not a JSON object with a string `method`.
-pub fn params_digest(bytes: &[u8]) -> Option<String> {
+pub fn params_digest(bytes: &[u8]) -> Option<Arc<str>> {
     #[derive(Deserialize)]
     struct Request<'a> {
         #[serde(borrow)]
@@ -52,7 +53,7 @@ pub fn params_digest(bytes: &[u8]) -> Option<String> {
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// The digest as it was first made, with the params read into a `Value`.
-fn through_value(bytes: &[u8]) -> Option<String> {
+fn through_value(bytes: &[u8]) -> Option<Arc<str>> {
     #[derive(Deserialize)]
     struct Request {
         method: String,
@@ -70,9 +71,10 @@ fn through_value(bytes: &[u8]) -> Option<String> {
     Some(sha256_hex(&canonical))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// Shared from the start: the digest is kept by the stream and its copies.
+fn sha256_hex(bytes: &[u8]) -> Arc<str> {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    crate::id::hex(digest.as_ref())
+    Arc::from(crate::id::hex_into(digest.as_ref(), &mut [0; 64]))
 }
 
 /// A JSON value in canonical form: an object's members sorted by key, one
@@ -199,7 +201,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn value_digest(bytes: &[u8]) -> Option<String> {
+    fn value_digest(bytes: &[u8]) -> Option<Arc<str>> {
         through_value(bytes)
     }
 

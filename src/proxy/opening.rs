@@ -101,7 +101,7 @@ fn describe(
     let tokens = resume_token::applies(&cx.config.resume_tokens, negotiated, tool);
     negotiated.arm(&mut meta, cx.config, tokens);
     if matches!(post.message, Message::Single(_)) {
-        meta.params_digest = jsonrpc::params_digest(&post.bytes).map(Arc::from);
+        meta.params_digest = jsonrpc::params_digest(&post.bytes);
     }
     meta.progress = jsonrpc::request_progress_tokens(&post.bytes, &post.message);
     meta

@@ -66,7 +66,7 @@ impl Create {
         let params = serde_json::to_string(&params).map_err(|_| invalid())?;
         Ok(Self {
             id,
-            digest: jsonrpc::params_digest(bytes),
+            digest: jsonrpc::params_digest(bytes).map(|d| d.to_string()),
             ttl_ms: metadata.ttl,
             params,
         })
