@@ -20,7 +20,9 @@
 //! `observed`, `scale` (default: all eight), `peers` (only with `--peers`: the `small` load through the Rust
 //! `mcp-proxy` crate, the PyPI `mcp-persist` and nginx, installed under
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
-//! and `soak` (only when named, and alone: minutes of load on one proxy,
+//! `instances` (only when named: one instance serving, 0, 1 and 3 more idle
+//! on the same Redis log, what they cost it and what following the feed
+//! costs them), and `soak` (only when named, and alone: minutes of load on one proxy,
 //! its memory and pace per segment; `--scenario soak --check` fails past
 //! its bounds).
 //! `--smoke` runs the eight at tiny sizes in a few seconds and exits non-zero
@@ -33,7 +35,7 @@
 //!
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
-//! `replay`, `idle`, `dialects`, `auth`, `observed`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
+//! `replay`, `idle`, `dialects`, `auth`, `observed`, `instances`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
 //! (`client`), the child processes and `/proc` readings (`procs`), nginx
 //! (`nginx`) and the latency histogram (`histogram`).
 
@@ -71,6 +73,7 @@ mod client;
 mod dialects;
 mod histogram;
 mod idle;
+mod instances;
 mod nginx;
 mod observed;
 mod peers;
@@ -119,7 +122,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|scale|peers]...
+const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|instances|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N]
@@ -419,7 +422,7 @@ impl Opts {
         for s in &o.scenarios {
             match s.as_str() {
                 "small" | "streaming" | "replay" | "idle" | "dialects" | "auth" | "observed"
-                | "scale" | "soak" => {}
+                | "scale" | "soak" | "instances" => {}
                 "peers" if o.peers => {}
                 "peers" => bail!("the peers scenario runs only with --peers"),
                 other => bail!("unknown scenario {other:?}"),
@@ -575,6 +578,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
             "dialects" => bounded(limit, dialects::run(o, bin)).await,
             "auth" => bounded(limit, auth::run(o, bin)).await,
             "observed" => bounded(limit, observed::run(o, bin)).await,
+            "instances" => bounded(limit, instances::run(o, bin)).await,
             "scale" => bounded(limit, scale::run(o, bin)).await,
             "peers" => bounded(limit, peers::run(o, bin)).await,
             "soak" => bounded(limit, soak::run(o, bin)).await,
@@ -597,7 +601,7 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" | "dialects" | "auth" | "observed" => {
+        "small" | "dialects" | "auth" | "observed" | "instances" => {
             per_run * (o.rounds * o.concurrency.len() * 5) as u32 + Duration::from_secs(30)
         }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).

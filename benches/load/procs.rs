@@ -410,7 +410,7 @@ pub fn clean_redis() {
 
 /// The `[store]` (and `[tokens]`) of a benchmark proxy: a `sync` mode of
 /// the journal, or `redis` — the shared backend, on its own key prefix.
-fn store_section(sync: &str, dir: &Path) -> Result<String> {
+pub fn store_section(sync: &str, dir: &Path) -> Result<String> {
     if sync != "redis" {
         return Ok(format!("[store]\nsync = \"{sync}\"\n"));
     }

@@ -1,0 +1,102 @@
+//! The `instances` scenario (issue 39): what an added instance on the same
+//! Redis costs the instances already there. One instance serves the
+//! `small` load; 0, 1 and 3 more run beside it on the same Redis log (the
+//! same key prefix and token key, as behind a balancer) serving nothing,
+//! so that all they do is follow the live feed every instance reads. Per
+//! count of instances it prints the serving instance's throughput and CPU
+//! per call, and the CPU the idle ones spent per call it served: their
+//! cost of reading everyone's writes.
+//!
+//! Opt-in (`--scenario instances`): it needs `redis-server`, as `--sync
+//! redis` does.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::client::Target;
+use crate::procs::{
+    cpu_seconds, free_port, proxy_dir, spawn_proxy, start_upstream, store_section, Proc,
+};
+use crate::small::{measure, Row};
+use crate::Opts;
+
+/// Instances on the log, the serving one included.
+const COUNTS: [usize; 3] = [1, 2, 4];
+
+pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
+    let (_upstream, upstream) = start_upstream(o.upstream).await?;
+    let mut out = String::new();
+    for &c in &o.concurrency {
+        writeln!(
+            out,
+            "## instances: one serving `small` (c = {c}), the others idle on the same Redis log\n\
+             instances   req/s   serving CPU us/call   idle ones' CPU us/call (each)"
+        )?;
+        let mut first_cpu = None;
+        for n in COUNTS {
+            let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
+            let before = cpu(&targets)?;
+            let rows: Vec<Row> = measure(&targets[..1], c, o).await?;
+            let after = cpu(&targets)?;
+            let calls = rows[0].calls.max(1) as f64;
+            let per_call: Vec<f64> = before
+                .iter()
+                .zip(&after)
+                .map(|(b, a)| (a - b) * 1e6 / calls)
+                .collect();
+            let serving = per_call[0];
+            let base = *first_cpu.get_or_insert(serving);
+            let idle: Vec<String> = per_call[1..].iter().map(|x| format!("{x:.1}")).collect();
+            writeln!(
+                out,
+                "{n:>9}   {:>5.0}   {serving:>8.1} ({:+.1} %)        {}",
+                rows[0].rps,
+                (serving / base - 1.0) * 100.0,
+                if idle.is_empty() {
+                    "-".into()
+                } else {
+                    idle.join(", ")
+                }
+            )?;
+            drop(procs);
+            drop(key_dir);
+        }
+        writeln!(out)?;
+    }
+    Ok(out)
+}
+
+/// `n` proxies on one Redis log, each with a directory of its own.
+async fn start_instances(
+    bin: &Path,
+    upstream: std::net::SocketAddr,
+    n: usize,
+) -> Result<(Vec<Proc>, Vec<Target>, tempfile::TempDir)> {
+    let shared = proxy_dir()?;
+    let store = store_section("redis", shared.path())?;
+    let (mut procs, mut targets) = (vec![], vec![]);
+    for i in 0..n {
+        let dir = proxy_dir()?;
+        let port = free_port()?;
+        let config = format!(
+            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n{store}\n\
+             [limits]\nstreams_per_principal = 1000000\n\n\
+             [[upstream]]\npath = \"/mcp\"\nurl = \"http://{upstream}/mcp\"\n",
+            dir.path().join("data").display(),
+        );
+        let (p, t) = spawn_proxy(bin, &format!("instance {i}"), dir, port, &config).await?;
+        procs.push(p);
+        targets.push(t);
+    }
+    // The token key's directory, to outlive the instances.
+    Ok((procs, targets, shared))
+}
+
+fn cpu(targets: &[Target]) -> Result<Vec<f64>> {
+    targets
+        .iter()
+        .map(|t| t.pid.map_or(Ok(0.0), cpu_seconds))
+        .collect()
+}
