@@ -5,7 +5,9 @@
 //! so that all they do is follow the live feed every instance reads. Per
 //! count of instances it prints the serving instance's throughput and CPU
 //! per call, and the CPU the idle ones spent per call it served: their
-//! cost of reading everyone's writes.
+//! cost of reading everyone's writes; and the commands Redis processed per
+//! call (`INFO stats`, all instances' together: a script or a pipeline's
+//! every command counts).
 //!
 //! Opt-in (`--scenario instances`): it needs `redis-server`, as `--sync
 //! redis` does.
@@ -13,7 +15,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 
 use crate::client::Target;
 use crate::procs::{
@@ -32,14 +34,14 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         writeln!(
             out,
             "## instances: one serving `small` (c = {c}), the others idle on the same Redis log\n\
-             instances   req/s   serving CPU us/call   idle ones' CPU us/call (each)"
+             instances   req/s   Redis commands/call   serving CPU us/call   idle ones' CPU us/call (each)"
         )?;
         let mut first_cpu = None;
         for n in COUNTS {
             let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
-            let before = cpu(&targets)?;
+            let (before, commands_before) = (cpu(&targets)?, commands_processed()?);
             let rows: Vec<Row> = measure(&targets[..1], c, o).await?;
-            let after = cpu(&targets)?;
+            let (after, commands_after) = (cpu(&targets)?, commands_processed()?);
             let calls = rows[0].calls.max(1) as f64;
             let per_call: Vec<f64> = before
                 .iter()
@@ -51,8 +53,9 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             let idle: Vec<String> = per_call[1..].iter().map(|x| format!("{x:.1}")).collect();
             writeln!(
                 out,
-                "{n:>9}   {:>5.0}   {serving:>8.1} ({:+.1} %)        {}",
+                "{n:>9}   {:>5.0}   {:>19.1}   {serving:>8.1} ({:+.1} %)        {}",
                 rows[0].rps,
+                (commands_after - commands_before) as f64 / calls,
                 (serving / base - 1.0) * 100.0,
                 if idle.is_empty() {
                     "-".into()
@@ -92,6 +95,17 @@ async fn start_instances(
     }
     // The token key's directory, to outlive the instances.
     Ok((procs, targets, shared))
+}
+
+/// `total_commands_processed` of the benches' Redis.
+fn commands_processed() -> Result<u64> {
+    let url = crate::redis_server::shared().map_err(|why| anyhow!(why))?;
+    let mut conn = redis::Client::open(url)?.get_connection()?;
+    let info: String = redis::cmd("INFO").arg("stats").query(&mut conn)?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| anyhow!("no total_commands_processed in INFO stats"))
 }
 
 fn cpu(targets: &[Target]) -> Result<Vec<f64>> {
