@@ -19,9 +19,7 @@ use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::store::redis::endpoint::Endpoint;
 use mcp_resume_proxy::store::redis::{RedisStore, Replicas};
-use mcp_resume_proxy::store::{
-    now_ms, Finish, SessionRecord, Store, StreamKind, StreamMeta, StreamStatus,
-};
+use mcp_resume_proxy::store::{now_ms, Finish, SessionRecord, Store, StreamStatus};
 use mcp_resume_proxy::Server;
 
 const PREFIX: &str = "replicas-test";
@@ -68,17 +66,6 @@ async fn reader_on(replica: &RedisServer) -> RedisStore {
     RedisStore::observer(&at, PREFIX)
         .await
         .expect("the replica answers")
-}
-
-fn call_meta() -> StreamMeta {
-    StreamMeta::new(
-        StreamId::random(),
-        SessionId::random(),
-        StreamKind::Request,
-        Vec::new(),
-        Some("tools/call".into()),
-        now_ms(),
-    )
 }
 
 fn session_record() -> SessionRecord {

@@ -20,10 +20,10 @@ use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
-use mcp_resume_proxy::id::{SessionId, StreamId};
+use mcp_resume_proxy::id::StreamId;
 use mcp_resume_proxy::store::redis::endpoint::Endpoint;
 use mcp_resume_proxy::store::redis::{RedisStore, Replicas};
-use mcp_resume_proxy::store::{now_ms, Store, StreamKind, StreamMeta};
+use mcp_resume_proxy::store::{Store, StreamKind};
 use mcp_resume_proxy::Server;
 
 const PREFIX: &str = "sentinel-test";
@@ -124,17 +124,6 @@ async fn store_through(watched: &Watched, min: u32) -> RedisStore {
         .expect("the sentinels name a primary");
     let wait = Duration::from_secs(5);
     store.with_replicas(Replicas { min, wait })
-}
-
-fn call_meta() -> StreamMeta {
-    StreamMeta::new(
-        StreamId::random(),
-        SessionId::random(),
-        StreamKind::Request,
-        Vec::new(),
-        Some("tools/call".into()),
-        now_ms(),
-    )
 }
 
 /// A loopback port nothing listens on.

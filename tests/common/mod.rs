@@ -419,3 +419,18 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A new live `tools/call` stream of a new session, for tests that write
+/// to a store directly.
+pub fn call_meta() -> mcp_resume_proxy::store::StreamMeta {
+    use mcp_resume_proxy::id::{SessionId, StreamId};
+    use mcp_resume_proxy::store::{now_ms, StreamKind, StreamMeta};
+    StreamMeta::new(
+        StreamId::random(),
+        SessionId::random(),
+        StreamKind::Request,
+        Vec::new(),
+        Some("tools/call".into()),
+        now_ms(),
+    )
+}
