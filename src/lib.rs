@@ -21,7 +21,6 @@
 //! - [`demo`]: the demo MCP server (HTTP and stdio) the tests also use, and the `demo` command.
 //! - [`inspect`]: the `streams list|show` command, a read-only look at a data directory's log.
 //! - [`pid_file`]: where `mcp-resume-proxy reload` finds the running proxy to send SIGHUP to.
-//! - [`logging`]: the process's log lines, buffered and written to stderr by a thread of their own.
 //! - [`server`]: start-up (bind, open the log, recover, serve), probes, accept loop, front door, routes, drain.
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
@@ -32,6 +31,8 @@
 //! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.
 //! - [`stream`]: the log as the proxy sees it: readers that replay then follow, cursors, status.
 //! - [`access`]: what each request was, noted along its path: the request series, the access log, its spans.
+//! - [`logging`]: the process's log lines, buffered and written to stderr by a thread of their own;
+//!   the access line appended ready-spelled.
 //! - [`traces`]: OpenTelemetry: a running proxy's tracer, server and client spans, W3C trace context, OTLP export.
 //! - [`metrics`]: the Prometheus registry, owned by the log, rendered for `GET /metrics`.
 //! - [`session`]: proxy ↔ upstream sessions, their places, strays handed to their own stream.

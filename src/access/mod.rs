@@ -3,7 +3,8 @@
 //! method and tool, the stream it read, whether it came back for one, how
 //! it ended — gathered in one [`Visit`] and given out once, when the
 //! answer's body ends or is dropped: to the request series
-//! ([`crate::metrics::requests`]), as one access-log line ([`line`]), and,
+//! ([`crate::metrics::requests`]), as one access-log line ([`line`],
+//! spelled by `spelling.rs`), and,
 //! with tracing on, as the request's server span (`spans.rs`), which the
 //! client spans of its upstream exchanges are children of.
 //!
