@@ -41,8 +41,9 @@
 //! - [`config`]: the TOML file and CLI overrides, validated with messages that name the key.
 //! - [`token`]: sealed handles (event ids, resume tokens, stream handles, poll cursors).
 //! - [`reply`]: the bodies and responses the proxy writes, and SSE framing.
-//! - [`store`]: the durable log's contract; journal (default), sled, Redis (one server, or the
-//!   primary Redis Sentinel names, followed across a failover); the group commit.
+//! - [`store`]: the durable log's contract; journal (default), sled, Redis (one server, the
+//!   primary Redis Sentinel names, followed across a failover, or a Redis Cluster:
+//!   `store/redis/cluster.rs`, its test rig `tests/common/redis_cluster.rs`); the group commit.
 //! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
 //! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.

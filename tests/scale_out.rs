@@ -6,13 +6,16 @@
 //! one on A.
 //!
 //! Runs on `REDIS_URL`, else on a private `redis-server` it starts itself
-//! (`common::redis_server`); fails, never skips, with neither.
+//! (`common::redis_server`); fails, never skips, with neither. The live
+//! follow and the takeover run on a private Redis Cluster too
+//! (`common::redis_cluster`), and a call there outlives the primary of its
+//! log.
 
 mod common;
 
 use std::time::Duration;
 
-use common::cluster::Cluster;
+use common::cluster::{Cluster, Log};
 use common::dialects::{
     initialize_declaring, method, read_then_cut, read_to_end, request, resume_request,
     resume_stream, resume_token, stream_handle,
@@ -94,7 +97,23 @@ fn assert_rest_of_call(
 
 #[tokio::test]
 async fn a_call_started_on_a_is_followed_live_on_b_after_last_event_id() {
-    let cluster = Cluster::start(DemoOptions::default()).await;
+    followed_live_on_b(&Cluster::start(DemoOptions::default()).await).await;
+}
+
+#[tokio::test]
+async fn a_call_started_on_a_is_followed_live_on_b_on_a_redis_cluster() {
+    let log = Log::Cluster(redis_cluster());
+    followed_live_on_b(&Cluster::start_on_log(log, DemoOptions::default()).await).await;
+}
+
+/// The Redis Cluster this process's tests share.
+fn redis_cluster() -> &'static common::redis_cluster::RedisCluster {
+    common::redis_cluster::shared().unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// A call started on A, cut, and followed on B with `Last-Event-ID`: B
+/// serves all of it, most of it live.
+async fn followed_live_on_b(cluster: &Cluster) {
     let sid = cluster.a.client().initialize(V_LATEST).await;
     let before = start_call_then_cut(&cluster.a.client(), &sid, 2, 30, 3).await;
     let last_id = before.last().and_then(|(id, _)| id.clone()).expect("an id");
@@ -199,11 +218,22 @@ async fn call_outliving_a(
 
 #[tokio::test]
 async fn b_takes_over_a_call_whose_instance_was_killed() {
-    let mut cluster = Cluster::start(DemoOptions::default()).await;
+    taken_over_by_b(&mut Cluster::start(DemoOptions::default()).await).await;
+}
+
+#[tokio::test]
+async fn b_takes_over_a_call_whose_instance_was_killed_on_a_redis_cluster() {
+    let log = Log::Cluster(redis_cluster());
+    taken_over_by_b(&mut Cluster::start_on_log(log, DemoOptions::default()).await).await;
+}
+
+/// A killed mid-call: B takes the call over, and the session goes on, on
+/// B and on A restarted.
+async fn taken_over_by_b(cluster: &mut Cluster) {
     let sid = cluster.a.client().initialize(V_LATEST).await;
     // B follows the stream while A's lease runs out, then takes the call
     // over: it resumes the upstream from the last event A logged.
-    let (before, after) = call_outliving_a(&mut cluster, &sid, 5).await;
+    let (before, after) = call_outliving_a(cluster, &sid, 5).await;
     assert_whole_call(&before, &after, 5, 40);
 
     // The session carries on, on B and on a restarted A.

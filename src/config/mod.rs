@@ -455,6 +455,11 @@ pub struct StoreConfig {
     /// The sentinels' own password (`requirepass`), if they have one: its
     /// first line.
     pub redis_sentinel_password_file: Option<PathBuf>,
+    /// Redis Cluster: some of its nodes (`redis://host:7000`, or all
+    /// `rediss://`), in place of `redis_url` and of sentinels; the client
+    /// learns the rest, and follows resharding and failovers. The user,
+    /// password and TLS keys above apply to every node.
+    pub redis_cluster: Vec<String>,
     /// The start of every key `backend = "redis"` writes, so that several
     /// deployments can share one Redis.
     pub key_prefix: String,
@@ -621,6 +626,7 @@ impl StoreConfig {
             sentinels: self.redis_sentinels.clone(),
             sentinel_master: self.redis_sentinel_master.clone(),
             sentinel_password_file: self.redis_sentinel_password_file.clone(),
+            cluster: self.redis_cluster.clone(),
         }
     }
 
@@ -675,6 +681,9 @@ impl StoreConfig {
         let url = &self.redis_url;
         redis_keys::check_redis_url("store.redis_url", url)?;
         let mut scheme = url.split_once("://").map_or("", |(s, _)| s);
+        if let Some(nodes) = self.check_cluster()? {
+            scheme = nodes;
+        }
         if let Some(sentinels) = self.check_sentinels()? {
             scheme = sentinels;
         }
@@ -686,8 +695,8 @@ impl StoreConfig {
         if let Some((key, _)) = tls_files.iter().find(|(_, f)| f.is_some()) {
             if scheme != "rediss" {
                 return Err(format!(
-                    "store.{key} is for TLS: store.redis_url (or store.redis_sentinels) must \
-                     start with rediss://"
+                    "store.{key} is for TLS: store.redis_url (or store.redis_sentinels, \
+                     store.redis_cluster) must start with rediss://"
                 ));
             }
         }
@@ -756,6 +765,7 @@ impl Default for StoreConfig {
             redis_sentinels: Vec::new(),
             redis_sentinel_master: None,
             redis_sentinel_password_file: None,
+            redis_cluster: Vec::new(),
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
             min_replicas: 0,

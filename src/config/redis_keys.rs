@@ -2,8 +2,9 @@
 //! with no password in it and no certificate check turned off, and Redis
 //! Sentinel's keys — the sentinels and the primary's name together, in
 //! place of a server in `redis_url`, reached one way (all `redis://` or all
-//! `rediss://`). It only refuses; the store reads the keys
-//! (`store::redis::endpoint`).
+//! `rediss://`); Redis Cluster's nodes, in place of both, reached one way,
+//! on database 0 (a cluster has no other). It only refuses; the store reads
+//! the keys (`store::redis::endpoint`).
 
 use super::{Backend, StoreConfig};
 
@@ -64,6 +65,65 @@ impl StoreConfig {
         }
         Ok(Some(schemes[0]))
     }
+}
+
+impl StoreConfig {
+    /// The cluster's nodes: for Redis only, in place of a server in
+    /// `redis_url` and of sentinels, one scheme for all, database 0.
+    /// Returns that scheme, when there are nodes.
+    pub(super) fn check_cluster(&self) -> Result<Option<&str>, String> {
+        let nodes = &self.redis_cluster;
+        if nodes.is_empty() {
+            return Ok(None);
+        }
+        if self.backend != Backend::Redis {
+            return Err("store.redis_cluster needs backend = \"redis\"".into());
+        }
+        if !self.redis_sentinels.is_empty() || self.redis_sentinel_master.is_some() {
+            return Err(
+                "store.redis_cluster and store.redis_sentinels both say where the primary \
+                 is: a cluster finds its own primaries, give one or the other"
+                    .into(),
+            );
+        }
+        if self.redis_url != StoreConfig::default().redis_url {
+            return Err(format!(
+                "store.redis_url = {} names a server, and store.redis_cluster the nodes of a \
+                 cluster: give one or the other",
+                self.redis_url
+            ));
+        }
+        let mut schemes = Vec::new();
+        for url in nodes {
+            schemes.push(check_node(url)?);
+        }
+        if schemes.iter().any(|s| *s != schemes[0]) {
+            return Err(
+                "store.redis_cluster mixes redis:// and rediss://: all nodes are reached one way"
+                    .into(),
+            );
+        }
+        Ok(Some(schemes[0]))
+    }
+}
+
+/// One node of `store.redis_cluster`: a Redis URL of database 0; its scheme.
+fn check_node(url: &str) -> Result<&str, String> {
+    const KEY: &str = "store.redis_cluster";
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    if !matches!(scheme, "redis" | "rediss") {
+        return Err(format!("{KEY}: {url} is not a redis:// or rediss:// URL"));
+    }
+    check_redis_url(KEY, url)?;
+    let db = redis::IntoConnectionInfo::into_connection_info(url)
+        .map(|info| info.redis_settings().db())
+        .map_err(|e| format!("{KEY}: {url}: {e}"))?;
+    if db != 0 {
+        return Err(format!(
+            "{KEY}: {url} names database {db}: a cluster has database 0 only"
+        ));
+    }
+    Ok(scheme)
 }
 
 /// One Redis URL of `key`: no password in it, no certificate check turned
@@ -170,6 +230,56 @@ mod tests {
         assert!(err.contains("#insecure"), "{err}");
         let err = refused("redis_url = \"rediss://r:6380/0#insecure\"");
         assert!(err.contains("turns off the check"), "{err}");
+    }
+
+    const NODES: &str = "redis_cluster = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]";
+
+    #[test]
+    fn cluster_nodes_make_a_valid_configuration() {
+        let toml = format!("[store]\nbackend = \"redis\"\n{NODES}\n{KEY}{UP}");
+        let c = Config::from_toml(&toml).expect("valid");
+        assert_eq!(c.store.redis_endpoint().cluster.len(), 2);
+    }
+
+    #[test]
+    fn cluster_nodes_with_a_server_or_sentinels_or_another_backend_are_refused() {
+        let err = refused(&format!("redis_url = \"redis://10.0.0.5:6379/0\"\n{NODES}"));
+        assert!(err.contains("give one or the other"), "{err}");
+        assert!(err.contains("store.redis_cluster"), "{err}");
+        let sentinels = "redis_sentinels = [\"redis://s:26379\"]\nredis_sentinel_master = \"m\"";
+        let err = refused(&format!("{sentinels}\n{NODES}"));
+        assert!(
+            err.contains("store.redis_cluster and store.redis_sentinels"),
+            "{err}"
+        );
+        let err = Config::from_toml(&format!("[store]\n{NODES}\n{UP}"))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("store.redis_cluster needs backend = \"redis\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_node_with_a_password_another_database_or_scheme_or_mixed_is_refused() {
+        let err = refused("redis_cluster = [\"redis://u:secret@n:7000\"]");
+        assert!(err.contains("holds a password"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+        let err = refused("redis_cluster = [\"redis://n:7000/3\"]");
+        assert!(
+            err.contains("database 3: a cluster has database 0 only"),
+            "{err}"
+        );
+        let err = refused("redis_cluster = [\"http://n:7000\"]");
+        assert!(err.contains("not a redis:// or rediss:// URL"), "{err}");
+        let err = refused("redis_cluster = [\"redis://a:7000\", \"rediss://b:7000\"]");
+        assert!(err.contains("mixes redis:// and rediss://"), "{err}");
+        let tls = "redis_cluster = [\"rediss://n:7000\"]\nredis_ca_file = \"/ca.pem\"";
+        let toml = format!("[store]\nbackend = \"redis\"\n{tls}\n{KEY}{UP}");
+        Config::from_toml(&toml).expect("TLS files go with rediss:// nodes");
+        let err = refused("redis_cluster = [\"redis://n:7000\"]\nredis_ca_file = \"/ca.pem\"");
+        assert!(err.contains("store.redis_ca_file is for TLS"), "{err}");
     }
 
     #[test]

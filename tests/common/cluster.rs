@@ -1,13 +1,15 @@
 //! Two proxy processes sharing one Redis log (`backend = "redis"`), in front
-//! of one demo upstream: the rig of every scale-out test. Each rig has its
-//! own key prefix, deleted when the rig drops; the token key file is shared
-//! by both instances, as the README tells operators to do.
+//! of one demo upstream: the rig of every scale-out test. The log is on one
+//! Redis server, or on a Redis Cluster (`redis_cluster.rs`). Each rig has
+//! its own key prefix, deleted when the rig drops; the token key file is
+//! shared by both instances, as the README tells operators to do.
 
 use std::path::{Path, PathBuf};
 
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 
 use super::process::{free_addr, ProxyProcess};
+use super::redis_cluster::RedisCluster;
 use super::McpClient;
 
 /// The Redis the tests share: `REDIS_URL`, else this process's private
@@ -45,32 +47,76 @@ pub struct Cluster {
     pub a: Instance,
     pub b: Instance,
     pub config: PathBuf,
-    url: String,
+    log: OwnedLog,
     prefix: String,
     _shared: tempfile::TempDir,
+}
+
+/// Where the instances' log is.
+#[derive(Clone, Copy)]
+pub enum Log<'a> {
+    /// The Redis server at this URL.
+    Server(&'a str),
+    /// This cluster.
+    Cluster(&'static RedisCluster),
 }
 
 /// The instances' lease: short, so that takeover tests wait about a second.
 pub const LEASE_MS: u64 = 1_000;
 
+/// [`Log`], kept by the rig to delete its keys.
+enum OwnedLog {
+    Server(String),
+    Cluster(&'static RedisCluster),
+}
+
+impl Log<'_> {
+    /// The `[store]` keys that name it.
+    fn toml(self) -> String {
+        match self {
+            Log::Server(url) => format!("redis_url = \"{url}\""),
+            Log::Cluster(cluster) => format!("redis_cluster = {:?}", cluster.urls()),
+        }
+    }
+
+    fn owned(self) -> OwnedLog {
+        match self {
+            Log::Server(url) => OwnedLog::Server(url.to_owned()),
+            Log::Cluster(cluster) => OwnedLog::Cluster(cluster),
+        }
+    }
+}
+
 impl Cluster {
     /// The demo upstream and two instances on the Redis at `url`.
     pub async fn start_on(url: &str, options: DemoOptions) -> Cluster {
-        Self::build(url, options, LEASE_MS, "").await
+        Self::build(Log::Server(url), options, LEASE_MS, "").await
+    }
+
+    /// The demo upstream and two instances on `log`.
+    pub async fn start_on_log(log: Log<'_>, options: DemoOptions) -> Cluster {
+        Self::build(log, options, LEASE_MS, "").await
     }
 
     /// Two instances whose leases last `lease_ms`.
     pub async fn with_lease(options: DemoOptions, lease_ms: u64) -> Cluster {
-        Self::build(&redis_url(), options, lease_ms, "").await
+        Self::build(Log::Server(&redis_url()), options, lease_ms, "").await
     }
 
     /// Two instances whose `[[upstream]]` table ends with `upstream_toml`.
     pub async fn with_upstream_toml(options: DemoOptions, upstream_toml: &str) -> Cluster {
-        Self::build(&redis_url(), options, LEASE_MS, upstream_toml).await
+        Self::build(Log::Server(&redis_url()), options, LEASE_MS, upstream_toml).await
     }
 
-    async fn build(url: &str, options: DemoOptions, lease_ms: u64, upstream_toml: &str) -> Cluster {
-        drop(require_redis(url));
+    async fn build(
+        log: Log<'_>,
+        options: DemoOptions,
+        lease_ms: u64,
+        upstream_toml: &str,
+    ) -> Cluster {
+        if let Log::Server(url) = log {
+            drop(require_redis(url));
+        }
         let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), options)
             .await
             .expect("demo upstream starts");
@@ -85,9 +131,10 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "[store]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"{prefix}\"\n\
+                "[store]\nbackend = \"redis\"\n{}\nkey_prefix = \"{prefix}\"\n\
                  lease_ms = {lease_ms}\n[tokens]\nkey_file = \"{}\"\n\
                  [[upstream]]\nurl = \"{}\"\n{upstream_toml}\n",
+                log.toml(),
                 key.display(),
                 upstream.url()
             ),
@@ -100,7 +147,7 @@ impl Cluster {
             a,
             b,
             config,
-            url: url.to_owned(),
+            log: log.owned(),
             prefix,
             _shared: shared,
         }
@@ -132,6 +179,11 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.a.proxy.stop();
         self.b.proxy.stop();
-        delete_prefix(&self.url, &self.prefix);
+        match &self.log {
+            OwnedLog::Server(url) => delete_prefix(url, &self.prefix),
+            OwnedLog::Cluster(cluster) => {
+                cluster.delete(&format!("{{{}}}:*", self.prefix));
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod dialects;
 pub mod guard;
 pub mod process;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod scrape;
 pub mod tasks;

@@ -109,6 +109,8 @@ pub struct RedisServer {
     primary: Option<u16>,
     /// For a sentinel: its configuration file (which it rewrites).
     sentinel: Option<std::path::PathBuf>,
+    /// A node of a Redis Cluster (`--cluster-enabled`, see `redis_cluster.rs`).
+    cluster: bool,
 }
 
 /// A server's TLS: its port, its certificate and key files, and ACL users
@@ -140,6 +142,29 @@ impl RedisServer {
             tls: None,
             primary: None,
             sentinel: None,
+            cluster: false,
+        };
+        server.first_run()?;
+        Ok(server)
+    }
+
+    /// Starts an empty node of a Redis Cluster, not yet in one (no
+    /// persistence; its `nodes.conf` in its temp dir), quick to count a
+    /// silent peer as failed (1 s) so that a replica takes over soon.
+    pub fn start_cluster_node() -> Result<RedisServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-redis-cluster-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence: Persistence::None,
+            tls: None,
+            primary: None,
+            sentinel: None,
+            cluster: true,
         };
         server.first_run()?;
         Ok(server)
@@ -184,6 +209,7 @@ impl RedisServer {
             tls,
             primary: None,
             sentinel: Some(conf),
+            cluster: false,
         };
         sentinel.first_run()?;
         Ok(sentinel)
@@ -228,6 +254,7 @@ impl RedisServer {
             tls: None,
             primary: Some(primary.port),
             sentinel: None,
+            cluster: false,
         };
         replica.first_run()?;
         replica.wait_for_replication(|line| line == "master_link_status:up")?;
@@ -278,6 +305,7 @@ impl RedisServer {
             tls: Some(tls),
             primary: None,
             sentinel: None,
+            cluster: false,
         };
         server.first_run()?;
         Ok(server)
@@ -327,6 +355,11 @@ impl RedisServer {
             Persistence::None => cmd.args(["--appendonly", "no"]),
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
+        if self.cluster {
+            cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .arg("--cluster-config-file")
+                .arg(dir.path().join("nodes.conf"));
+        }
         if let Some(primary) = self.primary {
             cmd.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
         }

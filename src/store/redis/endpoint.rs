@@ -1,5 +1,6 @@
 //! Where the Redis log is and how to reach it ([`Endpoint`]): the URL, or
-//! the sentinels and the name of the primary they watch; the ACL user and
+//! the sentinels and the name of the primary they watch, or the nodes of a
+//! Redis Cluster (`cluster.rs`); the ACL user and
 //! its password, and for `rediss://` the CA to trust and a client
 //! certificate. Made from `[store]` by the configuration, read once when
 //! the store opens, into the route every connection of the store is made
@@ -34,6 +35,9 @@ pub struct Endpoint {
     pub sentinel_master: Option<String>,
     /// The sentinels' own password (`requirepass`), if they have one.
     pub sentinel_password_file: Option<PathBuf>,
+    /// Nodes of a Redis Cluster, in place of `url`'s server and of
+    /// sentinels.
+    pub cluster: Vec<String>,
 }
 
 /// The environment variable a password is taken from when no file is named.
@@ -62,8 +66,12 @@ pub fn client(store: &Endpoint) -> Result<redis::Client> {
 }
 
 /// Where the store's connections go: `url`'s server, or the primary the
-/// sentinels name (an error when none of them names one that answers).
-pub(super) async fn route(store: &Endpoint) -> Result<Route> {
+/// sentinels name (an error when none of them names one that answers), or
+/// the cluster's node serving the slot of (one-slot) `prefix`.
+pub(super) async fn route(store: &Endpoint, prefix: &str) -> Result<Route> {
+    if !store.cluster.is_empty() {
+        return super::cluster::route(store, prefix);
+    }
     if store.sentinels.is_empty() {
         return Ok(Route::fixed(client(store)?));
     }
@@ -132,7 +140,7 @@ impl Reached {
 }
 
 /// The CA and client certificate `rediss://` connections present.
-fn certificates(store: &Endpoint) -> Result<TlsCertificates> {
+pub(super) fn certificates(store: &Endpoint) -> Result<TlsCertificates> {
     let client_tls = match (&store.client_cert, &store.client_key) {
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
             client_cert: read("store.redis_client_cert", cert)?,
@@ -151,7 +159,7 @@ fn certificates(store: &Endpoint) -> Result<TlsCertificates> {
 }
 
 /// The password: `redis_password_file`'s first line, else the environment.
-fn password(store: &Endpoint) -> Result<Option<String>> {
+pub(super) fn password(store: &Endpoint) -> Result<Option<String>> {
     if let Some(file) = &store.password_file {
         return first_line("store.redis_password_file", file).map(Some);
     }

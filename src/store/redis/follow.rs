@@ -14,15 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId as FeedEntry, StreamReadReply};
-use redis::AsyncConnectionConfig;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::read::metas_on;
 use super::record::backend;
-use super::sentinel::Route;
+use super::sentinel::{Conn, Route};
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -252,15 +250,7 @@ impl Listener {
         away: &mut bool,
         read_up_to: &mut Option<String>,
     ) -> redis::RedisResult<()> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
-        let mut conn = self
-            .route
-            .now()
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let mut conn = self.route.dedicated(BLOCK + Duration::from_secs(5)).await?;
         let mut last = match read_up_to.take() {
             Some(before) => before,
             None => newest(&mut conn, &self.feed_key).await?,
@@ -301,7 +291,7 @@ impl Listener {
 
     /// Re-reads every tail's watermark from Redis, and forgets tails nobody
     /// waits on any more.
-    async fn resync(&self, conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    async fn resync(&self, conn: &mut Conn) -> redis::RedisResult<()> {
         let follow = &self.follow;
         // A tail `tail()` is still making has no receiver yet, but a second
         // holder of its `Arc`.
@@ -331,7 +321,7 @@ impl Listener {
 
 /// The id of the feed's newest entry (`0-0` for an empty feed): where a
 /// listener that just (re)connected starts.
-async fn newest(conn: &mut MultiplexedConnection, feed: &str) -> redis::RedisResult<String> {
+async fn newest(conn: &mut Conn, feed: &str) -> redis::RedisResult<String> {
     let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
         .arg(feed)
         .arg("+")

@@ -9,8 +9,10 @@
 //! move a subscription's watermark before Redis acknowledged the write, and
 //! must not touch keys outside its `key_prefix`.
 //!
-//! Layout, with `P` the configured `key_prefix`. A stream's keys and a
-//! session's keys each share a hash tag, so each lives in one Cluster slot:
+//! Layout, with `P` the configured `key_prefix`, on one server (with or
+//! without Sentinel; on a Redis Cluster every key is `{P}:` then the key
+//! below without its braces, all in one slot: `cluster.rs`). A stream's
+//! keys and a session's keys each share a hash tag:
 //! - `{P:<stream>}:stream`: the stream as one value (`packed.rs`): its
 //!   metadata — what it was created with, what changes after (status,
 //!   cursors, the upstream mark, `owner`), the counts the store keeps — and,
@@ -66,7 +68,9 @@
 //! `tests.rs` runs the contract suite against a real Redis.
 //!
 //! Where the primary is, `endpoint.rs` says and `sentinel.rs` keeps: one
-//! server (`redis_url`), or the primary the sentinels name, asked again
+//! server (`redis_url`), the node of a cluster serving the prefix's slot
+//! (`redis_cluster`, found and followed by the cluster client:
+//! `cluster.rs`), or the primary the sentinels name, asked again
 //! when a connection to it fails or it answers `READONLY`. Every connection
 //! of the store — the workers', the waited writes', the lease's, the
 //! feed's — follows it. A command that cannot have run is sent again to
@@ -92,7 +96,8 @@
 //! Limits:
 //! - The scripts that also update the global indexes (create, finish,
 //!   touch, delete, claims, tasks) name keys of several slots: fine on one
-//!   Redis primary (with replicas), refused (`CROSSSLOT`) by Redis Cluster.
+//!   Redis primary (with replicas); on a cluster a prefix's keys are
+//!   therefore all in one slot, so on one primary (`cluster.rs`).
 //! - `size_on_disk` is 0 (the log is not on this machine), so the disk
 //!   quota does not apply; Redis' `maxmemory` is the bound.
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
@@ -163,7 +168,7 @@ fn connection(route: &Arc<Route>, timeout: Duration) -> Result<Conn> {
 
 /// The key of one of a stream's values (`meta`, `log`) under `prefix`.
 fn stream_key(prefix: &str, id: StreamId, what: &str) -> String {
-    format!("{{{prefix}:{id}}}:{what}")
+    format!("{}:{what}", cluster::tag(prefix, id))
 }
 
 /// Parses the ids of a set or sorted set, skipping what is not an id.
@@ -261,7 +266,8 @@ impl RedisStore {
     /// (`streams list|show`): no lease, no feed listener, so it never
     /// counts as an instance.
     pub async fn observer(at: &endpoint::Endpoint, prefix: &str) -> Result<Self> {
-        let route = endpoint::route(at).await?;
+        let prefix = &cluster::laid_out(at, prefix);
+        let route = endpoint::route(at, prefix).await?;
         let store = Self::build(route, prefix, Duration::ZERO)?;
         store.probe(&at.url).await?;
         Ok(store)
@@ -277,7 +283,8 @@ impl RedisStore {
     /// Opens the log at `at`: its URL (`rediss://` for TLS), ACL user,
     /// password, CA and client certificate ([`endpoint`]).
     pub async fn open_at(at: &endpoint::Endpoint, prefix: &str, lease: Duration) -> Result<Self> {
-        let route = endpoint::route(at).await?;
+        let prefix = &cluster::laid_out(at, prefix);
+        let route = endpoint::route(at, prefix).await?;
         let store = Self::with_route(route, prefix, lease)?;
         store.probe(&at.url).await?;
         Ok(store)
@@ -285,6 +292,9 @@ impl RedisStore {
 
     /// Checks that Redis answers at `url` (or where the sentinels said).
     async fn probe(&self, url: &str) -> Result<()> {
+        if let Some(answered) = self.probe_cluster().await {
+            return answered;
+        }
         let client = self.route.now().client.clone();
         let at = match self.route.follows() {
             true => client.get_connection_info().addr().to_string(),
@@ -320,11 +330,11 @@ impl RedisStore {
     }
 
     fn session_key(&self, id: SessionId, what: &str) -> String {
-        format!("{{{}:{id}}}:{what}", self.prefix)
+        format!("{}:{what}", cluster::tag(&self.prefix, id))
     }
 
     fn task_key(&self, id: TaskId) -> String {
-        format!("{{{}:{id}}}:task", self.prefix)
+        format!("{}:task", cluster::tag(&self.prefix, id))
     }
 
     fn global_key(&self, what: &str) -> String {
@@ -704,6 +714,7 @@ impl Store for RedisStore {
     }
 }
 
+mod cluster;
 pub mod endpoint;
 mod follow;
 mod lease;

@@ -17,7 +17,8 @@
 //! coalesced (1), `u`/`v` the upstream mark's event id and seq, `w` owner,
 //! `n` entries, `b` bytes, `e` the entries while inline (array), `l` 1 once
 //! they moved to the stream's `:log`, `r` the sequence of its entry in the
-//! retention index (`retention.rs`). An absent number is 0 unless said,
+//! retention index (`retention.rs`), `k` on a cluster the name of the
+//! last append applied (`scripts.rs`). An absent number is 0 unless said,
 //! an absent option `None`.
 
 use std::sync::Arc;

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use redis::aio::ConnectionLike;
 use redis::{Pipeline, Value};
 
+use super::cluster::{around_id, tag};
 use super::packed::{decode, Entries};
 use super::record::{backend, meta_from_hash};
 use super::{stream_key, RedisStore};
@@ -174,7 +175,7 @@ impl RedisStore {
     pub(super) async fn every_stream(&self) -> Result<Vec<StreamMeta>> {
         let mut ids = Vec::new();
         for what in ["stream", "meta"] {
-            let pattern = format!("{{{}:*}}:{what}", glob_escaped(&self.prefix));
+            let pattern = format!("{}:{what}", tag(&glob_escaped(&self.prefix), "*"));
             let mut cursor = 0u64;
             loop {
                 let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -200,8 +201,8 @@ impl RedisStore {
 
     /// The stream whose `what` key is `key`.
     fn id_in(&self, key: &str, what: &str) -> Option<StreamId> {
-        let tagged = key.strip_prefix(&format!("{{{}:", self.prefix))?;
-        tagged.strip_suffix(&format!("}}:{what}"))?.parse().ok()
+        let (head, tail) = around_id(&self.prefix, what);
+        key.strip_prefix(&head)?.strip_suffix(&tail)?.parse().ok()
     }
 }
 

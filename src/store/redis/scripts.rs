@@ -37,8 +37,9 @@ pub(super) const RETENTION_WINDOW: u64 = 1_000;
 /// `follow.rs`).
 pub(super) const FEED_LENGTH: u32 = 100_000;
 
-/// Helpers every script may use. Keys computed here name no declared slot:
-/// these scripts need one Redis primary (see the module's limits).
+/// Helpers every script may use. Keys computed here are not declared: on
+/// one server any key goes; on a cluster every key of the prefix is in the
+/// declared keys' slot (`cluster.rs`).
 const PRELUDE: &str = r#"
 local function owned(prefix, instance) return prefix .. ':owned:' .. instance end
 local function feed(key, ...)
@@ -64,7 +65,12 @@ local function int(n) return string.format('%.0f', n) end
 local function hex(raw)
   return (string.gsub(raw, '.', function(c) return string.format('%02x', string.byte(c)) end))
 end
-local function tag(prefix, id) return '{' .. prefix .. ':' .. id .. '}' end
+-- The start of a stream's (session's, task's) keys: `{P:<id>}`, or on a
+-- cluster, where the prefix comes in braces, `{P}:<id>` (`cluster.rs`).
+local function tag(prefix, id)
+  if string.sub(prefix, 1, 1) == '{' then return prefix .. ':' .. id end
+  return '{' .. prefix .. ':' .. id .. '}'
+end
 
 -- A stream's table (`packed.rs`) written back, keeping the key's TTL.
 local function save(key, t) redis.call('SET', key, cmsgpack.pack(t), 'KEEPTTL') end
@@ -310,27 +316,31 @@ end
 /// the sweeper deletes it first, indexes and all, while any instance runs).
 /// A task leg (its value has `T`) is deleted with its task instead:
 /// never indexed for retention, its keys keep the TTL its task gave them.
+/// On a cluster each append has a name, kept in the value (`k`): one sent
+/// again under the name the value holds was applied already, and answers
+/// the stream's count again without applying it twice (`write.rs`).
 /// KEYS: stream, meta (the previous layout's), log, finished, feed,
 /// retention.
 /// ARGV: stream id, its 16 bytes, has mark ('1'/'0'), mark event id, status
 /// code ('' none), finished_ms ('' when live), outcome code ('' none),
 /// instance, prefix, TTL ms of a finished stream, most entries and most
-/// bytes ('' for no caps), then the messages.
+/// bytes ('' for no caps), the append's name ('' none), then the messages.
 const APPEND: &str = r#"
 local t = load(KEYS[1], KEYS[2])
 if not t then return -1 end
+if ARGV[13] ~= '' and t.k == ARGV[13] then return t.n or 0 end
 local owner = t.w
-local count = #ARGV - 12
+local count = #ARGV - 13
 if owner and owner ~= ARGV[8] and (count > 0 or ARGV[3] == '1') then return -2 end
 local leg = t.T ~= nil
 local seq = t.n or 0
 local added = 0
-for i = 13, #ARGV do added = added + string.len(ARGV[i]) end
+for i = 14, #ARGV do added = added + string.len(ARGV[i]) end
 if ARGV[11] ~= '' then
   if seq + count > tonumber(ARGV[11]) or (t.b or 0) + added > tonumber(ARGV[12]) then return -3 end
 end
 if count > 0 then
-  add_entries(t, KEYS[3], 13)
+  add_entries(t, KEYS[3], 14)
   seq = seq + count
   t.n = seq
   t.b = (t.b or 0) + added
@@ -355,6 +365,7 @@ if ARGV[5] ~= '' then
     t.f = nil
   end
 end
+if ARGV[13] ~= '' then t.k = ARGV[13] end
 save(KEYS[1], t)
 if not leg and finished == '1' then
   redis.call('PEXPIRE', KEYS[1], ARGV[10])

@@ -13,17 +13,21 @@
 //! connection), or a read — and gives a write that the old primary may have
 //! run without answering back as [`unanswered`], for the caller to settle.
 //! With a fixed server nothing here changes how commands go: no retry, the
-//! connection manager's own reconnection.
+//! connection manager's own reconnection. On a cluster (`cluster.rs`) the
+//! cluster client finds the primaries and follows them itself.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use tokio::time::Instant;
 
+use super::cluster::{Cluster, Pinned};
 use crate::store::{Result, StoreError};
 
 /// How long a command waits for the sentinels to name a primary that
@@ -137,6 +141,9 @@ pub(super) struct Target {
 /// Where the store's connections go.
 pub(super) struct Route {
     sentinels: Option<Sentinels>,
+    /// On a cluster, what its connections are made from; `now` then holds
+    /// a client nothing connects through.
+    cluster: Option<Cluster>,
     now: Mutex<Arc<Target>>,
     /// One resolution at a time: the commands that failed together wait
     /// for the same one.
@@ -163,9 +170,18 @@ impl Route {
         Ok(Self::with(Some(sentinels), client))
     }
 
+    /// The cluster's connections; `stand_in` is never connected through.
+    pub fn clustered(cluster: Cluster, stand_in: redis::Client) -> Self {
+        Self {
+            cluster: Some(cluster),
+            ..Self::with(None, stand_in)
+        }
+    }
+
     fn with(sentinels: Option<Sentinels>, client: redis::Client) -> Self {
         Self {
             sentinels,
+            cluster: None,
             now: Mutex::new(Arc::new(Target {
                 generation: 0,
                 client,
@@ -181,6 +197,27 @@ impl Route {
 
     pub fn follows(&self) -> bool {
         self.sentinels.is_some()
+    }
+
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    /// A connection of its own to the primary (the feed's, whose blocking
+    /// reads must hold up no other command), failing a command not
+    /// answered within `timeout`.
+    pub async fn dedicated(&self, timeout: Duration) -> redis::RedisResult<Conn> {
+        if let Some(cluster) = &self.cluster {
+            return Ok(Conn::Cluster(cluster.connect(timeout)));
+        }
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(timeout));
+        let client = self.now().client.clone();
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok(Conn::Direct(conn))
     }
 
     /// Why the primary cannot be found, while it cannot.
@@ -319,11 +356,14 @@ fn cmd_reads(cmd: &Cmd) -> bool {
 /// A connection to the route's primary, one per worker (or purpose). On a
 /// fixed route, the connection manager as it is; on the sentinels', one
 /// that follows the primary: after a resolution its next command goes to
-/// the new one.
+/// the new one; on a cluster, one pinned to the prefix's slot. `Direct`:
+/// one connection, as made, that fails once it breaks ([`Route::dedicated`]).
 #[derive(Clone)]
 pub(crate) enum Conn {
     Fixed(ConnectionManager),
     Following { route: Arc<Route>, held: Arc<Held> },
+    Cluster(Pinned),
+    Direct(MultiplexedConnection),
 }
 
 pub(crate) struct Held {
@@ -336,6 +376,9 @@ impl Conn {
     /// A connection to `route`'s primary that connects on first use,
     /// failing a command not answered within `timeout`.
     pub(super) fn new(route: Arc<Route>, timeout: Duration) -> Result<Self> {
+        if let Some(cluster) = route.cluster() {
+            return Ok(Self::Cluster(cluster.connect(timeout)));
+        }
         let target = route.now();
         let manager = manager(&route, &target.client, timeout)?;
         if !route.follows() {
@@ -450,6 +493,8 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let (route, held) = match self {
             Conn::Fixed(manager) => return manager.req_packed_command(cmd),
+            Conn::Cluster(pinned) => return pinned.req_packed_command(cmd),
+            Conn::Direct(conn) => return conn.req_packed_command(cmd),
             Conn::Following { route, held } => (route, held),
         };
         let reads = cmd_reads(cmd);
@@ -469,6 +514,8 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let (route, held) = match self {
             Conn::Fixed(manager) => return manager.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(pinned) => return pinned.req_packed_commands(cmd, offset, count),
+            Conn::Direct(conn) => return conn.req_packed_commands(cmd, offset, count),
             Conn::Following { route, held } => (route, held),
         };
         let reads = cmd.cmd_iter().all(cmd_reads);
@@ -486,6 +533,8 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Fixed(manager) => manager.get_db(),
+            Conn::Cluster(pinned) => pinned.get_db(),
+            Conn::Direct(conn) => conn.get_db(),
             Conn::Following { route, .. } => route
                 .now()
                 .client

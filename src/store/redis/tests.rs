@@ -2,7 +2,8 @@
 //! what is particular to Redis (the key layout, cleanup).
 //!
 //! Runs on `REDIS_URL`, else on a private `redis-server` this test process
-//! starts (the rig the integration tests use too, included below); with
+//! starts (the rig the integration tests use too, included below), and on
+//! a private Redis Cluster (`on_a_three_primary_cluster.rs`); with
 //! neither, every test here fails with one line saying so. Each store
 //! gets its own random key prefix, kept in a file of the test's directory so
 //! that a "reopen" (a new store object on the same directory) finds the same
@@ -24,12 +25,15 @@ const TEST_LEASE: Duration = Duration::from_millis(600);
 
 // The integration tests' file, not a module of the library: the library
 // must not ship test scaffolding, and one copy serves both.
+#[path = "../../../tests/common/redis_cluster.rs"]
+mod redis_cluster;
 #[path = "../../../tests/common/redis_server.rs"]
 mod redis_server;
 
 mod footprint;
 mod instances;
 mod legacy;
+mod on_a_three_primary_cluster;
 mod retention;
 
 fn url() -> String {

@@ -5,13 +5,14 @@
 //! writing a task record. All but the deletion are run by `replicas.rs`,
 //! which waits for the replicas when `min_replicas` asks it to.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::follow::Tail;
 use super::record::{backend, encode};
-use super::{packed, sentinel, ttl, RedisStore};
+use super::{cluster, packed, sentinel, ttl, RedisStore};
 use crate::id::{Seq, StreamId};
 use crate::store::{now_ms, Along, Finish, Prior, Result, StoreError, StreamMeta, TaskRecord};
 
@@ -120,6 +121,50 @@ impl RedisStore {
         messages: &[Bytes],
         along: Along<'_>,
     ) -> Result<Seq> {
+        let finish = along.end;
+        let invocation = self.append_invocation(stream, messages, along, self.append_token());
+        let before = self.follow.tails.get(&stream).and_then(|t| t.written());
+        let answer = match self.run_write::<i64>(&invocation).await {
+            Err(StoreError::Backend(why)) if sentinel::unanswered_message(&why) => {
+                let sent = Sent {
+                    before,
+                    count: messages.len() as Seq,
+                    finish,
+                };
+                self.settle_unanswered(stream, &invocation, sent, why)
+                    .await?
+            }
+            answered => answered?,
+        };
+        let seq = match answer {
+            -2 => return Err(StoreError::NotOwner(stream)),
+            -3 => return Err(StoreError::OverCaps(stream)),
+            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
+        };
+        // Redis answered: the write is as durable as this backend makes it.
+        // A stream with no tail here has no reader here to wake; a tail made
+        // later reads this write from Redis.
+        if let Some(tail) = self.follow.tails.get(&stream) {
+            tail.wrote(seq);
+            tail.watermark.send_modify(|w| {
+                w.seq = w.seq.max(seq);
+                if let Some(end) = finish {
+                    w.finished = !end.status.is_live();
+                }
+            });
+        }
+        Ok(seq)
+    }
+
+    /// The append script's invocation: `token` names this append on a
+    /// cluster (`''` elsewhere), see [`RedisStore::append_token`].
+    pub(super) fn append_invocation(
+        &self,
+        stream: StreamId,
+        messages: &[Bytes],
+        along: Along<'_>,
+        token: String,
+    ) -> redis::ScriptInvocation<'_> {
         let (finish, upstream) = (along.end, along.upstream_event);
         let mut invocation = self.scripts.append.prepare_invoke();
         invocation
@@ -153,40 +198,27 @@ impl RedisStore {
             Some(caps) => invocation.arg(caps.entries).arg(caps.bytes),
             None => invocation.arg("").arg(""),
         };
+        invocation.arg(token);
         for message in messages {
             invocation.arg(message.as_ref());
         }
-        let before = self.follow.tails.get(&stream).and_then(|t| t.written());
-        let answer = match self.run_write::<i64>(&invocation).await {
-            Err(StoreError::Backend(why)) if sentinel::unanswered_message(&why) => {
-                let sent = Sent {
-                    before,
-                    count: messages.len() as Seq,
-                    finish,
-                };
-                self.settle_unanswered(stream, &invocation, sent, why)
-                    .await?
-            }
-            answered => answered?,
-        };
-        let seq = match answer {
-            -2 => return Err(StoreError::NotOwner(stream)),
-            -3 => return Err(StoreError::OverCaps(stream)),
-            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
-        };
-        // Redis answered: the write is as durable as this backend makes it.
-        // A stream with no tail here has no reader here to wake; a tail made
-        // later reads this write from Redis.
-        if let Some(tail) = self.follow.tails.get(&stream) {
-            tail.wrote(seq);
-            tail.watermark.send_modify(|w| {
-                w.seq = w.seq.max(seq);
-                if let Some(end) = finish {
-                    w.finished = !end.status.is_live();
-                }
-            });
+        invocation
+    }
+
+    /// A name for one append, on a cluster: the cluster client sends a
+    /// command again by itself when the connection it went on broke, and
+    /// the old primary may have run it (and its replica received it)
+    /// before it went away; the script applies an append whose name the
+    /// stream holds already only once. Elsewhere none (`''`): `sentinel.rs`
+    /// sends nothing again that may have run, and `settle_unanswered`
+    /// settles an append.
+    fn append_token(&self) -> String {
+        static APPENDS: AtomicU64 = AtomicU64::new(0);
+        if !cluster::is_one_slot(&self.prefix) {
+            return String::new();
         }
-        Ok(seq)
+        let n = APPENDS.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.instance)
     }
 
     /// Settles an append the primary went away without answering (a

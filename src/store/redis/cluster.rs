@@ -1,0 +1,294 @@
+//! Redis Cluster (`[store] redis_cluster`): the log on a cluster of
+//! primaries with replicas, reached through redis-rs' own cluster client,
+//! which learns the slot map from the nodes listed and follows `MOVED`,
+//! `ASK`, `TRYAGAIN` and `CLUSTERDOWN` itself (a resharding, a failover).
+//! It owns the cluster key layout, the connections pinned to the prefix's
+//! slot ([`Pinned`]) and the probe; it must not change the layout of a
+//! store that is not on a cluster, whose keys existing deployments hold.
+//!
+//! Redis Cluster runs a script, a `MULTI`/`EXEC` or a pipeline only on keys
+//! of one hash slot (`CROSSSLOT` otherwise), and a script may touch keys it
+//! did not declare only if they are in the declared keys' slot. What each
+//! step touches, with `P` the key prefix and `<s>` a stream id:
+//!
+//! | step | keys |
+//! |---|---|
+//! | create (`CREATE`) | the stream's `:stream`, `:log`; its session's `:requests`, `:streams`; a prior stream's `:stream`/`:meta` under the same request id; `abandon`, `finished`, `retention`, `instances`, the creator's `owned`; a leg's task |
+//! | append (`APPEND`) | the stream's `:stream`, `:meta`, `:log`; `finished`, `retention`, `feed`; its owner's `owned` |
+//! | change (`CHANGE`) | the stream's `:stream`, `:meta`; `abandon`, `feed` |
+//! | delete (`DELETE`) | the stream's three keys; its session's `:streams`, `:requests`; `streams`, `abandon`, `finished`, `retention`, `feed`; its owner's `owned` |
+//! | task (`TASK`) | the task's `:task`, `tasks`; each leg's `:stream`, `:meta`, `:log` |
+//! | renew (`RENEW`) | `instances` |
+//! | claim (`CLAIM`) | `instances`, every dead instance's `owned` and `claimed`, the claimer's; every stream those name |
+//! | session writes (transactions) | the session's three keys, `sessions`, `sessions:seen`, `sessions:closed`, `feed` |
+//! | the feed listener | `feed`; the metadata of the streams it follows |
+//!
+//! Create, delete and claim join keys of several streams and of a session
+//! with the indexes that span streams: a layout of one slot per stream
+//! (`{P:<s>}`, the layout on one server) splits them. Stream ids are random
+//! and name no session, so the session a stream belongs to (and so its
+//! slot) cannot be told from the id that every append carries.
+//!
+//! This first cluster layout therefore keeps a prefix's keys in one slot:
+//! the prefix itself is the hash tag, `{P}`, and every key is `{P}:` then
+//! the key the one-server layout names without its braces:
+//! `{P}:<s>:stream`, `{P}:<s>:log`, `{P}:<session>:requests`,
+//! `{P}:<task>:task`, `{P}:feed`, `{P}:owned:<instance>`, … Every step
+//! above is then on one slot, and every command of the store is sent to
+//! the node that serves it ([`Pinned`]), so that keyless commands (`WAIT`,
+//! `SCAN`, `SCRIPT LOAD`, `PING`) go where the keys are. The cluster gives
+//! failover and resharding of that slot (moving it to another primary),
+//! not yet a log spread over its primaries: what the split needs is in the
+//! issue (streams named with their session's slot, the feed and the
+//! indexes per slot, each instance reading the feeds of the slots it
+//! follows). Several deployments (key prefixes) on one cluster do spread.
+//!
+//! While the slot moves to another primary, every script names a key
+//! that is on neither node (`:meta`, which only the previous layout
+//! writes), so Redis answers `TRYAGAIN` until the move ends, and the
+//! client sends it again: writes wait for the move, none half-lands.
+//! The client also sends a command again by itself when the connection it
+//! went on broke (a primary killed): the old primary may have run it. An
+//! append carries a name so that the script applies it once (`write.rs`);
+//! the other scripts are idempotent, but for a task's compare-and-set,
+//! which a second run refuses (the caller reads the task again).
+//!
+//! The one-slot prefix is the configured `key_prefix` in braces; since the
+//! configuration refuses braces in `key_prefix`, a prefix that starts with
+//! one is a cluster's, and [`tag`] (and the scripts' `tag`) read the layout
+//! from it. The two layouts never meet: a cluster starts empty.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route as SlotRoute, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use super::endpoint::{self, Endpoint};
+use super::sentinel::Route;
+use super::RedisStore;
+use crate::store::{Result, StoreError};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the client sends a command again after a redirection, a
+/// `TRYAGAIN` or a node gone (see [`route`]).
+const RETRIES: u32 = 20;
+/// How long the probe waits for the prefix's node to answer: the client
+/// tries the listed nodes, and again, before it gives up.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The key prefix a store on a cluster uses: `prefix` as the hash tag.
+pub(super) fn one_slot(prefix: &str) -> String {
+    format!("{{{prefix}}}")
+}
+
+/// The prefix the keys of a store at `at` start with: on a cluster, the
+/// configured one as a hash tag.
+pub(super) fn laid_out(at: &Endpoint, prefix: &str) -> String {
+    match at.cluster.is_empty() {
+        true => prefix.to_owned(),
+        false => one_slot(prefix),
+    }
+}
+
+/// Whether `prefix` is a cluster's ([`one_slot`]).
+pub(super) fn is_one_slot(prefix: &str) -> bool {
+    prefix.starts_with('{')
+}
+
+/// The start of the keys of stream, session or task `id`: `{P:<id>}` on
+/// one server, `{P}:<id>` on a cluster.
+pub(super) fn tag(prefix: &str, id: impl Display) -> String {
+    match is_one_slot(prefix) {
+        true => format!("{prefix}:{id}"),
+        false => format!("{{{prefix}:{id}}}"),
+    }
+}
+
+/// What stands around an id in its `what` key (see [`tag`]), for reading
+/// ids back out of keys.
+pub(super) fn around_id(prefix: &str, what: &str) -> (String, String) {
+    match is_one_slot(prefix) {
+        true => (format!("{prefix}:"), format!(":{what}")),
+        false => (format!("{{{prefix}:"), format!("}}:{what}")),
+    }
+}
+
+/// The cluster the store is on, and the slot its keys are in.
+pub(super) struct Cluster {
+    client: ClusterClient,
+    home: SlotRoute,
+    /// The nodes listed, for messages.
+    listed: String,
+}
+
+impl Cluster {
+    /// Connections made from `client` for the keys of (one-slot) `prefix`.
+    fn new(client: ClusterClient, prefix: &str, listed: String) -> Self {
+        Self {
+            client,
+            home: SlotRoute::with_key(prefix.as_bytes(), SlotAddr::Master),
+            listed,
+        }
+    }
+
+    /// A connection of its own that connects on first use, failing a
+    /// command not answered within `timeout`. Made on the Tokio runtime
+    /// that is to drive it.
+    pub fn connect(&self, timeout: Duration) -> Pinned {
+        let config = ClusterConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(timeout);
+        Pinned {
+            conn: self.client.get_pending_async_connection_with_config(config),
+            home: self.home,
+        }
+    }
+
+    /// Checks that the node serving the prefix's slot answers.
+    async fn probe(&self) -> Result<()> {
+        let mut conn = self.connect(CONNECT_TIMEOUT);
+        let ping = redis::cmd("PING");
+        let ping = ping.query_async::<String>(&mut conn);
+        let silent = |why: String| {
+            StoreError::Backend(format!(
+                "redis cluster at {} does not answer: {why}",
+                self.listed
+            ))
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(silent(e.to_string())),
+            Err(_) => Err(silent(format!("no answer within {PROBE_TIMEOUT:?}"))),
+        }
+    }
+}
+
+/// A cluster connection whose every command and pipeline goes to the node
+/// serving the prefix's slot (redirected as the cluster says).
+#[derive(Clone)]
+pub(crate) struct Pinned {
+    conn: ClusterConnection,
+    home: SlotRoute,
+}
+
+impl ConnectionLike for Pinned {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(self.home));
+        Box::pin(self.conn.route_command(cmd.clone(), to))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let to = SingleNodeRoutingInfo::SpecificNode(self.home);
+        Box::pin(self.conn.route_pipeline(pipe.clone(), offset, count, to))
+    }
+
+    /// A cluster has database 0 only.
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// The route to the cluster `store` lists, for the keys of (one-slot)
+/// `prefix`.
+pub(super) fn route(store: &Endpoint, prefix: &str) -> Result<Route> {
+    let listed = store.cluster.join(", ");
+    let refused = |e: redis::RedisError| {
+        StoreError::Backend(format!("store.redis_cluster = [{listed}]: {e}"))
+    };
+    // A slot that moves answers `TRYAGAIN` to the scripts (their keys are
+    // on both nodes meanwhile), and a failover `CLUSTERDOWN` or a node
+    // gone: retried after a random wait of 20 ms up to a bound that
+    // doubles from 20 ms to 3 s, some 20 s in all (at most 40 s), about as
+    // long as a command waits for the sentinels (the client's default
+    // waits 1.3 s before a first retry).
+    let mut builder = ClusterClientBuilder::new(store.cluster.iter().map(String::as_str))
+        .connection_timeout(CONNECT_TIMEOUT)
+        .retries(RETRIES)
+        .min_retry_wait(20)
+        .max_retry_wait(3_000);
+    if let Some(user) = &store.username {
+        builder = builder.username(user);
+    }
+    if let Some(password) = endpoint::password(store)? {
+        builder = builder.password(password);
+    }
+    if store.cluster.iter().any(|u| u.starts_with("rediss://")) {
+        builder = builder.certs(endpoint::certificates(store)?);
+    }
+    let client = builder.build().map_err(refused)?;
+    // Never connected through: the cluster's connections are `Pinned`.
+    let first = store.cluster.first().map_or("", String::as_str);
+    let stand_in = redis::Client::open(first).map_err(refused)?;
+    Ok(Route::clustered(
+        Cluster::new(client, prefix, listed),
+        stand_in,
+    ))
+}
+
+impl RedisStore {
+    /// A store on the cluster whose nodes (some of them) are `nodes`, its
+    /// keys in the slot of `prefix` (see the module's doc). As
+    /// [`RedisStore::new`], but made inside a Tokio runtime, which drives
+    /// its connections.
+    pub fn clustered(nodes: &[String], prefix: &str, lease: Duration) -> Result<Self> {
+        let at = Endpoint {
+            cluster: nodes.to_vec(),
+            ..Endpoint::default()
+        };
+        let prefix = one_slot(prefix);
+        Self::with_route(route(&at, &prefix)?, &prefix, lease)
+    }
+
+    /// Checks the cluster answers, when the store is on one.
+    pub(super) async fn probe_cluster(&self) -> Option<Result<()>> {
+        Some(self.route.cluster()?.probe().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clusters_keys_share_the_prefix_as_their_hash_tag_and_one_servers_do_not() {
+        let cluster = one_slot("p");
+        assert_eq!(tag(&cluster, "s1"), "{p}:s1");
+        assert_eq!(tag("p", "s1"), "{p:s1}");
+        let (head, tail) = around_id(&cluster, "stream");
+        assert_eq!(
+            format!("{head}s1{tail}"),
+            format!("{}:stream", tag(&cluster, "s1"))
+        );
+        let (head, tail) = around_id("p", "stream");
+        assert_eq!(
+            format!("{head}s1{tail}"),
+            format!("{}:stream", tag("p", "s1"))
+        );
+    }
+
+    #[test]
+    fn every_key_of_a_cluster_prefix_hashes_to_one_slot() {
+        let prefix = one_slot("mcp-resume-proxy");
+        let slot = |key: &str| SlotRoute::with_key(key.as_bytes(), SlotAddr::Master);
+        let home = slot(&prefix);
+        for key in [
+            format!("{}:stream", tag(&prefix, crate::id::StreamId::random())),
+            format!("{}:requests", tag(&prefix, crate::id::SessionId::random())),
+            format!("{prefix}:feed"),
+            format!("{prefix}:owned:1-ab"),
+        ] {
+            assert_eq!(slot(&key), home, "{key}");
+        }
+        let one_server = [tag("p", "a"), tag("p", "b")].map(|k| slot(&k));
+        assert_ne!(one_server[0], one_server[1]);
+    }
+}
