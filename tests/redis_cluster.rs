@@ -12,12 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::redis_cluster::RedisCluster;
 use common::*;
-use http::StatusCode;
 use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::store::redis::RedisStore;
-use mcp_resume_proxy::store::{Store, StreamKind};
-use mcp_resume_proxy::Server;
 
 const PREFIX: &str = "cluster-test";
 /// How long the cluster may take to promote a replica.
@@ -42,16 +38,6 @@ fn proxy_config(cluster: &RedisCluster, dir: &std::path::Path, min: u32) -> Conf
     config.store.replica_wait_ms = (min > 0).then_some(10_000);
     config.tokens.key_file = Some(key);
     config
-}
-
-/// The progress counts and the final answer of a `slow` call's messages.
-fn progress_and_answer(messages: &[serde_json::Value]) -> (Vec<u64>, &serde_json::Value) {
-    let progress = messages
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().expect("a count"))
-        .collect();
-    (progress, messages.last().expect("an answer"))
 }
 
 /// Kills the primary serving the log's slot, waits until a replica took
@@ -81,65 +67,17 @@ fn fail_over_the_logs_primary(cluster: &mut RedisCluster) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_in_flight_survives_the_logs_primary_killed_with_min_replicas() {
     let mut cluster = RedisCluster::start(3, 1).unwrap_or_else(|why| panic!("{why}"));
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("demo upstream starts");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = proxy_config(&cluster, dir.path(), 1);
-    config.upstream = vec![UpstreamConfig::new(upstream.url())];
-    config.validate().expect("a valid configuration");
-    let server = Server::start(config).await.expect("the proxy starts");
-    let url = format!("http://{}/mcp", server.addr);
-    let sid = McpClient::new(url.clone()).initialize(V_LATEST).await;
-    let steps = 40;
-    let call = {
-        let client = McpClient::new(url);
-        tokio::spawn(async move {
-            let res = client
-                .send(Call::post(&slow_call(2, steps, 100)).session(&sid))
-                .await;
-            (res.status(), messages(res).await)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let cluster = tokio::task::spawn_blocking(move || {
-        fail_over_the_logs_primary(&mut cluster);
-        cluster
+    let config = proxy_config(&cluster, dir.path(), 1);
+    let (survived, cluster) = failover::call_across(config, async move {
+        let failed_over = tokio::task::spawn_blocking(move || {
+            fail_over_the_logs_primary(&mut cluster);
+            cluster
+        });
+        failed_over.await.expect("the failover")
     })
-    .await
-    .expect("the failover");
-    let (status, answer) = tokio::time::timeout(Duration::from_secs(40), call)
-        .await
-        .expect("the call ends")
-        .expect("the task");
-    assert_eq!(status, StatusCode::OK);
-    let (progress, last) = progress_and_answer(&answer);
-    assert_eq!(last["id"], 2, "{last}");
-    assert!(
-        last.get("result").is_some(),
-        "the call ends with its result: {last}"
-    );
-    assert_eq!(
-        progress,
-        (1..=steps).collect::<Vec<_>>(),
-        "each step once, in order"
-    );
-    // Every entry the client was sent is on the new primary, once.
+    .await;
     let held =
         RedisStore::clustered(&cluster.urls(), PREFIX, Duration::from_secs(10)).expect("a store");
-    let streams = held.list_streams().await.expect("listed");
-    let call_stream = streams
-        .iter()
-        .find(|s| s.kind == StreamKind::Request && s.entries > 1)
-        .expect("the call's stream");
-    let entries = held
-        .read_after(call_stream.id, 0, 1_000)
-        .await
-        .expect("read");
-    assert_eq!(
-        entries.len(),
-        answer.len(),
-        "the log holds what the client got"
-    );
-    server.shutdown().await;
+    survived.held_by(&held).await;
 }

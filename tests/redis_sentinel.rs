@@ -19,11 +19,10 @@ use common::tls::Pki;
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::id::StreamId;
 use mcp_resume_proxy::store::redis::endpoint::Endpoint;
 use mcp_resume_proxy::store::redis::{RedisStore, Replicas};
-use mcp_resume_proxy::store::{Store, StreamKind};
+use mcp_resume_proxy::store::Store;
 use mcp_resume_proxy::Server;
 
 const PREFIX: &str = "sentinel-test";
@@ -301,77 +300,21 @@ async fn with_the_primary_and_the_sentinels_gone_readiness_says_why() {
     server.shutdown().await;
 }
 
-/// The progress counts and the final answer of a `slow` call's messages.
-fn progress_and_answer(messages: &[serde_json::Value]) -> (Vec<u64>, &serde_json::Value) {
-    let progress = messages
-        .iter()
-        .filter(|m| m["method"] == "notifications/progress")
-        .map(|m| m["params"]["progress"].as_u64().expect("a count"))
-        .collect();
-    (progress, messages.last().expect("an answer"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_in_flight_survives_the_primary_killed_with_min_replicas() {
     let mut watched = Watched::start();
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("demo upstream starts");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = proxy_config(&watched.endpoint(), dir.path(), 1);
-    config.upstream = vec![UpstreamConfig::new(upstream.url())];
-    config.validate().expect("a valid configuration");
-    let server = Server::start(config).await.expect("the proxy starts");
-    let url = format!("http://{}/mcp", server.addr);
-    let sid = McpClient::new(url.clone()).initialize(V_LATEST).await;
-    let steps = 40;
-    let call = {
-        let client = McpClient::new(url);
-        tokio::spawn(async move {
-            let res = client
-                .send(Call::post(&slow_call(2, steps, 100)).session(&sid))
-                .await;
-            (res.status(), messages(res).await)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    watched.kill_primary().await;
-    // The promoted node's writes wait for a replica: one joins it, as an
-    // operator (or the sentinels, restarting the old node) would give it.
-    let _rejoined = RedisServer::start_replica_of(&watched.replica).expect("a new replica");
-    let (status, answer) = tokio::time::timeout(Duration::from_secs(40), call)
-        .await
-        .expect("the call ends")
-        .expect("the task");
-    assert_eq!(status, StatusCode::OK);
-    let (progress, last) = progress_and_answer(&answer);
-    assert_eq!(last["id"], 2, "{last}");
-    assert!(
-        last.get("result").is_some(),
-        "the call ends with its result: {last}"
-    );
-    assert_eq!(
-        progress,
-        (1..=steps).collect::<Vec<_>>(),
-        "each step once, in order"
-    );
-    // Every entry the client was sent is on the new primary, once.
+    let config = proxy_config(&watched.endpoint(), dir.path(), 1);
+    let (survived, _rejoined) = failover::call_across(config, async {
+        watched.kill_primary().await;
+        // The promoted node's writes wait for a replica: one joins it, as
+        // an operator (or the sentinels, restarting the old node) would
+        // give it.
+        RedisServer::start_replica_of(&watched.replica).expect("a new replica")
+    })
+    .await;
     let held = reader_on(&watched.replica).await;
-    let streams = held.list_streams().await.expect("listed");
-    let call_stream = streams
-        .iter()
-        .find(|s| s.kind == StreamKind::Request && s.entries > 1)
-        .expect("the call's stream");
-    let entries = held
-        .read_after(call_stream.id, 0, 1_000)
-        .await
-        .expect("read");
-    assert_eq!(
-        entries.len(),
-        answer.len(),
-        "the log holds what the client got"
-    );
-    server.shutdown().await;
+    survived.held_by(&held).await;
 }
 
 /// What one failover took along: writes the store acknowledged, those of

@@ -6,6 +6,7 @@
 pub mod chaos;
 pub mod cluster;
 pub mod dialects;
+pub mod failover;
 pub mod guard;
 pub mod process;
 pub mod redis_cluster;

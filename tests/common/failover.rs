@@ -1,0 +1,109 @@
+//! A call in flight across a Redis failover, the same whatever finds the
+//! new primary (Sentinel, Cluster): a proxy runs a 40-step `slow` call, a
+//! second in the failover runs, and the call must end with its result,
+//! each progress step once and in order, with the new primary holding
+//! exactly what the client got.
+
+use std::future::Future;
+use std::time::Duration;
+
+use http::StatusCode;
+use mcp_resume_proxy::config::{Config, UpstreamConfig};
+use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::store::redis::RedisStore;
+use mcp_resume_proxy::store::{Store, StreamKind};
+use mcp_resume_proxy::Server;
+use serde_json::Value;
+
+use super::{messages, slow_call, Call, McpClient, V_LATEST};
+
+/// Progress notifications the call sends before its result.
+const STEPS: u64 = 40;
+
+/// Runs the call through a proxy on `config` (its upstream is set here),
+/// with `fail_over` a second in; checks that it ended with its result,
+/// each step once, and returns the proxy and what the client got, with
+/// what the failover gave back.
+pub async fn call_across<T>(
+    mut config: Config,
+    fail_over: impl Future<Output = T>,
+) -> (Survived, T) {
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("demo upstream starts");
+    config.upstream = vec![UpstreamConfig::new(upstream.url())];
+    config.validate().expect("a valid configuration");
+    let server = Server::start(config).await.expect("the proxy starts");
+    let url = format!("http://{}/mcp", server.addr);
+    let sid = McpClient::new(url.clone()).initialize(V_LATEST).await;
+    let call = tokio::spawn(async move {
+        let res = McpClient::new(url)
+            .send(Call::post(&slow_call(2, STEPS, 100)).session(&sid))
+            .await;
+        (res.status(), messages(res).await)
+    });
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let failed_over = fail_over.await;
+    let (status, answer) = tokio::time::timeout(Duration::from_secs(40), call)
+        .await
+        .expect("the call ends")
+        .expect("the task");
+    assert_eq!(status, StatusCode::OK);
+    let (progress, last) = progress_and_answer(&answer);
+    assert_eq!(last["id"], 2, "{last}");
+    assert!(
+        last.get("result").is_some(),
+        "the call ends with its result: {last}"
+    );
+    assert_eq!(
+        progress,
+        (1..=STEPS).collect::<Vec<_>>(),
+        "each step once, in order"
+    );
+    let survived = Survived {
+        server,
+        answer,
+        _upstream: upstream,
+    };
+    (survived, failed_over)
+}
+
+/// A call that came through a failover.
+pub struct Survived {
+    pub server: Server,
+    /// Every message the client got.
+    pub answer: Vec<Value>,
+    _upstream: DemoUpstream,
+}
+
+impl Survived {
+    /// Checks that `held` (a store on the new primary) holds what the
+    /// client got, once; then stops the proxy.
+    pub async fn held_by(self, held: &RedisStore) {
+        let streams = held.list_streams().await.expect("listed");
+        let call_stream = streams
+            .iter()
+            .find(|s| s.kind == StreamKind::Request && s.entries > 1)
+            .expect("the call's stream");
+        let entries = held
+            .read_after(call_stream.id, 0, 1_000)
+            .await
+            .expect("read");
+        assert_eq!(
+            entries.len(),
+            self.answer.len(),
+            "the log holds what the client got"
+        );
+        self.server.shutdown().await;
+    }
+}
+
+/// The progress counts and the final answer of a `slow` call's messages.
+pub fn progress_and_answer(messages: &[Value]) -> (Vec<u64>, &Value) {
+    let progress = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| m["params"]["progress"].as_u64().expect("a count"))
+        .collect();
+    (progress, messages.last().expect("an answer"))
+}
