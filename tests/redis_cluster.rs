@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_cluster::RedisCluster;
 use common::*;
-use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
+use mcp_resume_proxy::config::Config;
 use mcp_resume_proxy::store::redis::RedisStore;
 
 const PREFIX: &str = "cluster-test";
@@ -22,21 +22,8 @@ const FAILOVER: Duration = Duration::from_secs(20);
 /// A proxy configuration on `cluster`, its data dir `dir` (with the token
 /// key), its writes waiting for `min` replicas.
 fn proxy_config(cluster: &RedisCluster, dir: &std::path::Path, min: u32) -> Config {
-    let key = dir.join("token.key");
-    std::fs::write(&key, [7u8; 32]).expect("key file");
-    let mut config = Config {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.to_path_buf(),
-        shutdown_grace_secs: 1,
-        upstream: vec![UpstreamConfig::new("http://127.0.0.1:9/mcp")],
-        ..Config::default()
-    };
-    config.store.backend = Backend::Redis;
+    let mut config = failover::redis_proxy_config(dir, PREFIX, min);
     config.store.redis_cluster = cluster.urls();
-    config.store.key_prefix = PREFIX.into();
-    config.store.min_replicas = min;
-    config.store.replica_wait_ms = (min > 0).then_some(10_000);
-    config.tokens.key_file = Some(key);
     config
 }
 

@@ -18,7 +18,7 @@ use common::redis_server::{Persistence, RedisServer, Tls};
 use common::tls::Pki;
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
+use mcp_resume_proxy::config::Config;
 use mcp_resume_proxy::id::StreamId;
 use mcp_resume_proxy::store::redis::endpoint::Endpoint;
 use mcp_resume_proxy::store::redis::{RedisStore, Replicas};
@@ -248,22 +248,9 @@ async fn a_sentinel_whose_certificate_is_not_trusted_is_refused() {
 /// A proxy configuration on the sentinels of `at`, its data dir `dir`
 /// (with the token key), its writes waiting for `min` replicas.
 fn proxy_config(at: &Endpoint, dir: &std::path::Path, min: u32) -> Config {
-    let key = dir.join("token.key");
-    std::fs::write(&key, [7u8; 32]).expect("key file");
-    let mut config = Config {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.to_path_buf(),
-        shutdown_grace_secs: 1,
-        upstream: vec![UpstreamConfig::new("http://127.0.0.1:9/mcp")],
-        ..Config::default()
-    };
-    config.store.backend = Backend::Redis;
+    let mut config = failover::redis_proxy_config(dir, PREFIX, min);
     config.store.redis_sentinels = at.sentinels.clone();
     config.store.redis_sentinel_master = at.sentinel_master.clone();
-    config.store.key_prefix = PREFIX.into();
-    config.store.min_replicas = min;
-    config.store.replica_wait_ms = (min > 0).then_some(10_000);
-    config.tokens.key_file = Some(key);
     config
 }
 

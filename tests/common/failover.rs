@@ -98,6 +98,27 @@ impl Survived {
     }
 }
 
+/// A proxy on the Redis log `prefix`, its data dir `dir` (with the token
+/// key), its writes waiting for `min` replicas; where the primary is found
+/// (sentinels, cluster nodes) is the caller's to set.
+pub fn redis_proxy_config(dir: &std::path::Path, prefix: &str, min: u32) -> Config {
+    let key = dir.join("token.key");
+    std::fs::write(&key, [7u8; 32]).expect("key file");
+    let mut config = Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: dir.to_path_buf(),
+        shutdown_grace_secs: 1,
+        upstream: vec![UpstreamConfig::new("http://127.0.0.1:9/mcp")],
+        ..Config::default()
+    };
+    config.store.backend = mcp_resume_proxy::config::Backend::Redis;
+    config.store.key_prefix = prefix.into();
+    config.store.min_replicas = min;
+    config.store.replica_wait_ms = (min > 0).then_some(10_000);
+    config.tokens.key_file = Some(key);
+    config
+}
+
 /// The progress counts and the final answer of a `slow` call's messages.
 pub fn progress_and_answer(messages: &[Value]) -> (Vec<u64>, &Value) {
     let progress = messages
