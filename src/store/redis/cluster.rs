@@ -68,7 +68,6 @@ use redis::cluster_routing::{Route as SlotRoute, RoutingInfo, SingleNodeRoutingI
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::endpoint::{self, Endpoint};
-use super::sentinel::Route;
 use super::RedisStore;
 use crate::store::{Result, StoreError};
 
@@ -197,9 +196,9 @@ impl ConnectionLike for Pinned {
     }
 }
 
-/// The route to the cluster `store` lists, for the keys of (one-slot)
-/// `prefix`.
-pub(super) fn route(store: &Endpoint, prefix: &str) -> Result<Route> {
+/// The cluster `store` lists, for the keys of (one-slot) `prefix`, and the
+/// plain client that stands in where a route needs one.
+pub(super) fn reach(store: &Endpoint, prefix: &str) -> Result<(Cluster, redis::Client)> {
     let listed = store.cluster.join(", ");
     let refused = |e: redis::RedisError| {
         StoreError::Backend(format!("store.redis_cluster = [{listed}]: {e}"))
@@ -228,26 +227,10 @@ pub(super) fn route(store: &Endpoint, prefix: &str) -> Result<Route> {
     // Never connected through: the cluster's connections are `Pinned`.
     let first = store.cluster.first().map_or("", String::as_str);
     let stand_in = redis::Client::open(first).map_err(refused)?;
-    Ok(Route::clustered(
-        Cluster::new(client, prefix, listed),
-        stand_in,
-    ))
+    Ok((Cluster::new(client, prefix, listed), stand_in))
 }
 
 impl RedisStore {
-    /// A store on the cluster whose nodes (some of them) are `nodes`, its
-    /// keys in the slot of `prefix` (see the module's doc). As
-    /// [`RedisStore::new`], but made inside a Tokio runtime, which drives
-    /// its connections.
-    pub fn clustered(nodes: &[String], prefix: &str, lease: Duration) -> Result<Self> {
-        let at = Endpoint {
-            cluster: nodes.to_vec(),
-            ..Endpoint::default()
-        };
-        let prefix = one_slot(prefix);
-        Self::with_route(route(&at, &prefix)?, &prefix, lease)
-    }
-
     /// Checks the cluster answers, when the store is on one.
     pub(super) async fn probe_cluster(&self) -> Option<Result<()>> {
         Some(self.route.cluster()?.probe().await)

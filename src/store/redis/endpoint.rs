@@ -4,9 +4,10 @@
 //! its password, and for `rediss://` the CA to trust and a client
 //! certificate. Made from `[store]` by the configuration, read once when
 //! the store opens, into the route every connection of the store is made
-//! from (commands, the live feed, the probe): one [`redis::Client`], or the
-//! sentinels' (`sentinel.rs`), which the same user, password and TLS
-//! settings reach the data nodes through.
+//! from (commands, the live feed, the probe; `reach.rs` makes it): one
+//! [`redis::Client`], or the sentinels' (`sentinel.rs`), which the same
+//! user, password and TLS settings reach the data nodes through. It knows
+//! nothing of sentinels or clusters beyond their addresses.
 //!
 //! The password never comes from the configuration file (validation refuses
 //! one in `redis_url`): from `redis_password_file`, else the environment.
@@ -14,10 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
-use redis::sentinel::SentinelClientBuilder;
-use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates, TlsMode};
+use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 
-use super::sentinel::{Route, Sentinels};
 use crate::store::{Result, StoreError};
 
 /// How to reach the Redis log; `[store]`'s keys of the same names.
@@ -65,80 +64,6 @@ pub fn client(store: &Endpoint) -> Result<redis::Client> {
         .map_err(|e| StoreError::Backend(format!("store.redis_url = {url}: TLS: {e}")))
 }
 
-/// Where the store's connections go: `url`'s server, or the primary the
-/// sentinels name (an error when none of them names one that answers), or
-/// the cluster's node serving the slot of (one-slot) `prefix`.
-pub(super) async fn route(store: &Endpoint, prefix: &str) -> Result<Route> {
-    if !store.cluster.is_empty() {
-        return super::cluster::route(store, prefix);
-    }
-    if store.sentinels.is_empty() {
-        return Ok(Route::fixed(client(store)?));
-    }
-    let master = store.sentinel_master.as_deref().unwrap_or_default();
-    let (builders, listed) = Sentinels::builders(&store.sentinels, master)?;
-    let how = Reached::from(store)?;
-    let builders = builders.into_iter().map(|b| how.apply(b)).collect();
-    Route::through(Sentinels::new(builders, master, listed)?).await
-}
-
-/// How the sentinels and the data nodes are reached: users, passwords, TLS.
-struct Reached {
-    username: Option<String>,
-    password: Option<String>,
-    sentinel_username: Option<String>,
-    sentinel_password: Option<String>,
-    /// With `rediss://` sentinels: both verified, never `TlsMode::Insecure`.
-    tls: Option<TlsCertificates>,
-}
-
-impl Reached {
-    fn from(store: &Endpoint) -> Result<Self> {
-        let sentinel_password = match &store.sentinel_password_file {
-            Some(file) => Some(first_line("store.redis_sentinel_password_file", file)?),
-            None => None,
-        };
-        let sentinel_username = store.sentinels.iter().find_map(|url| {
-            let info = url.as_str().into_connection_info().ok()?;
-            info.redis_settings().username().map(str::to_owned)
-        });
-        let tls = match store.sentinels.iter().any(|u| u.starts_with("rediss://")) {
-            true => Some(certificates(store)?),
-            false => None,
-        };
-        Ok(Self {
-            username: store.username.clone(),
-            password: password(store)?,
-            sentinel_username,
-            sentinel_password,
-            tls,
-        })
-    }
-
-    fn apply(&self, mut builder: SentinelClientBuilder) -> SentinelClientBuilder {
-        if let Some(user) = &self.username {
-            builder = builder.set_client_to_redis_username(user);
-        }
-        if let Some(password) = &self.password {
-            builder = builder.set_client_to_redis_password(password);
-        }
-        if let Some(user) = &self.sentinel_username {
-            builder = builder.set_client_to_sentinel_username(user);
-        }
-        if let Some(password) = &self.sentinel_password {
-            builder = builder.set_client_to_sentinel_password(password);
-        }
-        if let Some(certificates) = &self.tls {
-            builder = builder
-                .set_client_to_redis_tls_mode(TlsMode::Secure)
-                .set_client_to_sentinel_tls_mode(TlsMode::Secure)
-                .set_client_to_redis_certificates(certificates.clone())
-                .set_client_to_sentinel_certificates(certificates.clone());
-        }
-        builder
-    }
-}
-
 /// The CA and client certificate `rediss://` connections present.
 pub(super) fn certificates(store: &Endpoint) -> Result<TlsCertificates> {
     let client_tls = match (&store.client_cert, &store.client_key) {
@@ -167,7 +92,7 @@ pub(super) fn password(store: &Endpoint) -> Result<Option<String>> {
 }
 
 /// A password file's first line.
-fn first_line(key: &str, file: &Path) -> Result<String> {
+pub(super) fn first_line(key: &str, file: &Path) -> Result<String> {
     let text = read(key, file)?;
     let text = String::from_utf8(text)
         .map_err(|_| StoreError::Backend(format!("{key} = {}: not UTF-8", file.display())))?;

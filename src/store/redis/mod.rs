@@ -267,7 +267,7 @@ impl RedisStore {
     /// counts as an instance.
     pub async fn observer(at: &endpoint::Endpoint, prefix: &str) -> Result<Self> {
         let prefix = &cluster::laid_out(at, prefix);
-        let route = endpoint::route(at, prefix).await?;
+        let route = reach::route(at, prefix).await?;
         let store = Self::build(route, prefix, Duration::ZERO)?;
         store.probe(&at.url).await?;
         Ok(store)
@@ -284,7 +284,7 @@ impl RedisStore {
     /// password, CA and client certificate ([`endpoint`]).
     pub async fn open_at(at: &endpoint::Endpoint, prefix: &str, lease: Duration) -> Result<Self> {
         let prefix = &cluster::laid_out(at, prefix);
-        let route = endpoint::route(at, prefix).await?;
+        let route = reach::route(at, prefix).await?;
         let store = Self::with_route(route, prefix, lease)?;
         store.probe(&at.url).await?;
         Ok(store)
@@ -720,6 +720,7 @@ mod follow;
 mod lease;
 mod msgpack;
 mod packed;
+mod reach;
 mod read;
 mod record;
 mod replicas;
