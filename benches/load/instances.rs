@@ -19,7 +19,7 @@ use anyhow::{anyhow, Result};
 
 use crate::client::Target;
 use crate::procs::{
-    cpu_seconds, free_port, proxy_dir, spawn_proxy, start_upstream, store_section, Proc,
+    cpu_of, free_port, proxy_dir, spawn_proxy, start_upstream, store_section, Proc,
 };
 use crate::small::{measure, Row};
 use crate::Opts;
@@ -39,9 +39,9 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let mut first_cpu = None;
         for n in COUNTS {
             let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
-            let (before, commands_before) = (cpu(&targets)?, commands_processed()?);
+            let (before, commands_before) = (cpu_of(&targets)?, commands_processed()?);
             let rows: Vec<Row> = measure(&targets[..1], c, o).await?;
-            let (after, commands_after) = (cpu(&targets)?, commands_processed()?);
+            let (after, commands_after) = (cpu_of(&targets)?, commands_processed()?);
             let calls = rows[0].calls.max(1) as f64;
             let per_call: Vec<f64> = before
                 .iter()
@@ -106,11 +106,4 @@ fn commands_processed() -> Result<u64> {
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|n| n.trim().parse().ok())
         .ok_or_else(|| anyhow!("no total_commands_processed in INFO stats"))
-}
-
-fn cpu(targets: &[Target]) -> Result<Vec<f64>> {
-    targets
-        .iter()
-        .map(|t| t.pid.map_or(Ok(0.0), cpu_seconds))
-        .collect()
 }

@@ -23,7 +23,7 @@ use anyhow::{bail, Result};
 
 use crate::client::Target;
 use crate::otlp_sink::OtlpSink;
-use crate::procs::{cpu_seconds, start_floor, start_proxy_keyed, start_upstream, Proc};
+use crate::procs::{cpu_of, start_floor, start_proxy_keyed, start_upstream, Proc};
 use crate::small::{measure, write_table, Row};
 use crate::Opts;
 
@@ -43,9 +43,9 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     let targets = [Target::direct(up_addr), floor, quiet, logged, traced];
     let mut out = String::new();
     for &c in &o.concurrency {
-        let (before, allocs_before) = (cpu(&targets)?, allocations(&targets));
+        let (before, allocs_before) = (cpu_of(&targets)?, allocations(&targets));
         let rows = measure(&targets, c, o).await?;
-        let (after, allocs_after) = (cpu(&targets)?, allocations(&targets));
+        let (after, allocs_after) = (cpu_of(&targets)?, allocations(&targets));
         write_table(&mut out, "observed", c, o, &rows)?;
         verdict(&mut out, &rows, &before, &after)?;
         for ((row, a), b) in rows.iter().zip(&allocs_after).zip(&allocs_before).skip(2) {
@@ -80,14 +80,6 @@ async fn observed_proxy(
     let (p, mut t) = start_proxy_keyed(bin, upstream, sync, keys, tables).await?;
     t.name = format!("proxy {name}");
     Ok((p, t))
-}
-
-/// Each target's CPU seconds so far (0 for one without a process of ours).
-fn cpu(targets: &[Target]) -> Result<Vec<f64>> {
-    targets
-        .iter()
-        .map(|t| t.pid.map_or(Ok(0.0), cpu_seconds))
-        .collect()
 }
 
 /// Each target's heap allocations so far, as `count_allocs.c` last wrote

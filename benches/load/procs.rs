@@ -548,6 +548,14 @@ pub async fn start_stand(bin: &Path, sync_modes: &[String], kind: Upstream) -> R
     })
 }
 
+/// Each target's CPU seconds so far (0 for one without a process of ours).
+pub fn cpu_of(targets: &[crate::client::Target]) -> Result<Vec<f64>> {
+    targets
+        .iter()
+        .map(|t| t.pid.map_or(Ok(0.0), cpu_seconds))
+        .collect()
+}
+
 /// utime + stime of a process, in seconds.
 pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
