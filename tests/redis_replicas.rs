@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::redis_server::{Persistence, RedisServer};
 use common::*;
 use http::StatusCode;
-use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
+use mcp_resume_proxy::config::UpstreamConfig;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::id::{SessionId, StreamId};
 use mcp_resume_proxy::store::redis::endpoint::Endpoint;
@@ -289,21 +289,10 @@ impl ProxyWithReplica {
             .await
             .expect("demo upstream starts");
         let dir = tempfile::tempdir().expect("temp dir");
-        let key = dir.path().join("token.key");
-        std::fs::write(&key, [7u8; 32]).expect("key file");
-        let mut config = Config {
-            listen: ([127, 0, 0, 1], 0).into(),
-            data_dir: dir.path().to_path_buf(),
-            shutdown_grace_secs: 1,
-            upstream: vec![UpstreamConfig::new(upstream.url())],
-            ..Config::default()
-        };
-        config.store.backend = Backend::Redis;
+        let mut config = failover::redis_proxy_config(dir.path(), PREFIX, 1);
+        config.upstream = vec![UpstreamConfig::new(upstream.url())];
         config.store.redis_url = primary.url();
-        config.store.key_prefix = PREFIX.into();
-        config.store.min_replicas = 1;
         config.store.replica_wait_ms = Some(wait_ms);
-        config.tokens.key_file = Some(key);
         config.validate().expect("a valid configuration");
         let server = Server::start(config).await.expect("the proxy starts");
         let client = McpClient::new(format!("http://{}/mcp", server.addr));
