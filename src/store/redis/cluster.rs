@@ -14,14 +14,16 @@
 //! | step | keys |
 //! |---|---|
 //! | create (`CREATE`) | the stream's `:stream`, `:log`; its session's `:requests`, `:streams`; a prior stream's `:stream`/`:meta` under the same request id; `abandon`, `finished`, `retention`, `instances`, the creator's `owned`; a leg's task |
-//! | append (`APPEND`) | the stream's `:stream`, `:meta`, `:log`; `finished`, `retention`, `feed`; its owner's `owned` |
-//! | change (`CHANGE`) | the stream's `:stream`, `:meta`; `abandon`, `feed` |
-//! | delete (`DELETE`) | the stream's three keys; its session's `:streams`, `:requests`; `streams`, `abandon`, `finished`, `retention`, `feed`; its owner's `owned` |
+//! | append (`APPEND`) | the stream's `:stream`, `:meta`, `:log`; `finished`, `retention`, the stream's `feed:<n>`; its owner's `owned` |
+//! | change (`CHANGE`) | the stream's `:stream`, `:meta`; `abandon`, the stream's `feed:<n>` |
+//! | delete (`DELETE`) | the stream's three keys; its session's `:streams`, `:requests`; `streams`, `abandon`, `finished`, `retention`, the stream's `feed:<n>`; its owner's `owned` |
 //! | task (`TASK`) | the task's `:task`, `tasks`; each leg's `:stream`, `:meta`, `:log` |
 //! | renew (`RENEW`) | `instances` |
 //! | claim (`CLAIM`) | `instances`, every dead instance's `owned` and `claimed`, the claimer's; every stream those name |
 //! | session writes (transactions) | the session's three keys, `sessions`, `sessions:seen`, `sessions:closed`, `feed` |
-//! | the feed listener | `feed`; the metadata of the streams it follows |
+//! | reader claim | the stream's `feed:<n>` |
+//! | starting a shard | its `feed:<n>`; the instance's `wake:<instance>` |
+//! | the feed listener | `feed`, its `wake:<instance>`, the `feed:<n>` it reads; the metadata of the streams it follows |
 //!
 //! Create, delete and claim join keys of several streams and of a session
 //! with the indexes that span streams: a layout of one slot per stream
@@ -267,6 +269,8 @@ mod tests {
             format!("{}:stream", tag(&prefix, crate::id::StreamId::random())),
             format!("{}:requests", tag(&prefix, crate::id::SessionId::random())),
             format!("{prefix}:feed"),
+            format!("{prefix}:feed:15"),
+            format!("{prefix}:wake:1-ab"),
             format!("{prefix}:owned:1-ab"),
         ] {
             assert_eq!(slot(&key), home, "{key}");

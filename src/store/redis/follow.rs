@@ -1,7 +1,8 @@
 //! Following what other instances write: the one `XREAD BLOCK` listener of
-//! an instance, on a connection of its own, reading the feed (`P:feed`) and
-//! fanning each change out to this instance's readers through their
-//! stream's [`Tail`].
+//! an instance, on a connection of its own, reading the session feed
+//! (`P:feed`) and the shards of the stream feed its tails are in
+//! (`shards.rs`), and fanning each change out to this instance's readers
+//! through their stream's [`Tail`].
 //!
 //! It owns the tails (one per stream read here) and the session-change
 //! broadcast; it must not read entries (readers do, from the log itself)
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::metas_on;
 use super::record::backend;
 use super::sentinel::{Conn, Route};
+use super::shards::{shard_of, spelled, Cursors, SHARDS, SHARD_LENGTH};
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -119,6 +121,8 @@ pub(super) struct Follow {
     pub tails: IdDashMap<StreamId, Arc<Tail>>,
     /// Sessions another instance changed or deleted.
     pub sessions: broadcast::Sender<SessionNews>,
+    /// Which shards of the stream feed are read, from where.
+    pub cursors: Cursors,
 }
 
 impl Follow {
@@ -126,6 +130,7 @@ impl Follow {
         Self {
             tails: IdDashMap::default(),
             sessions: broadcast::channel(1024).0,
+            cursors: Cursors::default(),
         }
     }
 
@@ -198,9 +203,23 @@ pub(super) struct Listener {
     /// Where the primary is: asked again when the feed's connection fails.
     pub route: Arc<Route>,
     pub instance: String,
+    /// The session feed, `P:feed` (where an instance of the version before
+    /// the shards wrote every change: read whole, as ever).
     pub feed_key: String,
+    /// This instance's wake key (`RedisStore::wake_key`).
+    pub wake_key: String,
+    /// The stream feed's shards, by number.
+    pub shard_keys: Vec<String>,
     /// The deployment's `key_prefix`.
     pub prefix: String,
+}
+
+/// Where the session feed and the wake key are read after (the shards'
+/// cursors are `Follow::cursors`): kept across reconnects, so that a line
+/// written meanwhile is still read (the feed keeps ~100k).
+struct Reading {
+    feed: String,
+    wake: String,
 }
 
 impl Listener {
@@ -209,9 +228,7 @@ impl Listener {
     pub async fn run(self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
         let mut away = false;
-        // Where the feed was read up to, kept across reconnects so that a
-        // line written meanwhile is still read (the feed keeps ~100k).
-        let mut read_up_to: Option<String> = None;
+        let mut read_up_to: Option<Reading> = None;
         loop {
             let generation = self.route.now().generation;
             let followed = tokio::select! {
@@ -248,14 +265,17 @@ impl Listener {
     async fn follow_feed(
         &self,
         away: &mut bool,
-        read_up_to: &mut Option<String>,
+        read_up_to: &mut Option<Reading>,
     ) -> redis::RedisResult<()> {
         let mut conn = self.route.dedicated(BLOCK + Duration::from_secs(5)).await?;
-        let mut last = match read_up_to.take() {
+        let reading = match read_up_to.take() {
             Some(before) => before,
-            None => newest(&mut conn, &self.feed_key).await?,
+            None => Reading {
+                feed: newest(&mut conn, &self.feed_key).await?,
+                wake: newest(&mut conn, &self.wake_key).await?,
+            },
         };
-        *read_up_to = Some(last.clone());
+        let reading = read_up_to.insert(reading);
         self.resync(&mut conn).await?;
         if std::mem::replace(away, false) {
             tracing::info!("following the Redis feed again");
@@ -265,26 +285,52 @@ impl Listener {
         }
         let mut resynced = tokio::time::Instant::now();
         loop {
-            let reply: Option<StreamReadReply> = redis::cmd("XREAD")
-                .arg("COUNT")
+            let shards = self.follow.cursors.read();
+            let mut read = redis::cmd("XREAD");
+            read.arg("COUNT")
                 .arg(BATCH)
                 .arg("BLOCK")
                 .arg(BLOCK.as_millis() as u64)
                 .arg("STREAMS")
                 .arg(&self.feed_key)
-                .arg(&last)
-                .query_async(&mut conn)
-                .await?;
-            for key in reply.map(|r| r.keys).unwrap_or_default() {
-                for mut entry in key.ids {
-                    self.follow.apply(&mut entry, &self.instance);
-                    last = entry.id;
-                }
+                .arg(&self.wake_key);
+            for (shard, _) in &shards {
+                read.arg(&self.shard_keys[*shard]);
             }
-            *read_up_to = Some(last.clone());
+            read.arg(&reading.feed).arg(&reading.wake);
+            for (_, after) in &shards {
+                read.arg(spelled(*after));
+            }
+            let reply: Option<StreamReadReply> = read.query_async(&mut conn).await?;
+            for key in reply.map(|r| r.keys).unwrap_or_default() {
+                self.take(key, reading);
+            }
             if resynced.elapsed() >= RESYNC_EVERY {
                 self.resync(&mut conn).await?;
                 resynced = tokio::time::Instant::now();
+            }
+        }
+    }
+
+    /// Applies what one key of an `XREAD` answered, moving its cursor.
+    fn take(&self, key: redis::streams::StreamKey, reading: &mut Reading) {
+        let Some(last) = key.ids.last().map(|line| line.id.clone()) else {
+            return;
+        };
+        if key.key == self.wake_key {
+            // Nothing to apply: the line only woke the read, so that it
+            // names the shards started since.
+            reading.wake = last;
+            return;
+        }
+        for mut line in key.ids {
+            self.follow.apply(&mut line, &self.instance);
+        }
+        if key.key == self.feed_key {
+            reading.feed = last;
+        } else if let Some(shard) = self.shard_keys.iter().position(|k| *k == key.key) {
+            if let Some(order) = order_of(&last) {
+                self.follow.cursors.advance(shard, order);
             }
         }
     }
@@ -300,6 +346,11 @@ impl Listener {
                 || t.claims.receiver_count() > 0
                 || Arc::strong_count(t) > 1
         });
+        let mut in_use = [false; SHARDS];
+        for tail in follow.tails.iter() {
+            in_use[shard_of(*tail.key())] = true;
+        }
+        follow.cursors.prune(&in_use, RESYNC_EVERY);
         let streams: Vec<StreamId> = follow.tails.iter().map(|t| *t.key()).collect();
         for chunk in streams.chunks(BATCH) {
             let metas = metas_on(conn, &self.prefix, chunk).await?;
@@ -351,7 +402,14 @@ impl RedisStore {
                 tail.or_insert_with(|| Arc::new(Tail::new(mark))).clone()
             }
         };
-        if !tail.synced.load(Ordering::SeqCst) {
+        // A shard started now was not read before: what it held is only in
+        // the stream itself, read below. (Failing, it is started by the
+        // next caller, which then reads the stream again.)
+        let started = self.follow_shard(stream).await.unwrap_or_else(|e| {
+            tracing::debug!(stream = %stream, error = %e, "could not start its feed shard");
+            false
+        });
+        if started || !tail.synced.load(Ordering::SeqCst) {
             // A write answered between the first read and the insert found
             // no tail to move: read once more, now that every later answer
             // (and feed line) finds this one. Until such a read has come
@@ -388,7 +446,11 @@ impl RedisStore {
             return Ok(ReaderLease::new(claims, (0, 0)));
         }
         let id: String = self
-            .feed_line("r", stream.to_string())
+            .feed_line(
+                (self.feed_of(stream), SHARD_LENGTH),
+                "r",
+                stream.to_string(),
+            )
             .query_async(&mut self.conn())
             .await
             .map_err(backend)?;

@@ -38,8 +38,12 @@
 //!   finished streams by `finished_ms` (`retention.rs`; task legs are never
 //!   in it: they are deleted with their task); `P:tasks`: sorted set of
 //!   task ids by `expires_ms`;
-//! - `P:feed`: a capped Redis Stream of changes (appends, status, deletes,
-//!   reader claims, session updates) that instances follow (`follow.rs`);
+//! - `P:feed:<n>`, `n` in 0..16: capped Redis Streams of stream changes
+//!   (appends, status, deletes, reader claims), each stream's on the shard
+//!   its id picks, followed by the instances with a reader there
+//!   (`shards.rs`, `follow.rs`); `P:feed`: the same for session changes,
+//!   followed by every instance; `P:wake:<instance>`: a line that makes an
+//!   instance's listener read a shard it just started;
 //! - `P:instances`: sorted set of instances by lease expiry;
 //!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
@@ -116,6 +120,7 @@ use self::replicas::Waiting;
 use self::scripts::{Scripts, FEED_LENGTH};
 use self::sentinel::{Conn, Route};
 use self::sessions::Indexing;
+use self::shards::SHARDS;
 pub use self::ttl::Lifetimes;
 use super::{
     Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord, Store,
@@ -224,6 +229,8 @@ impl RedisStore {
             route: self.route.clone(),
             instance: self.instance.clone(),
             feed_key: self.global_key("feed"),
+            wake_key: self.wake_key(),
+            shard_keys: (0..SHARDS).map(|n| self.shard_key(n)).collect(),
             prefix: self.prefix.clone(),
         };
         tokio::spawn(listener.run(self.tasks.stop.clone()));
@@ -345,14 +352,15 @@ impl RedisStore {
         format!("{}:owned:{instance}", self.prefix)
     }
 
-    /// A line of the feed, from this instance: `field` names what it is
-    /// about (`e`: a session changed, `r`: a reader claimed a stream).
-    fn feed_line(&self, field: &str, about: String) -> redis::Cmd {
+    /// A line of `feed`, from this instance: `field` names what it is
+    /// about (`e`: a session changed, on `P:feed`; `r`: a reader claimed a
+    /// stream, on its shard).
+    fn feed_line(&self, (feed, length): (String, u32), field: &str, about: String) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.global_key("feed"))
+        cmd.arg(feed)
             .arg("MAXLEN")
             .arg("~")
-            .arg(FEED_LENGTH)
+            .arg(length)
             .arg("*")
             .arg("i")
             .arg(&self.instance)
@@ -363,7 +371,8 @@ impl RedisStore {
 
     /// The feed line telling other instances that a session changed.
     fn session_changed(&self, id: SessionId) -> redis::Cmd {
-        self.feed_line("e", id.to_string())
+        let feed = (self.global_key("feed"), FEED_LENGTH);
+        self.feed_line(feed, "e", id.to_string())
     }
 
     /// The records of sessions `ids`, in order, in one round trip; `None`
@@ -517,7 +526,7 @@ impl Store for RedisStore {
             .key(self.stream_key(id, "stream"))
             .key(self.stream_key(id, "meta"))
             .key(self.global_key("abandon"))
-            .key(self.global_key("feed"))
+            .key(self.feed_of(id))
             .arg(id.to_string())
             .arg(kind)
             .arg(value)
@@ -728,6 +737,7 @@ mod retention;
 mod scripts;
 mod sentinel;
 mod sessions;
+mod shards;
 #[cfg(test)]
 mod tests;
 mod ttl;

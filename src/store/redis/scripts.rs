@@ -11,13 +11,15 @@
 //! as it is.
 //!
 //! Every write other instances must learn about also adds a line to the
-//! feed (`P:feed`, a capped Redis Stream) in the same script: what changed
-//! and which instance changed it. Leases are timed by Redis' own clock
+//! stream's shard of the feed (`P:feed:<n>`, a capped Redis Stream:
+//! `shards.rs`) in the same script: what changed and which instance changed
+//! it. Leases are timed by Redis' own clock
 //! (`TIME`), so instances whose clocks disagree still agree on who is dead.
 
 use redis::Script;
 
 use super::packed::{INLINE_BYTES, INLINE_ENTRIES};
+use super::shards::SHARD_LENGTH;
 
 pub(super) struct Scripts {
     pub create: Script,
@@ -43,7 +45,7 @@ pub(super) const FEED_LENGTH: u32 = 100_000;
 const PRELUDE: &str = r#"
 local function owned(prefix, instance) return prefix .. ':owned:' .. instance end
 local function feed(key, ...)
-  redis.call('XADD', key, 'MAXLEN', '~', FEED_LENGTH, '*', ...)
+  redis.call('XADD', key, 'MAXLEN', '~', SHARD_LENGTH, '*', ...)
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -531,7 +533,7 @@ return 0
 
 fn script(body: &str) -> Script {
     Script::new(&format!(
-        "local FEED_LENGTH = {FEED_LENGTH}\n\
+        "local SHARD_LENGTH = {SHARD_LENGTH}\n\
          local INLINE_ENTRIES, INLINE_BYTES = {INLINE_ENTRIES}, {INLINE_BYTES}\n\
          local RETENTION_WINDOW = {RETENTION_WINDOW}\n{PRELUDE}\n{body}"
     ))

@@ -38,6 +38,9 @@ impl RedisStore {
         opening: &[Bytes],
         prior: bool,
     ) -> Result<Option<Prior>> {
+        // Another instance may claim the stream as soon as it exists: its
+        // shard is read from before that.
+        self.follow_shard(meta.id).await?;
         let invocation = self.create_invocation(meta, opening, prior);
         let (found, stream): (i64, String) = self.run_write(&invocation).await?;
         match found {
@@ -172,7 +175,7 @@ impl RedisStore {
             .key(self.stream_key(stream, "meta"))
             .key(self.stream_key(stream, "log"))
             .key(self.global_key("finished"))
-            .key(self.global_key("feed"))
+            .key(self.feed_of(stream))
             .key(self.global_key("retention"))
             .arg(stream.to_string())
             .arg(stream.as_bytes())
@@ -301,7 +304,7 @@ impl RedisStore {
             .key(self.global_key("abandon"))
             .key(self.global_key("finished"))
             .key(self.session_key(meta.session, "requests"))
-            .key(self.global_key("feed"))
+            .key(self.feed_of(meta.id))
             .key(self.global_key("retention"))
             .arg(meta.id.to_string())
             .arg(meta.id.as_bytes())

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! `FOOTPRINT_CALLS` (default 20,000), `FOOTPRINT_SESSIONS` (default 20)
-//! and `FOOTPRINT_PROGRESS_EVERY` (default 4) change the load. The feed (`P:feed`) is capped whatever the load, so it
+//! and `FOOTPRINT_PROGRESS_EVERY` (default 4) change the load. The feed (`P:feed` and its shards) is capped whatever the load, so it
 //! is reported apart and not counted per call.
 
 use std::collections::BTreeMap;
@@ -132,10 +132,12 @@ async fn footprint_of_a_retained_call() {
     }
     let with_feed = used_memory(&mut conn);
     let kinds = usage_by_kind(&mut conn, prefix);
-    redis::cmd("DEL")
-        .arg(format!("{prefix}:feed"))
-        .query::<()>(&mut conn)
-        .unwrap();
+    let mut feeds = redis::cmd("DEL");
+    feeds.arg(format!("{prefix}:feed"));
+    for shard in 0..super::super::shards::SHARDS {
+        feeds.arg(format!("{prefix}:feed:{shard}"));
+    }
+    feeds.query::<()>(&mut conn).unwrap();
     let after = used_memory(&mut conn);
     let per_call = |bytes: u64| bytes as f64 / calls as f64;
     println!(

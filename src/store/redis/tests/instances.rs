@@ -184,3 +184,79 @@ async fn another_instance_deletes_a_task_with_the_live_leg_this_one_owns() {
         .collect();
     assert!(!owned.contains(&leg.id.to_string()), "{owned:?}");
 }
+
+/// Two instances as [`two_instances`], as the Redis store itself, to look
+/// at what each reads of the feed.
+fn two_redis_instances(dir: &Path) -> (Arc<RedisStore>, Arc<RedisStore>) {
+    drop(open_store(dir, SyncMode::Batch));
+    let prefix = prefix_of(dir);
+    let open = || Arc::new(RedisStore::new(&url(), &prefix, TEST_LEASE).unwrap());
+    (open(), open())
+}
+
+#[tokio::test]
+async fn an_instance_that_follows_nothing_reads_no_shard_of_the_feed() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_redis_instances(dir.path());
+    for _ in 0..32 {
+        let m = crate::store::contract::meta(SessionId::random());
+        a.create_stream(&m).await.unwrap();
+        a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap();
+    }
+    assert!(
+        !a.follow.cursors.read().is_empty(),
+        "A reads its own calls' shards"
+    );
+    assert!(b.follow.cursors.read().is_empty());
+}
+
+#[tokio::test]
+async fn a_reader_here_reads_only_the_shard_of_its_stream() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_redis_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let _reading = b.subscribe(m.id).await;
+    let read: Vec<usize> = b.follow.cursors.read().iter().map(|(n, _)| *n).collect();
+    assert_eq!(read, vec![super::super::shards::shard_of(m.id)]);
+}
+
+#[tokio::test]
+async fn a_change_on_the_one_feed_of_the_previous_version_still_wakes_a_reader() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = prefix_of(dir.path());
+    let (a, b) = two_redis_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut seen_by_b = b.subscribe(m.id).await;
+    // What an instance of the previous version writes as it appends: the
+    // line on `P:feed`, not on a shard. B listens from the feed's end as it
+    // found it, so the line is written until B has heard.
+    let mut conn = connection();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let _: String = redis::cmd("XADD")
+            .arg(format!("{prefix}:feed"))
+            .arg("*")
+            .arg("i")
+            .arg("old-instance")
+            .arg("s")
+            .arg(m.id.to_string())
+            .arg("q")
+            .arg(7)
+            .query(&mut conn)
+            .unwrap();
+        let heard = tokio::time::timeout(
+            Duration::from_millis(200),
+            seen_by_b.wait_for(|w| w.seq == 7),
+        )
+        .await;
+        if heard.is_ok() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "B never heard");
+    }
+}
