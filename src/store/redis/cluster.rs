@@ -21,7 +21,7 @@
 //! | renew (`RENEW`) | `instances` |
 //! | claim (`CLAIM`) | `instances`, every dead instance's `owned` and `claimed`, the claimer's; every stream those name |
 //! | session writes (transactions) | the session's three keys, `sessions`, `sessions:seen`, `sessions:closed`, `feed` |
-//! | reader claim | the stream's `feed:<n>` |
+//! | reader claim | `feed` |
 //! | starting a shard | its `feed:<n>`; the instance's `wake:<instance>` |
 //! | the feed listener | `feed`, its `wake:<instance>`, the `feed:<n>` it reads; the metadata of the streams it follows |
 //!

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::metas_on;
 use super::record::backend;
 use super::sentinel::{Conn, Route};
-use super::shards::{shard_of, spelled, Cursors, SHARDS, SHARD_LENGTH};
+use super::shards::{shard_of, spelled, Cursors, SHARDS};
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -48,6 +48,11 @@ pub(super) struct Tail {
     /// Read from Redis after it was put where writes find it (see
     /// [`RedisStore::tail`]).
     synced: AtomicBool,
+    /// Made by this instance as it created the stream, whose writes move
+    /// it then: it needs no shard of the feed, until a write here is
+    /// refused because another instance took the stream
+    /// ([`RedisStore::written_elsewhere`]).
+    own: AtomicBool,
     /// The stream's entry count as this instance's last answered write
     /// left it ([`UNKNOWN`] before one): what settles a write the primary
     /// went away without answering (`write.rs`). Moved by nothing else.
@@ -64,6 +69,7 @@ impl Tail {
             claims: watch::Sender::new((0, 0)),
             fresh: AtomicBool::new(false),
             synced: AtomicBool::new(false),
+            own: AtomicBool::new(false),
             written: AtomicU64::new(UNKNOWN),
         }
     }
@@ -73,6 +79,7 @@ impl Tail {
         Self {
             fresh: AtomicBool::new(true),
             synced: AtomicBool::new(true),
+            own: AtomicBool::new(true),
             written: AtomicU64::new(mark.seq),
             ..Self::new(mark)
         }
@@ -348,7 +355,9 @@ impl Listener {
         });
         let mut in_use = [false; SHARDS];
         for tail in follow.tails.iter() {
-            in_use[shard_of(*tail.key())] = true;
+            if !tail.own.load(Ordering::SeqCst) {
+                in_use[shard_of(*tail.key())] = true;
+            }
         }
         follow.cursors.prune(&in_use, RESYNC_EVERY);
         let streams: Vec<StreamId> = follow.tails.iter().map(|t| *t.key()).collect();
@@ -402,13 +411,7 @@ impl RedisStore {
                 tail.or_insert_with(|| Arc::new(Tail::new(mark))).clone()
             }
         };
-        // A shard started now was not read before: what it held is only in
-        // the stream itself, read below. (Failing, it is started by the
-        // next caller, which then reads the stream again.)
-        let started = self.follow_shard(stream).await.unwrap_or_else(|e| {
-            tracing::debug!(stream = %stream, error = %e, "could not start its feed shard");
-            false
-        });
+        let started = !tail.own.load(Ordering::SeqCst) && self.shard_started(stream).await;
         if started || !tail.synced.load(Ordering::SeqCst) {
             // A write answered between the first read and the insert found
             // no tail to move: read once more, now that every later answer
@@ -429,6 +432,31 @@ impl RedisStore {
         Some(tail)
     }
 
+    /// Whether this call started the stream's shard: one not read before,
+    /// whose lines so far are only in the stream itself (read again by the
+    /// caller). Failing, the shard is started by the next caller.
+    async fn shard_started(&self, stream: StreamId) -> bool {
+        self.follow_shard(stream).await.unwrap_or_else(|e| {
+            tracing::debug!(stream = %stream, error = %e, "could not start its feed shard");
+            false
+        })
+    }
+
+    /// Another instance writes `stream` now (it took it over while this
+    /// one's lease had run out): its tail here follows the feed from now
+    /// on, and is read again for what it missed meanwhile.
+    pub(super) async fn written_elsewhere(&self, stream: StreamId) {
+        let Some(tail) = self.follow.tails.get(&stream).map(|t| t.clone()) else {
+            return;
+        };
+        if tail.own.swap(false, Ordering::SeqCst) {
+            self.shard_started(stream).await;
+            if let Some(now) = self.watermark(stream).await {
+                tail.sync(now);
+            }
+        }
+    }
+
     /// Where the stream stands in Redis; `None` when it does not exist or
     /// Redis did not answer.
     async fn watermark(&self, stream: StreamId) -> Option<Watermark> {
@@ -446,11 +474,7 @@ impl RedisStore {
             return Ok(ReaderLease::new(claims, (0, 0)));
         }
         let id: String = self
-            .feed_line(
-                (self.feed_of(stream), SHARD_LENGTH),
-                "r",
-                stream.to_string(),
-            )
+            .feed_line("r", stream.to_string())
             .query_async(&mut self.conn())
             .await
             .map_err(backend)?;

@@ -39,11 +39,12 @@
 //!   in it: they are deleted with their task); `P:tasks`: sorted set of
 //!   task ids by `expires_ms`;
 //! - `P:feed:<n>`, `n` in 0..16: capped Redis Streams of stream changes
-//!   (appends, status, deletes, reader claims), each stream's on the shard
-//!   its id picks, followed by the instances with a reader there
-//!   (`shards.rs`, `follow.rs`); `P:feed`: the same for session changes,
-//!   followed by every instance; `P:wake:<instance>`: a line that makes an
-//!   instance's listener read a shard it just started;
+//!   (appends, status, coalescing, deletes), each stream's on the shard its
+//!   id picks, read by the instances with a reader of a stream another
+//!   instance writes there (`shards.rs`, `follow.rs`); `P:feed`: the same
+//!   for reader claims and session changes, read by every instance;
+//!   `P:wake:<instance>`: a line that makes an instance's listener read a
+//!   shard it just started;
 //! - `P:instances`: sorted set of instances by lease expiry;
 //!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
 //!
@@ -352,15 +353,16 @@ impl RedisStore {
         format!("{}:owned:{instance}", self.prefix)
     }
 
-    /// A line of `feed`, from this instance: `field` names what it is
-    /// about (`e`: a session changed, on `P:feed`; `r`: a reader claimed a
-    /// stream, on its shard).
-    fn feed_line(&self, (feed, length): (String, u32), field: &str, about: String) -> redis::Cmd {
+    /// A line of the feed every instance reads (`P:feed`), from this
+    /// instance: `field` names what it is about (`e`: a session changed,
+    /// `r`: a reader claimed a stream; both rare next to a stream's changes,
+    /// which go to its shard).
+    fn feed_line(&self, field: &str, about: String) -> redis::Cmd {
         let mut cmd = redis::cmd("XADD");
-        cmd.arg(feed)
+        cmd.arg(self.global_key("feed"))
             .arg("MAXLEN")
             .arg("~")
-            .arg(length)
+            .arg(FEED_LENGTH)
             .arg("*")
             .arg("i")
             .arg(&self.instance)
@@ -371,8 +373,7 @@ impl RedisStore {
 
     /// The feed line telling other instances that a session changed.
     fn session_changed(&self, id: SessionId) -> redis::Cmd {
-        let feed = (self.global_key("feed"), FEED_LENGTH);
-        self.feed_line(feed, "e", id.to_string())
+        self.feed_line("e", id.to_string())
     }
 
     /// The records of sessions `ids`, in order, in one round trip; `None`

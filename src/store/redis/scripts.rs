@@ -13,7 +13,9 @@
 //! Every write other instances must learn about also adds a line to the
 //! stream's shard of the feed (`P:feed:<n>`, a capped Redis Stream:
 //! `shards.rs`) in the same script: what changed and which instance changed
-//! it. Leases are timed by Redis' own clock
+//! it; one that changes a live stream another instance owns goes to the
+//! feed every instance reads (`P:feed`), since an owner reads no shard for
+//! its own streams. Leases are timed by Redis' own clock
 //! (`TIME`), so instances whose clocks disagree still agree on who is dead.
 
 use redis::Script;
@@ -46,6 +48,17 @@ const PRELUDE: &str = r#"
 local function owned(prefix, instance) return prefix .. ':owned:' .. instance end
 local function feed(key, ...)
   redis.call('XADD', key, 'MAXLEN', '~', SHARD_LENGTH, '*', ...)
+end
+-- A stream's change goes to its shard (`shard`), read by the instances
+-- following it from elsewhere, unless `instance` changes a live stream
+-- another instance owns: the owner reads no shard for the streams it
+-- writes, so it hears of that on the feed every instance reads.
+local function tell(shard, prefix, owner, instance, ...)
+  if owner and owner ~= instance then
+    redis.call('XADD', prefix .. ':feed', 'MAXLEN', '~', FEED_LENGTH, '*', 'i', instance, ...)
+  else
+    feed(shard, 'i', instance, ...)
+  end
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -332,6 +345,7 @@ local t = load(KEYS[1], KEYS[2])
 if not t then return -1 end
 if ARGV[13] ~= '' and t.k == ARGV[13] then return t.n or 0 end
 local owner = t.w
+local was_finished = t.f ~= nil
 local count = #ARGV - 13
 if owner and owner ~= ARGV[8] and (count > 0 or ARGV[3] == '1') then return -2 end
 local leg = t.T ~= nil
@@ -381,7 +395,9 @@ if t.l then
   local ttl = redis.call('PTTL', KEYS[1])
   if ttl > 0 then redis.call('PEXPIRE', KEYS[3], ttl) end
 end
-feed(KEYS[5], 'i', ARGV[8], 's', ARGV[1], 'q', int(seq), 'f', finished)
+-- A finished stream has no owner left to tell.
+local live_owner = (not was_finished) and owner or nil
+tell(KEYS[5], ARGV[9], live_owner, ARGV[8], 's', ARGV[1], 'q', int(seq), 'f', finished)
 return seq
 "#;
 
@@ -429,11 +445,12 @@ return 0
 /// layout's index), abandon, finished, requests, feed, retention.
 /// ARGV: stream id, its 16 bytes, instance, prefix, then its request ids.
 const DELETE: &str = r#"
-local owner
+local owner, live_owner
 local packed = redis.call('GET', KEYS[1])
 if packed then
   local t = cmsgpack.unpack(packed)
   owner = t.w
+  if t.f == nil then live_owner = owner end
   unretain(t, KEYS[10], KEYS[7], ARGV[1])
 else
   owner = redis.call('HGET', KEYS[2], 'owner')
@@ -450,7 +467,7 @@ for i = 5, #ARGV do
     redis.call('HDEL', KEYS[8], ARGV[i])
   end
 end
-feed(KEYS[9], 'i', ARGV[3], 's', ARGV[1], 'g', '1')
+tell(KEYS[9], ARGV[4], live_owner, ARGV[3], 's', ARGV[1], 'g', '1')
 return 0
 "#;
 
@@ -533,7 +550,7 @@ return 0
 
 fn script(body: &str) -> Script {
     Script::new(&format!(
-        "local SHARD_LENGTH = {SHARD_LENGTH}\n\
+        "local FEED_LENGTH, SHARD_LENGTH = {FEED_LENGTH}, {SHARD_LENGTH}\n\
          local INLINE_ENTRIES, INLINE_BYTES = {INLINE_ENTRIES}, {INLINE_BYTES}\n\
          local RETENTION_WINDOW = {RETENTION_WINDOW}\n{PRELUDE}\n{body}"
     ))

@@ -1,23 +1,24 @@
 //! The live feed's shards: which shard a stream's feed lines go to, and
 //! which shards this instance reads, from where.
 //!
-//! A stream's changes (appends, status, coalescing, deletes, reader claims)
-//! go to one of [`SHARDS`] feeds, `P:feed:<n>`, chosen by its id; session
-//! changes stay on `P:feed`. An instance reads a shard only while it keeps
-//! a tail (a reader, or a stream it created) in it, so an instance that
-//! follows nothing reads nothing but session changes, and one that follows
-//! a few streams reads about that many shards' worth of the fleet's writes
-//! instead of all of them.
+//! A stream's changes (appends, status, coalescing, deletes) go to one of
+//! [`SHARDS`] feeds, `P:feed:<n>`, chosen by its id; reader claims and
+//! session changes, rare next to them, stay on `P:feed`, which every
+//! instance reads. An instance reads a shard only while it has a reader
+//! there of a stream another instance writes: its own calls' changes reach
+//! its readers from its own writes. So an instance that serves only its own
+//! calls reads no shard at all, and one following a few streams written
+//! elsewhere reads about that many shards' worth of the fleet's writes.
 //!
 //! This owns the cursors only: the listener (`follow.rs`) reads from them
 //! and moves them, and [`RedisStore::follow_shard`] starts a cold one. It
 //! must not read or apply feed lines itself.
 //!
 //! Starting a shard must lose no line a tail needs. Its cursor is the
-//! shard's newest id read *before* the tail's stream is read (or created),
-//! so every change after that read has a later id and is read from the
+//! shard's newest id read *before* the tail's stream is read again, so
+//! every change after that read has a later id and is read from the
 //! shard, and every change before it is in what the tail read. A shard is
-//! let go only once no tail has been in it for a whole
+//! let go only once no tail has wanted it for a whole
 //! [`RESYNC_EVERY`](super::follow::RESYNC_EVERY), so a tail being made as
 //! the listener prunes never finds its shard dropped under it.
 
@@ -142,7 +143,7 @@ impl RedisStore {
     }
 
     /// Makes sure the listener reads `stream`'s shard before the caller
-    /// reads (or creates) the stream: one round trip for a shard not read
+    /// reads the stream again: one round trip for a shard not read
     /// yet, none otherwise. `true` when this started it.
     pub(super) async fn follow_shard(&self, stream: StreamId) -> Result<bool> {
         let shard = shard_of(stream);

@@ -38,9 +38,6 @@ impl RedisStore {
         opening: &[Bytes],
         prior: bool,
     ) -> Result<Option<Prior>> {
-        // Another instance may claim the stream as soon as it exists: its
-        // shard is read from before that.
-        self.follow_shard(meta.id).await?;
         let invocation = self.create_invocation(meta, opening, prior);
         let (found, stream): (i64, String) = self.run_write(&invocation).await?;
         match found {
@@ -140,9 +137,17 @@ impl RedisStore {
             answered => answered?,
         };
         let seq = match answer {
-            -2 => return Err(StoreError::NotOwner(stream)),
+            -2 => {
+                self.written_elsewhere(stream).await;
+                return Err(StoreError::NotOwner(stream));
+            }
             -3 => return Err(StoreError::OverCaps(stream)),
-            seq => Seq::try_from(seq).map_err(|_| StoreError::NoSuchStream(stream))?,
+            seq => Seq::try_from(seq).map_err(|_| {
+                // Deleted by another instance: its line went to a shard
+                // this one may not read (it writes the stream itself).
+                self.follow.gone(stream);
+                StoreError::NoSuchStream(stream)
+            })?,
         };
         // Redis answered: the write is as durable as this backend makes it.
         // A stream with no tail here has no reader here to wake; a tail made

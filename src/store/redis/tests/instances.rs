@@ -195,19 +195,22 @@ fn two_redis_instances(dir: &Path) -> (Arc<RedisStore>, Arc<RedisStore>) {
 }
 
 #[tokio::test]
-async fn an_instance_that_follows_nothing_reads_no_shard_of_the_feed() {
+async fn an_instance_serving_only_its_own_calls_reads_no_shard_of_the_feed() {
     let _cleanup = Cleanup;
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = two_redis_instances(dir.path());
+    let mut readers = Vec::new();
     for _ in 0..32 {
         let m = crate::store::contract::meta(SessionId::random());
         a.create_stream(&m).await.unwrap();
+        readers.push(a.subscribe(m.id).await);
         a.append(m.id, &[Bytes::from_static(b"x")]).await.unwrap();
     }
     assert!(
-        !a.follow.cursors.read().is_empty(),
-        "A reads its own calls' shards"
+        readers.iter().all(|r| r.borrow().seq == 1),
+        "A's own writes wake its readers"
     );
+    assert!(a.follow.cursors.read().is_empty());
     assert!(b.follow.cursors.read().is_empty());
 }
 
@@ -259,4 +262,55 @@ async fn a_change_on_the_one_feed_of_the_previous_version_still_wakes_a_reader()
         }
         assert!(tokio::time::Instant::now() < deadline, "B never heard");
     }
+}
+
+#[tokio::test]
+async fn a_call_taken_from_here_is_followed_once_a_write_here_is_refused() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_redis_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut seen_by_a = a.subscribe(m.id).await;
+    a.retire().await.unwrap();
+    assert_eq!(b.orphans().await.unwrap().len(), 1);
+    let refused = a.append(m.id, &[Bytes::from_static(b"late")]).await;
+    assert!(matches!(refused, Err(StoreError::NotOwner(_))));
+    b.append(m.id, &[Bytes::from_static(b"b")]).await.unwrap();
+    tokio::time::timeout(PATIENCE, seen_by_a.wait_for(|w| w.seq == 1))
+        .await
+        .expect("A's reader learns of B's append through the feed")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_live_call_ended_by_another_instance_wakes_its_owners_reader() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_redis_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut seen_by_a = a.subscribe(m.id).await;
+    let cancelled = Finish::new(crate::store::StreamStatus::Cancelled, None);
+    b.set_status(m.id, cancelled).await.unwrap();
+    tokio::time::timeout(PATIENCE, seen_by_a.wait_for(|w| w.finished))
+        .await
+        .expect("A, which reads no shard for its own call, hears of it")
+        .unwrap();
+    assert!(a.follow.cursors.read().is_empty());
+}
+
+#[tokio::test]
+async fn a_live_call_deleted_by_another_instance_wakes_its_owners_reader() {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_redis_instances(dir.path());
+    let m = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&m).await.unwrap();
+    let mut seen_by_a = a.subscribe(m.id).await;
+    b.delete_stream(m.id).await.unwrap();
+    tokio::time::timeout(PATIENCE, seen_by_a.wait_for(|w| w.finished))
+        .await
+        .expect("A hears that its call is gone")
+        .unwrap();
 }
