@@ -442,3 +442,31 @@ fn a_replica_list_beside_a_url_is_refused_at_start() {
         "`urls`",
     );
 }
+
+#[test]
+fn a_resolve_interval_of_zero_is_refused_at_start() {
+    refused_naming(
+        "url = \"http://localhost:1/mcp\"\nresolve = \"each\"\nresolve_every_ms = 0",
+        "upstream[0].resolve_every_ms",
+    );
+}
+
+#[test]
+fn a_health_interval_of_zero_is_refused_at_start() {
+    refused_naming(
+        r#"urls = ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]
+health_path = "/healthz"
+health_every_ms = 0"#,
+        "upstream[0].health_every_ms",
+    );
+}
+
+#[test]
+fn a_resolved_host_with_no_address_is_refused_at_start_saying_why() {
+    // `.invalid` never resolves (RFC 6761).
+    let out = run_with_upstream("url = \"http://no-such-host.invalid/mcp\"\nresolve = \"each\"");
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-host.invalid"), "{err}");
+    assert!(err.contains("resolves to no address"), "{err}");
+}
