@@ -217,3 +217,31 @@ async fn a_replica_that_fails_counts_its_failure_and_shows_as_ejected() {
     assert_eq!(replica_sample(&text, "failures_total", &alive), 0.0);
     assert_eq!(replica_sample(&text, "ejected", &alive), 0.0);
 }
+
+#[tokio::test]
+async fn a_replica_whose_stream_goes_silent_past_the_idle_timeout_counts_a_failure() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+        c.upstream[0].idle_timeout_ms = Some(300);
+    })
+    .await;
+    let urls = [rig.upstream.url(), other.url()];
+    let sid = rig.client.initialize(V_LATEST).await;
+    let on = usize::from(other.stats.sessions_created.load(Ordering::Relaxed) == 1);
+    // Its answer's head comes at once, its first message after 5 s.
+    let call = Call::post(&slow_call(2, 1, 5_000)).session(&sid);
+    let answer = messages(rig.client.send(call).await).await;
+    assert!(
+        answer.iter().any(|m| m.get("error").is_some()),
+        "{answer:?}"
+    );
+
+    let text = scrape(&rig.client).await;
+    assert_eq!(replica_sample(&text, "failures_total", &urls[on]), 1.0);
+    assert_eq!(replica_sample(&text, "failures_total", &urls[1 - on]), 0.0);
+}

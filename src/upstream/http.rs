@@ -176,6 +176,19 @@ impl HttpUpstream {
         }
     }
 
+    /// A stream from `replica` (named as [`Messages::replica`] names it)
+    /// stayed silent past the idle timeout: a failure of that replica, as
+    /// a request waiting too long for its head is. A request that merely
+    /// outlived its deadline blames no replica: it was a long call.
+    pub fn went_silent(&self, replica: Option<&str>, why: &str) {
+        if why != IDLE {
+            return;
+        }
+        if let Some(at) = replica.and_then(|n| self.replicas.named(n)) {
+            self.replicas.failed(&at, why);
+        }
+    }
+
     /// Sends a request to another path of the upstream's origin (OAuth
     /// discovery, the upstream's own authorization endpoints, a CORS
     /// preflight): the path and query are the caller's, the scheme and
@@ -428,7 +441,7 @@ impl UpstreamEvent {
 pub struct Messages {
     body: Incoming,
     /// Counts the request in flight on its replica while its body is read.
-    _served: Option<Served>,
+    served: Option<Served>,
     framing: Framing,
     /// The id of the latest event that carried no message (a priming
     /// event); messages carry their own ids.
@@ -456,7 +469,7 @@ impl Messages {
         };
         Self {
             body: res.into_body(),
-            _served: served,
+            served,
             framing,
             priming_id: None,
             retry_ms: None,
@@ -465,6 +478,11 @@ impl Messages {
             finished: false,
             id_alone: false,
         }
+    }
+
+    /// The replica this body comes from, when records name replicas.
+    pub fn replica(&self) -> Option<&str> {
+        self.served.as_ref()?.replica.as_deref()
     }
 
     pub fn is_sse(&self) -> bool {
