@@ -496,7 +496,8 @@ pub struct UpstreamConfig {
     /// upstream session stays on the replica that created it.
     #[serde(default)]
     pub urls: Option<Vec<String>>,
-    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout)
+    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout, a
+    /// stream silent past `idle_timeout_ms`, a failed health check)
     /// after which a replica of `urls` takes no new sessions and its
     /// sessions move to another.
     #[serde(default = "default_eject_after")]

@@ -49,7 +49,7 @@ impl ReplicaFamilies {
         );
         registry.register(
             "upstream_replica_failures",
-            "Failures of each replica that count toward its ejection: no connection, HTTP 502 or 504, a timeout, a failed health check",
+            "Failures of each replica that count toward its ejection: no connection, HTTP 502 to 504, a timeout, a stream silent past idle_timeout_ms, a failed health check",
             families.failures.clone(),
         );
         families

@@ -6,9 +6,11 @@
 //! of no session yet goes to the least busy healthy replica — fewest
 //! requests in flight, ties taken in turn. Health is passive, and active
 //! with a health check: `eject_after` consecutive failures (no connection,
-//! HTTP 502 or 504, a timeout, a failed check) take a replica out for
-//! `eject_ms`, doubled each time it fails again on its return; a success
-//! puts it back for good, at once.
+//! HTTP 502 to 504, a timeout, a stream silent past the idle timeout, a
+//! failed check) take a replica out for `eject_ms`, doubled each time it
+//! fails again on its return; a success puts it back for good, at once.
+//! A 503 counts: a server draining answers it, and should get no new
+//! sessions (README "A replicated upstream" says why its sessions move).
 //!
 //! This owns the choice, the counts and the set, which a resolver may
 //! change while requests run (`follow`): a request holds the replica it was
