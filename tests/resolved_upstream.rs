@@ -155,10 +155,12 @@ async fn calls(client: &McpClient, sids: &[String], first_id: u64) {
 
 #[tokio::test]
 async fn every_address_of_localhost_is_a_replica() {
-    let ips: Vec<IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&("localhost", 0))
+    let mut ips: Vec<IpAddr> = std::net::ToSocketAddrs::to_socket_addrs(&("localhost", 0))
         .expect("localhost resolves")
         .map(|a| a.ip())
         .collect();
+    ips.sort();
+    ips.dedup();
     let (port, pods) = pods(&ips).await;
     let url = format!("http://localhost:{port}/mcp");
     let (proxy, client, _dir) = proxy(url, Lookup::System).await;
