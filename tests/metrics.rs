@@ -245,3 +245,57 @@ async fn a_replica_whose_stream_goes_silent_past_the_idle_timeout_counts_a_failu
     assert_eq!(replica_sample(&text, "failures_total", &urls[on]), 1.0);
     assert_eq!(replica_sample(&text, "failures_total", &urls[1 - on]), 0.0);
 }
+
+#[tokio::test]
+async fn a_call_that_outlives_its_deadline_blames_no_replica() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+        c.upstream[0].request_timeout_ms = Some(300);
+    })
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&slow_call(2, 1, 5_000)).session(&sid);
+    let answer = messages(rig.client.send(call).await).await;
+    assert!(
+        answer.iter().any(|m| m.get("error").is_some()),
+        "{answer:?}"
+    );
+
+    let text = scrape(&rig.client).await;
+    for url in [rig.upstream.url(), other.url()] {
+        assert_eq!(replica_sample(&text, "failures_total", &url), 0.0);
+    }
+}
+
+#[tokio::test]
+async fn an_ejected_replica_shows_as_back_once_its_back_off_ran_out() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let dead = format!("http://{closed}/mcp");
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
+        c.upstream[0].eject_after = 1;
+        c.upstream[0].eject_ms = 200;
+    })
+    .await;
+    for _ in 0..2 {
+        rig.client.initialize(V_LATEST).await;
+    }
+    assert_eq!(
+        replica_sample(&scrape(&rig.client).await, "ejected", &dead),
+        1.0
+    );
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while replica_sample(&scrape(&rig.client).await, "ejected", &dead) != 0.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
