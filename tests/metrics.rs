@@ -299,3 +299,35 @@ async fn an_ejected_replica_shows_as_back_once_its_back_off_ran_out() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_replica_dropped_by_a_reload_leaves_the_page() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let two = |c: &mut mcp_resume_proxy::Config| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second.clone()]).collect());
+    };
+    let rig = Rig::with(Default::default(), two).await;
+    let kept = rig.upstream.url();
+    let series = |url: &str| {
+        format!("mcp_proxy_upstream_replica_in_flight{{upstream=\"/mcp\",replica=\"{url}\"}}")
+    };
+    let listed = |text: &str, url: &str| text.lines().any(|l| l.starts_with(&series(url)));
+    assert!(listed(&scrape(&rig.client).await, &other.url()));
+
+    let fewer = mcp_resume_proxy::Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: rig.dir.path().to_path_buf(),
+        upstream: vec![UpstreamConfig::new(kept.clone())],
+        shutdown_grace_secs: 1,
+        ..Default::default()
+    };
+    let proxy = rig.proxy.as_ref().expect("running");
+    proxy.reload(fewer).expect("the reload applies");
+    let text = scrape(&rig.client).await;
+    assert!(!listed(&text, &other.url()), "{text}");
+    assert!(listed(&text, &kept), "{text}");
+}
