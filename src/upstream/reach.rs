@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -27,6 +27,9 @@ use crate::config::{Resolve, UpstreamConfig};
 use crate::metrics::ReplicaMeter;
 use crate::tls::outbound::{self, error_chain, Connector};
 use crate::workers::PerWorker;
+
+/// The most of a health check's answer body that is read.
+const HEALTH_BODY: usize = 64 * 1024;
 
 /// How requests reach a replica: one pool per worker (a connection is
 /// driven by the worker that opened it, so a call that borrowed another
@@ -207,7 +210,9 @@ async fn ask(replica: &HttpReplica, path: http::uri::PathAndQuery) -> Result<(),
         .await
         .map_err(|e| error_chain(&e))?;
     let status = res.status();
-    let _ = res.into_body().collect().await;
+    // Read to its end so that the connection serves the next check; a body
+    // past this size is no health answer, and the connection is let go.
+    let _ = Limited::new(res.into_body(), HEALTH_BODY).collect().await;
     if status.is_success() {
         Ok(())
     } else {
