@@ -25,7 +25,8 @@
 //! - [`edge`]: public URL, `Host` and `Origin` checks, CORS, OAuth paths passed to upstreams.
 //! - [`proxy`]: a route's requests: the legacy session path, modern pass-through, modern tasks.
 //! - [`relay`]: the write path: an upstream answer into its stream, ended with the truth.
-//! - [`upstream`]: MCP servers over HTTP or stdio, the replica a session sticks to, the headers that cross, ingest before the log.
+//! - [`upstream`]: MCP servers over HTTP or stdio, the replica a session sticks to (of `urls`, or the
+//!   addresses a host resolves to), health checks, the headers that cross, ingest before the log.
 //! - [`dialect`]: how clients come back (`Last-Event-ID`, resume tokens, streams, …), one seam.
 //! - [`task`]: what a durable task is, and how each protocol revision shows it.
 //! - [`lifetime`]: crash recovery and takeover; abandonment, retention, expiry.

@@ -3,10 +3,13 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
+
 use common::scrape::{sample as value, scrape};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::UpstreamConfig;
+use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 
 /// initialize + one completed tool call of `steps` progress notifications.
 async fn a_session_with_one_call(rig: &Rig, steps: u64) -> (String, Vec<Option<String>>) {
@@ -157,4 +160,174 @@ async fn metrics_can_be_switched_off() {
     let url = rig.client.url.trim_end_matches("/mcp").to_owned() + "/metrics";
     let res = McpClient::new(url).send(Call::get()).await;
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+/// The sample of the per-replica series `name` for replica `url`.
+fn replica_sample(text: &str, name: &str, url: &str) -> f64 {
+    value(
+        text,
+        &format!("mcp_proxy_upstream_replica_{name}{{upstream=\"/mcp\",replica=\"{url}\"}}"),
+    )
+}
+
+#[tokio::test]
+async fn a_replica_s_requests_in_flight_are_counted_while_its_answer_streams() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+    })
+    .await;
+    let urls = [rig.upstream.url(), other.url()];
+    let sid = rig.client.initialize(V_LATEST).await;
+    let on = usize::from(other.stats.sessions_created.load(Ordering::Relaxed) == 1);
+    let call = Call::post(&slow_call(2, 40, 100)).session(&sid);
+    let mut reader = SseReader::new(rig.client.send(call).await);
+    reader.next_message().await.expect("the call runs");
+
+    let text = scrape(&rig.client).await;
+    assert_eq!(replica_sample(&text, "in_flight", &urls[on]), 1.0);
+    assert_eq!(replica_sample(&text, "in_flight", &urls[1 - on]), 0.0);
+}
+
+#[tokio::test]
+async fn a_replica_that_fails_counts_its_failure_and_shows_as_ejected() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let dead = format!("http://{closed}/mcp");
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
+        c.upstream[0].eject_after = 1;
+        c.upstream[0].eject_ms = 60_000;
+    })
+    .await;
+    for _ in 0..2 {
+        rig.client.initialize(V_LATEST).await;
+    }
+    let text = scrape(&rig.client).await;
+    let alive = rig.upstream.url();
+    assert_eq!(replica_sample(&text, "failures_total", &dead), 1.0);
+    assert_eq!(replica_sample(&text, "ejected", &dead), 1.0);
+    assert_eq!(replica_sample(&text, "failures_total", &alive), 0.0);
+    assert_eq!(replica_sample(&text, "ejected", &alive), 0.0);
+}
+
+#[tokio::test]
+async fn a_replica_whose_stream_goes_silent_past_the_idle_timeout_counts_a_failure() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+        c.upstream[0].idle_timeout_ms = Some(300);
+    })
+    .await;
+    let urls = [rig.upstream.url(), other.url()];
+    let sid = rig.client.initialize(V_LATEST).await;
+    let on = usize::from(other.stats.sessions_created.load(Ordering::Relaxed) == 1);
+    // Its answer's head comes at once, its first message after 5 s.
+    let call = Call::post(&slow_call(2, 1, 5_000)).session(&sid);
+    let answer = messages(rig.client.send(call).await).await;
+    assert!(
+        answer.iter().any(|m| m.get("error").is_some()),
+        "{answer:?}"
+    );
+
+    let text = scrape(&rig.client).await;
+    assert_eq!(replica_sample(&text, "failures_total", &urls[on]), 1.0);
+    assert_eq!(replica_sample(&text, "failures_total", &urls[1 - on]), 0.0);
+}
+
+#[tokio::test]
+async fn a_call_that_outlives_its_deadline_blames_no_replica() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+        c.upstream[0].request_timeout_ms = Some(300);
+    })
+    .await;
+    let sid = rig.client.initialize(V_LATEST).await;
+    let call = Call::post(&slow_call(2, 1, 5_000)).session(&sid);
+    let answer = messages(rig.client.send(call).await).await;
+    assert!(
+        answer.iter().any(|m| m.get("error").is_some()),
+        "{answer:?}"
+    );
+
+    let text = scrape(&rig.client).await;
+    for url in [rig.upstream.url(), other.url()] {
+        assert_eq!(replica_sample(&text, "failures_total", &url), 0.0);
+    }
+}
+
+#[tokio::test]
+async fn an_ejected_replica_shows_as_back_once_its_back_off_ran_out() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let dead = format!("http://{closed}/mcp");
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
+        c.upstream[0].eject_after = 1;
+        c.upstream[0].eject_ms = 200;
+    })
+    .await;
+    for _ in 0..2 {
+        rig.client.initialize(V_LATEST).await;
+    }
+    assert_eq!(
+        replica_sample(&scrape(&rig.client).await, "ejected", &dead),
+        1.0
+    );
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while replica_sample(&scrape(&rig.client).await, "ejected", &dead) != 0.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never back");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_replica_dropped_by_a_reload_leaves_the_page() {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let two = |c: &mut mcp_resume_proxy::Config| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second.clone()]).collect());
+    };
+    let rig = Rig::with(Default::default(), two).await;
+    let kept = rig.upstream.url();
+    let series = |url: &str| {
+        format!("mcp_proxy_upstream_replica_in_flight{{upstream=\"/mcp\",replica=\"{url}\"}}")
+    };
+    let listed = |text: &str, url: &str| text.lines().any(|l| l.starts_with(&series(url)));
+    assert!(listed(&scrape(&rig.client).await, &other.url()));
+
+    let fewer = mcp_resume_proxy::Config {
+        listen: ([127, 0, 0, 1], 0).into(),
+        data_dir: rig.dir.path().to_path_buf(),
+        upstream: vec![UpstreamConfig::new(kept.clone())],
+        shutdown_grace_secs: 1,
+        ..Default::default()
+    };
+    let proxy = rig.proxy.as_ref().expect("running");
+    proxy.reload(fewer).expect("the reload applies");
+    let text = scrape(&rig.client).await;
+    assert!(!listed(&text, &other.url()), "{text}");
+    assert!(listed(&text, &kept), "{text}");
 }

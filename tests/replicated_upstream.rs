@@ -294,7 +294,8 @@ fn shared_log(config: &mut Config, url: &str, prefix: &str) {
     config.tokens.key_file = Some(key);
 }
 
-/// A replica that answers every request with HTTP 502, counting them.
+/// A replica that answers every request with one error status (HTTP 502
+/// unless said), counting them.
 struct Failing {
     url: String,
     hits: Arc<AtomicU64>,
@@ -302,6 +303,10 @@ struct Failing {
 
 impl Failing {
     async fn start() -> Self {
+        Self::answering("502 Bad Gateway").await
+    }
+
+    async fn answering(status: &'static str) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
         let hits = Arc::new(AtomicU64::new(0));
@@ -312,8 +317,9 @@ impl Failing {
                 tokio::spawn(async move {
                     read_request(&mut conn).await;
                     counted.fetch_add(1, Ordering::Relaxed);
-                    let head = "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\
-                                connection: close\r\n\r\n";
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                    );
                     let _ = conn.write_all(head.as_bytes()).await;
                 });
             }
@@ -382,6 +388,25 @@ async fn a_replica_failing_with_502_is_taken_out_then_tried_again_after_its_back
     assert_eq!(created, 7);
 }
 
+#[tokio::test]
+async fn a_replica_answering_503_as_it_drains_takes_no_new_sessions() {
+    let draining = Failing::answering("503 Service Unavailable").await;
+    let good = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = replicated_config(dir.path(), vec![good.url(), draining.url.clone()]);
+    config.upstream[0].eject_after = 2;
+    config.upstream[0].eject_ms = 60_000;
+    let proxy = Server::start(config).await.unwrap();
+    let client = McpClient::new(format!("http://{}/mcp", proxy.addr));
+    for _ in 0..8 {
+        client.send(Call::post(&initialize(V_LATEST))).await;
+    }
+    assert_eq!(draining.hits(), 2, "out after two 503s in a row");
+    proxy.shutdown().await;
+}
+
 /// The binary given `upstream` under `[[upstream]]`: its exit and stderr.
 fn run_with_upstream(upstream: &str) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
@@ -441,4 +466,32 @@ fn a_replica_list_beside_a_url_is_refused_at_start() {
         "url = \"http://127.0.0.1:1/mcp\"\nurls = [\"http://127.0.0.1:2/mcp\"]",
         "`urls`",
     );
+}
+
+#[test]
+fn a_resolve_interval_of_zero_is_refused_at_start() {
+    refused_naming(
+        "url = \"http://localhost:1/mcp\"\nresolve = \"each\"\nresolve_every_ms = 0",
+        "upstream[0].resolve_every_ms",
+    );
+}
+
+#[test]
+fn a_health_interval_of_zero_is_refused_at_start() {
+    refused_naming(
+        r#"urls = ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]
+health_path = "/healthz"
+health_every_ms = 0"#,
+        "upstream[0].health_every_ms",
+    );
+}
+
+#[test]
+fn a_resolved_host_with_no_address_is_refused_at_start_saying_why() {
+    // `.invalid` never resolves (RFC 6761).
+    let out = run_with_upstream("url = \"http://no-such-host.invalid/mcp\"\nresolve = \"each\"");
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-host.invalid"), "{err}");
+    assert!(err.contains("resolves to no address"), "{err}");
 }

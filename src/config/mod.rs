@@ -19,6 +19,7 @@ pub mod traces;
 mod upstream;
 
 pub use traces::TracingConfig;
+pub use upstream::{Lookup, Resolve};
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -495,7 +496,8 @@ pub struct UpstreamConfig {
     /// upstream session stays on the replica that created it.
     #[serde(default)]
     pub urls: Option<Vec<String>>,
-    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout)
+    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout, a
+    /// stream silent past `idle_timeout_ms`, a failed health check)
     /// after which a replica of `urls` takes no new sessions and its
     /// sessions move to another.
     #[serde(default = "default_eject_after")]
@@ -505,6 +507,28 @@ pub struct UpstreamConfig {
     /// times as long), reset by a success.
     #[serde(default = "default_eject_ms")]
     pub eject_ms: u64,
+    /// `"each"`: every address the host of `url` resolves to is a replica
+    /// (a Kubernetes headless Service), looked up again every
+    /// `resolve_every_ms`. `"one"` (default): the host is one server.
+    #[serde(default)]
+    pub resolve: Resolve,
+    /// Milliseconds between two look-ups of a `resolve = "each"` host.
+    #[serde(default = "default_resolve_every")]
+    pub resolve_every_ms: u64,
+    /// An active health check: a GET of this path on each replica every
+    /// `health_every_ms`; a non-2xx answer, or none within the interval,
+    /// counts as a failure toward `eject_after`, and a 2xx brings an
+    /// ejected replica back. Off when unset.
+    #[serde(default)]
+    pub health_path: Option<String>,
+    /// Milliseconds between two health checks of a replica.
+    #[serde(default = "default_health_every")]
+    pub health_every_ms: u64,
+    /// Where the host of a `resolve = "each"` upstream is looked up: the
+    /// system's resolver, unless the program embedding the proxy gives a
+    /// table of its own (never from the file).
+    #[serde(skip)]
+    pub lookup: Lookup,
     /// A stdio MCP server: program and arguments. One child per session.
     #[serde(default)]
     pub command: Option<Vec<String>>,
@@ -598,6 +622,12 @@ fn default_eject_after() -> u32 {
 }
 fn default_eject_ms() -> u64 {
     10_000
+}
+fn default_resolve_every() -> u64 {
+    5_000
+}
+fn default_health_every() -> u64 {
+    5_000
 }
 fn default_max_children() -> usize {
     64
@@ -790,6 +820,11 @@ impl UpstreamConfig {
             urls: None,
             eject_after: default_eject_after(),
             eject_ms: default_eject_ms(),
+            resolve: Resolve::default(),
+            resolve_every_ms: default_resolve_every(),
+            health_path: None,
+            health_every_ms: default_health_every(),
+            lookup: Lookup::default(),
             command: (!argv.is_empty()).then_some(argv),
             env: Default::default(),
             cwd: None,

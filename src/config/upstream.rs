@@ -1,9 +1,62 @@
 //! What an `[[upstream]]` is reached at: one `url`, several `urls` (the
-//! replicas of one server) or a stdio `command`, and the checks that refuse
-//! a bad one at start with the key it is under. Plain data: nothing here
-//! connects anywhere or knows how replicas are chosen (`upstream::replicas`).
+//! replicas of one server), one `url` whose host's every address is a
+//! replica (`resolve = "each"`) or a stdio `command`; its optional health
+//! check; and the checks that refuse a bad one at start with the key it is
+//! under. Plain data: nothing here connects anywhere, looks a name up or
+//! knows how replicas are chosen (`upstream::replicas`, `upstream::resolve`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
 
 use super::UpstreamConfig;
+
+/// What the host of an upstream's `url` stands for.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Resolve {
+    /// One server, wherever the system's resolver says it is at connect
+    /// time.
+    #[default]
+    One,
+    /// Every address it resolves to is a replica of the server.
+    Each,
+}
+
+/// Where the host of a `resolve = "each"` upstream is looked up.
+#[derive(Clone, Default)]
+pub enum Lookup {
+    /// The system's resolver (`getaddrinfo`: `/etc/hosts`, DNS).
+    #[default]
+    System,
+    /// A table of host names to addresses that the program embedding the
+    /// proxy keeps, and may change while it runs: what it holds for a
+    /// name is what the system's resolver would answer. Tests use it to
+    /// stand for a headless Service whose pods come and go, which they
+    /// cannot make of the machine's resolver.
+    Table(Arc<Mutex<BTreeMap<String, Vec<IpAddr>>>>),
+}
+
+impl PartialEq for Lookup {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Lookup::System, Lookup::System) => true,
+            (Lookup::Table(a), Lookup::Table(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Lookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lookup::System => f.write_str("System"),
+            Lookup::Table(_) => f.write_str("Table"),
+        }
+    }
+}
 
 impl UpstreamConfig {
     /// The Streamable HTTP endpoints of this upstream, as configured: its
@@ -20,6 +73,10 @@ impl UpstreamConfig {
 /// Checks that `up` names exactly one way to reach its server, and that
 /// every URL of it is usable. `key` is the table's key (`upstream[0]`).
 pub(super) fn check_endpoint(key: &str, up: &UpstreamConfig) -> Result<(), String> {
+    check_health(key, up)?;
+    if up.resolve == Resolve::Each {
+        return check_resolved(key, up);
+    }
     match (&up.url, &up.urls, &up.command) {
         (Some(url), None, None) => check_url(&format!("{key}.url"), url).map(|_| ()),
         (None, Some(urls), None) => {
@@ -54,6 +111,48 @@ fn check_urls(key: &str, urls: &[String]) -> Result<(), String> {
         seen.push(same);
     }
     Ok(())
+}
+
+/// `resolve = "each"`: one usable `url`, looked up again now and then.
+fn check_resolved(key: &str, up: &UpstreamConfig) -> Result<(), String> {
+    let Some(url) = up
+        .url
+        .as_deref()
+        .filter(|_| up.urls.is_none() && up.command.is_none())
+    else {
+        return Err(format!(
+            "{key}.resolve = \"each\" needs `url` alone (one host, each of whose addresses \
+             is a replica), not `urls` or `command`"
+        ));
+    };
+    check_url(&format!("{key}.url"), url)?;
+    if up.resolve_every_ms == 0 {
+        return Err(format!("{key}.resolve_every_ms must be greater than 0"));
+    }
+    check_ejection(key, up)
+}
+
+/// An active health check: a path of the upstream's origin, checked now
+/// and then, on an HTTP upstream.
+fn check_health(key: &str, up: &UpstreamConfig) -> Result<(), String> {
+    let Some(path) = up.health_path.as_deref() else {
+        return Ok(());
+    };
+    if up.command.is_some() {
+        return Err(format!(
+            "{key}.health_path is for HTTP upstreams (`url`, `urls`), not `command`"
+        ));
+    }
+    let usable = path.starts_with('/') && path.parse::<http::uri::PathAndQuery>().is_ok();
+    if !usable {
+        return Err(format!(
+            "{key}.health_path = {path:?} is not a path (it begins with `/`)"
+        ));
+    }
+    if up.health_every_ms == 0 {
+        return Err(format!("{key}.health_every_ms must be greater than 0"));
+    }
+    check_ejection(key, up)
 }
 
 /// A replica is taken out after at least one failure, for some time.
@@ -163,5 +262,69 @@ mod tests {
         assert!(err.contains("upstream[0].eject_after"), "{err}");
         let err = refused(&format!("{urls}eject_ms = 0\n"));
         assert!(err.contains("upstream[0].eject_ms"), "{err}");
+    }
+
+    #[test]
+    fn each_address_of_a_host_is_a_replica_with_resolve_each() {
+        let toml = "[[upstream]]\nurl = \"http://mcp.default.svc:8080/mcp\"\nresolve = \"each\"\n";
+        let c = Config::from_toml(toml).unwrap();
+        assert_eq!(c.upstream[0].resolve, super::Resolve::Each);
+        assert_eq!(c.upstream[0].resolve_every_ms, 5_000);
+        let plain = Config::from_toml("[[upstream]]\nurl = \"http://a/mcp\"\n").unwrap();
+        assert_eq!(plain.upstream[0].resolve, super::Resolve::One);
+    }
+
+    #[test]
+    fn resolve_each_needs_url_alone() {
+        for other in [
+            "urls = [\"http://a/mcp\", \"http://b/mcp\"]\n",
+            "command = [\"x\"]\n",
+        ] {
+            let err = refused(&format!("{other}resolve = \"each\"\n"));
+            assert!(err.contains("upstream[0].resolve"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_resolve_mode_is_refused() {
+        let err = refused("url = \"http://a/mcp\"\nresolve = \"all\"\n");
+        assert!(err.contains("resolve"), "{err}");
+    }
+
+    #[test]
+    fn a_resolve_interval_of_zero_is_refused() {
+        let err = refused("url = \"http://a/mcp\"\nresolve = \"each\"\nresolve_every_ms = 0\n");
+        assert!(err.contains("upstream[0].resolve_every_ms"), "{err}");
+    }
+
+    #[test]
+    fn a_health_check_is_off_unless_its_path_is_given() {
+        let c = Config::from_toml("[[upstream]]\nurl = \"http://a/mcp\"\n").unwrap();
+        assert_eq!(c.upstream[0].health_path, None);
+        let toml = "[[upstream]]\nurls = [\"http://a/mcp\", \"http://b/mcp\"]\n\
+                    health_path = \"/healthz\"\nhealth_every_ms = 2000\n";
+        let c = Config::from_toml(toml).unwrap();
+        assert_eq!(c.upstream[0].health_path.as_deref(), Some("/healthz"));
+        assert_eq!(c.upstream[0].health_every_ms, 2_000);
+    }
+
+    #[test]
+    fn a_health_interval_of_zero_is_refused() {
+        let err = refused("url = \"http://a/mcp\"\nhealth_path = \"/h\"\nhealth_every_ms = 0\n");
+        assert!(err.contains("upstream[0].health_every_ms"), "{err}");
+    }
+
+    #[test]
+    fn a_health_path_that_is_no_path_is_refused() {
+        for bad in ["healthz", "http://a/healthz", "/a b"] {
+            let err = refused(&format!("url = \"http://a/mcp\"\nhealth_path = {bad:?}\n"));
+            assert!(err.contains("upstream[0].health_path"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_health_check_of_a_stdio_upstream_is_refused() {
+        let err = refused("command = [\"x\"]\nhealth_path = \"/healthz\"\n");
+        assert!(err.contains("upstream[0].health_path"), "{err}");
     }
 }

@@ -23,6 +23,9 @@ pub struct DemoStats {
     /// GETs carrying `Last-Event-ID` that were served.
     pub resumed_gets: AtomicU64,
     pub requests: Mutex<Vec<HeaderMap>>,
+    /// While set, `GET /healthz` answers 503 (an operator's health check
+    /// sees the server as failing); MCP requests are served as ever.
+    pub unhealthy: std::sync::atomic::AtomicBool,
 }
 
 impl DemoStats {

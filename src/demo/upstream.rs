@@ -16,6 +16,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,6 +180,13 @@ struct Server {
 
 impl Server {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        // Health checks are not MCP requests: kept out of the request log.
+        if req.uri().path() == "/healthz" {
+            return match self.stats.unhealthy.load(Ordering::Relaxed) {
+                true => plain(StatusCode::SERVICE_UNAVAILABLE, "unhealthy"),
+                false => plain(StatusCode::OK, "ok"),
+            };
+        }
         lock(&self.stats.requests).push(req.headers().clone());
         if req.uri().path() != "/mcp" {
             return plain(StatusCode::NOT_FOUND, "not found");

@@ -10,11 +10,14 @@
 //!
 //! This module must not decide anything: recording is a few atomic adds,
 //! never I/O, never a lock held across an await, and nothing here changes
-//! what the proxy answers. Labels come from closed enums, never from client
-//! or upstream input, so a client cannot grow the series count.
+//! what the proxy answers. Labels come from closed enums or the
+//! configuration (routes, tools, replicas; `replicas.rs` for the one set
+//! that follows a resolver), never from client or upstream input, so a
+//! client cannot grow the series count.
 
 mod labels;
 mod live;
+mod replicas;
 pub mod requests;
 
 use std::fmt;
@@ -38,6 +41,8 @@ pub use self::labels::{
     Dropped, Replayed, ResumedAfter, SessionBound, SessionExpiry, TaskEnd, UpstreamFailure,
 };
 pub use self::live::LiveStreams;
+use self::replicas::ReplicaFamilies;
+pub use self::replicas::{ReplicaMeter, ReplicaSeries};
 use self::requests::Requests;
 use crate::auth::{Caller, PrincipalMode, Refusal, RefusalReason};
 use crate::session::Full;
@@ -78,6 +83,7 @@ pub struct Metrics {
     sessions_expired: Family<ExpiryLabel, Counter>,
     requests: Arc<Requests>,
     reloads: Family<ReloadLabel, Counter>,
+    replicas: ReplicaFamilies,
 }
 
 impl Default for Metrics {
@@ -216,6 +222,7 @@ impl Metrics {
             "Configuration reloads (SIGHUP): applied, or refused (the file did not parse, validate or load, or changed what needs a restart) with the running configuration kept",
             reloads.clone(),
         );
+        let replicas = ReplicaFamilies::register(&mut registry);
         Self {
             registry,
             ready,
@@ -243,7 +250,13 @@ impl Metrics {
             sessions_expired,
             requests,
             reloads,
+            replicas,
         }
+    }
+
+    /// What the replicas of the upstream mounted at `upstream` count on.
+    pub fn replica_meter(&self, upstream: &str) -> ReplicaMeter {
+        ReplicaMeter::new(&self.replicas, upstream)
     }
 
     /// A reload was applied (`true`) or refused.

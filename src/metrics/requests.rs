@@ -217,7 +217,7 @@ super::labels::label_value!(Method, Outcome);
 /// A route's name or a tool's, as a label value: shared, not copied, by
 /// every series that carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Name(Arc<str>);
+pub(super) struct Name(pub(super) Arc<str>);
 
 impl EncodeLabelValue for Name {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {

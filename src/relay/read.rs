@@ -157,6 +157,7 @@ impl Relay {
                 Heard::Stray(stray) => self.welcome(&mut reading, stray),
                 Heard::TimedOut(why) => {
                     tracing::info!(stream = %self.stream.id, why, "upstream timed out");
+                    self.upstream.went_silent(messages.replica(), why);
                     self.cancel_upstream(why).await;
                     return self.ended(&reading, why, &feed).await;
                 }

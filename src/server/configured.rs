@@ -141,8 +141,10 @@ fn route(
         (None, Some(_)) => Upstream::Stdio(Arc::new(StdioUpstream::new(up, &shared.config.limits))),
         (None, None) => {
             let workers = shared.config.workers();
+            let mount = up.path.trim_end_matches('/');
+            let meter = shared.log.metrics().replica_meter(mount);
             Upstream::Http(Arc::new(
-                HttpUpstream::new(up, workers).map_err(anyhow::Error::msg)?,
+                HttpUpstream::new(up, workers, meter).map_err(anyhow::Error::msg)?,
             ))
         }
     };

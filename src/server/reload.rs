@@ -26,6 +26,7 @@ use super::configured::Configured;
 use super::front_door::FrontDoor;
 use super::App;
 use crate::config::Config;
+use crate::upstream::Upstream;
 
 /// A reload that was refused, and why (for the log).
 #[derive(Debug)]
@@ -54,11 +55,43 @@ impl App {
 
     /// Swaps `prepared` in: requests that arrive from now on get it.
     pub fn install(&self, prepared: Prepared) {
+        forget_replicas_gone(
+            &self.now(),
+            &prepared.configured,
+            self.lasting.log.metrics(),
+        );
         let config = &prepared.configured.shared.config;
         self.lasting.sessions.set_limits(&config.limits);
         let bound = config.limits.max_retained_streams;
         self.lasting.log.store().set_retained_bound(bound);
         self.configured.store(Arc::new(prepared.configured));
+    }
+}
+
+/// The replicas of each HTTP upstream of a configured proxy, by mount.
+fn replicas_of(configured: &Configured) -> Vec<(&str, Vec<Arc<str>>)> {
+    let of = |route: &crate::proxy::Route| match &route.upstream {
+        Upstream::Http(up) => up.replicas().all().iter().map(|r| r.name.clone()).collect(),
+        Upstream::Stdio(_) => Vec::new(),
+    };
+    let routes = configured.routes.iter();
+    routes.map(|r| (r.path.as_str(), of(r))).collect()
+}
+
+/// Takes the series of the replicas `was` had and `now` has not (dropped
+/// from `urls`, or their upstream removed) off the metrics page: a replica
+/// nothing will send to again is not one to watch. Requests still running
+/// there count on, unseen.
+fn forget_replicas_gone(was: &Configured, now: &Configured, metrics: &crate::metrics::Metrics) {
+    let kept = replicas_of(now);
+    for (mount, names) in replicas_of(was) {
+        let still = kept.iter().find(|(m, _)| *m == mount).map(|(_, n)| n);
+        let meter = metrics.replica_meter(mount);
+        for name in names {
+            if !still.is_some_and(|n| n.contains(&name)) {
+                meter.forget(&name);
+            }
+        }
     }
 }
 

@@ -3,8 +3,10 @@
 //! `ca_file`), and [`Messages`], which turns an upstream
 //! response body — `text/event-stream` or `application/json`, chunked or with
 //! a Content-Length — into upstream messages as they arrive, never waiting for
-//! the whole body of a stream.
+//! the whole body of a stream. Which replica a request goes to is
+//! `replicas.rs`'s; how each is reached and kept, `reach.rs`'s.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -13,16 +15,15 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use tokio_util::sync::DropGuard;
 
-use super::headers;
-use super::replicas::{Binding, Ejection, InFlight, Replicas};
-use super::UpstreamError;
+use super::reach::{self, HttpReplica, Via};
+use super::replicas::{Binding, InFlight, Replicas};
+use super::{headers, UpstreamError};
 use crate::config::UpstreamConfig;
+use crate::metrics::ReplicaMeter;
 use crate::reply::sse;
-use crate::tls::outbound::{self, error_chain, Connector};
-use crate::workers::PerWorker;
+use crate::tls::outbound::error_chain;
 
 /// Largest single upstream message the proxy will log (64 MiB).
 pub const MAX_MESSAGE: usize = 64 * 1024 * 1024;
@@ -32,12 +33,12 @@ const MAX_BATCH: usize = 512;
 
 pub struct HttpUpstream {
     pub config: UpstreamConfig,
-    /// Where requests go: the one `url`, or the replicas of `urls`.
-    replicas: Replicas,
-    /// One pool per worker: a connection is driven by the worker that
-    /// opened it, so a call that borrowed another worker's connection
-    /// would wake that worker twice.
-    client: PerWorker<Client<Connector, Full<Bytes>>>,
+    /// Where requests go: the one `url`, the replicas of `urls`, or the
+    /// addresses of a resolved host.
+    replicas: Arc<Replicas<Via>>,
+    /// Stops the look-ups and health checks when the upstream goes (a
+    /// reload replaced it, the proxy stopped).
+    _background: DropGuard,
 }
 
 /// What a response of an HTTP upstream carries in its extensions: the
@@ -56,30 +57,24 @@ pub fn served_by<B>(res: &Response<B>) -> Option<String> {
 }
 
 impl HttpUpstream {
-    pub fn new(config: &UpstreamConfig, workers: usize) -> Result<Self, String> {
-        let ejection = Ejection {
-            after: config.eject_after.max(1),
-            base: Duration::from_millis(config.eject_ms.max(1)),
-        };
-        let replicas = Replicas::new(&config.endpoints(), ejection)?;
-        let key = crate::tls::upstream_ca_key(&config.path);
-        let tls = crate::tls::upstream_client(&key, config.ca_file.as_deref())
-            .map_err(|e| e.to_string())?;
-        let timeout = Duration::from_secs(config.connect_timeout_secs);
-        let https = outbound::connector(tls, timeout);
-        let client = PerWorker::new(workers, |_| {
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .build(https.clone())
-        });
+    /// The upstream `config` describes; its replicas' series are made with
+    /// `meter`. A `resolve = "each"` host is looked up now, and must have
+    /// an address; the look-ups that follow and the health checks run on
+    /// the current runtime (none without one).
+    pub fn new(
+        config: &UpstreamConfig,
+        workers: usize,
+        meter: ReplicaMeter,
+    ) -> Result<Self, String> {
+        let (replicas, background) = reach::replicas(config, workers, meter)?;
         Ok(Self {
             config: config.clone(),
             replicas,
-            client,
+            _background: background,
         })
     }
 
-    pub fn replicas(&self) -> &Replicas {
+    pub fn replicas(&self) -> &Replicas<Via> {
         &self.replicas
     }
 
@@ -98,7 +93,7 @@ impl HttpUpstream {
         let session = to.session.as_deref();
         let sent = self
             .send_at(
-                chosen,
+                &chosen,
                 method.clone(),
                 client_headers,
                 body.clone(),
@@ -107,11 +102,11 @@ impl HttpUpstream {
             .await;
         match sent {
             Err(UpstreamError::NoConnection(_)) if to.replica.is_none() && session.is_none() => {
-                let other = self.replicas.least_busy(Some(chosen));
-                if other == chosen {
+                let other = self.replicas.least_busy(Some(&chosen.name));
+                if Arc::ptr_eq(&other, &chosen) {
                     return sent;
                 }
-                self.send_at(other, method, client_headers, body, session)
+                self.send_at(&other, method, client_headers, body, session)
                     .await
             }
             sent => sent,
@@ -121,14 +116,14 @@ impl HttpUpstream {
     /// Sends one request to replica `at`.
     pub async fn send_at(
         &self,
-        at: usize,
+        at: &Arc<HttpReplica>,
         method: Method,
         client_headers: &HeaderMap,
         body: Bytes,
         upstream_session: Option<&str>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let headers = headers::to_upstream(client_headers, upstream_session);
-        let url = self.replicas.get(at).url.clone();
+        let url = at.url.clone();
         self.exchange(at, method, url, headers, body).await
     }
 
@@ -136,7 +131,7 @@ impl HttpUpstream {
     /// outcome counts toward the replica's health.
     async fn exchange(
         &self,
-        at: usize,
+        at: &Arc<HttpReplica>,
         method: Method,
         uri: Uri,
         headers: HeaderMap,
@@ -148,8 +143,8 @@ impl HttpUpstream {
             .body(Full::new(body))
             .map_err(|e| UpstreamError::Connect(e.to_string()))?;
         *req.headers_mut() = headers;
-        let in_flight = self.replicas.start(at);
-        let sent = self.client.get().request(req).await;
+        let in_flight = at.start();
+        let sent = at.via.get().request(req).await;
         let mut res = match sent {
             Ok(res) => res,
             Err(e) => {
@@ -177,7 +172,20 @@ impl HttpUpstream {
     /// of that replica (a request of no replica yet blames none).
     pub fn timed_out(&self, to: &Binding, why: &str) {
         if let Some(at) = to.replica.as_deref().and_then(|n| self.replicas.named(n)) {
-            self.replicas.failed(at, why);
+            self.replicas.failed(&at, why);
+        }
+    }
+
+    /// A stream from `replica` (named as [`Messages::replica`] names it)
+    /// stayed silent past the idle timeout: a failure of that replica, as
+    /// a request waiting too long for its head is. A request that merely
+    /// outlived its deadline blames no replica: it was a long call.
+    pub fn went_silent(&self, replica: Option<&str>, why: &str) {
+        if why != IDLE {
+            return;
+        }
+        if let Some(at) = replica.and_then(|n| self.replicas.named(n)) {
+            self.replicas.failed(&at, why);
         }
     }
 
@@ -194,7 +202,7 @@ impl HttpUpstream {
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let at = self.replicas.least_busy(None);
-        let mut parts = self.replicas.get(at).url.clone().into_parts();
+        let mut parts = at.url.clone().into_parts();
         parts.path_and_query = Some(
             path_and_query
                 .parse()
@@ -202,7 +210,7 @@ impl HttpUpstream {
         );
         let uri = Uri::from_parts(parts).map_err(|e| UpstreamError::Connect(e.to_string()))?;
         let headers = headers::to_upstream(client_headers, None);
-        self.exchange(at, method, uri, headers, body).await
+        self.exchange(&at, method, uri, headers, body).await
     }
 
     /// Asks the upstream whether it accepts these client headers (a new
@@ -261,8 +269,8 @@ impl HttpUpstream {
         let mut headers = headers::to_upstream(&headers, to.session.as_deref());
         headers.insert(headers::LAST_EVENT_ID, value);
         let at = self.replicas.route(to);
-        let url = self.replicas.get(at).url.clone();
-        self.exchange(at, Method::GET, url, headers, Bytes::new())
+        let url = at.url.clone();
+        self.exchange(&at, Method::GET, url, headers, Bytes::new())
             .await
     }
 }
@@ -346,7 +354,7 @@ impl HttpUpstream {
         &self,
         client_headers: &HeaderMap,
         initialize: Bytes,
-        at: usize,
+        at: &Arc<HttpReplica>,
     ) -> Result<Binding, UpstreamError> {
         let headers = proxy_post_headers(client_headers);
         let res = self
@@ -433,7 +441,7 @@ impl UpstreamEvent {
 pub struct Messages {
     body: Incoming,
     /// Counts the request in flight on its replica while its body is read.
-    _served: Option<Served>,
+    served: Option<Served>,
     framing: Framing,
     /// The id of the latest event that carried no message (a priming
     /// event); messages carry their own ids.
@@ -461,7 +469,7 @@ impl Messages {
         };
         Self {
             body: res.into_body(),
-            _served: served,
+            served,
             framing,
             priming_id: None,
             retry_ms: None,
@@ -470,6 +478,11 @@ impl Messages {
             finished: false,
             id_alone: false,
         }
+    }
+
+    /// The replica this body comes from, when records name replicas.
+    pub fn replica(&self) -> Option<&str> {
+        self.served.as_ref()?.replica.as_deref()
     }
 
     pub fn is_sse(&self) -> bool {

@@ -1,5 +1,7 @@
 //! Upstreams: the MCP servers behind the proxy — Streamable HTTP endpoints
 //! (`http.rs`; `replicas.rs` for which replica of one a request goes to;
+//! `reach.rs` for their pools, `resolve.rs` for the replicas of a host that
+//! resolves to several addresses, `health.rs` for the active health check;
 //! `renew.rs` for a session its replica forgot, or that must leave it) and
 //! stdio programs (`stdio.rs`, one child per session). Both yield upstream
 //! messages as the raw bytes the server wrote, and every one of them passes
@@ -18,10 +20,13 @@
 //! itself, which [`ingest`] keeps upstream messages out of, are named there.
 
 pub mod headers;
+pub mod health;
 pub mod http;
 pub mod ingest;
+pub mod reach;
 pub mod renew;
 pub mod replicas;
+pub mod resolve;
 pub mod stdio;
 
 use std::sync::Arc;

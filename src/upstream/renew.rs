@@ -90,10 +90,10 @@ async fn renew(
     let replicas = upstream.replicas();
     let at = match loss {
         Loss::Forgotten => replicas.route(stale),
-        Loss::Left => replicas.least_busy(stale.replica.as_deref().and_then(|n| replicas.named(n))),
+        Loss::Left => replicas.least_busy(stale.replica.as_deref()),
     };
     let fresh = upstream
-        .initialize(headers, Bytes::from(initialize), at)
+        .initialize(headers, Bytes::from(initialize), &at)
         .await?;
     match loss {
         Loss::Forgotten => {

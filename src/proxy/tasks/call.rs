@@ -389,7 +389,12 @@ impl Call {
             };
             heard_at = Instant::now();
             match heard {
-                Err(why) => return Ending::Failed(why.to_owned()),
+                Err(why) => {
+                    if let Upstream::Body(messages) = &upstream {
+                        self.upstream.went_silent(messages.replica(), why);
+                    }
+                    return Ending::Failed(why.to_owned());
+                }
                 Ok(Heard::Head(Err(e))) => return Ending::Failed(e.to_string()),
                 Ok(Heard::Head(Ok(res))) if carries_messages(&res) => {
                     upstream = Upstream::Body(Box::new(Messages::new(res)));
