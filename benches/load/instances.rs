@@ -2,12 +2,15 @@
 //! Redis costs the instances already there. One instance serves the
 //! `small` load; 0, 1 and 3 more run beside it on the same Redis log (the
 //! same key prefix and token key, as behind a balancer) serving nothing,
-//! so that all they do is follow the live feed every instance reads. Per
-//! count of instances it prints the serving instance's throughput and CPU
-//! per call, and the CPU the idle ones spent per call it served: their
-//! cost of reading everyone's writes; and the commands Redis processed per
-//! call (`INFO stats`, all instances' together: a script or a pipeline's
-//! every command counts).
+//! so that all they do is follow the live feed (session changes and reader
+//! claims, and the shards of the streams they read: none here). Per count
+//! of instances it prints the serving instance's throughput and CPU per
+//! call, the CPU the idle ones spent per call it served (their cost of
+//! following it), and the commands Redis processed per call (`INFO stats`,
+//! all instances' together: a script or a pipeline's every command
+//! counts). A second table spreads the same load over every instance at
+//! once, as a balancer would, and prints what the whole fleet spends per
+//! call.
 //!
 //! Opt-in (`--scenario instances`): it needs `redis-server`, as `--sync
 //! redis` does.
@@ -67,8 +70,70 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             drop(key_dir);
         }
         writeln!(out)?;
+        spread_table(&mut out, bin, upstream, c, o).await?;
     }
     Ok(out)
+}
+
+/// The same load spread over every instance at once, as a balancer would.
+/// Each instance's CPU per call is set against one instance alone under
+/// its share of the load (`c / n`): fewer calls in flight batch less, so
+/// that, not the number of instances, is the baseline an added instance's
+/// cost shows against.
+async fn spread_table(
+    out: &mut String,
+    bin: &Path,
+    upstream: std::net::SocketAddr,
+    c: usize,
+    o: &Opts,
+) -> Result<()> {
+    writeln!(
+        out,
+        "## instances: `small` (c = {c} in all) spread over every instance\n\
+         instances   req/s   Redis commands/call   alone at c/n: CPU us/call   each with the others: CPU us/call"
+    )?;
+    for n in COUNTS.into_iter().filter(|n| c % n == 0 && c / n > 0) {
+        let (alone, _, _) = spread_run(bin, upstream, 1, c / n, o).await?;
+        let (each, rps, commands) = spread_run(bin, upstream, n, c, o).await?;
+        let each: Vec<String> = each
+            .iter()
+            .map(|x| format!("{x:.1} ({:+.1} %)", (x / alone[0] - 1.0) * 100.0))
+            .collect();
+        writeln!(
+            out,
+            "{n:>9}   {rps:>5.0}   {commands:>19.1}   {:>24.1}   {}",
+            alone[0],
+            each.join(", ")
+        )?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+/// `n` instances loaded with `c` sessions spread over them: each one's CPU
+/// µs per call it served, the fleet's req/s and Redis commands per call.
+async fn spread_run(
+    bin: &Path,
+    upstream: std::net::SocketAddr,
+    n: usize,
+    c: usize,
+    o: &Opts,
+) -> Result<(Vec<f64>, f64, f64)> {
+    let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
+    let (before, commands_before) = (cpu_of(&targets)?, commands_processed()?);
+    let (calls, rps) = crate::small::spread(&targets, c, o).await?;
+    let (after, commands_after) = (cpu_of(&targets)?, commands_processed()?);
+    // Each instance serves an equal share of the calls.
+    let share = (calls.max(1) as f64) / n as f64;
+    let each = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| (a - b) * 1e6 / share)
+        .collect();
+    drop(procs);
+    drop(key_dir);
+    let commands = (commands_after - commands_before) as f64 / calls.max(1) as f64;
+    Ok((each, rps, commands))
 }
 
 /// `n` proxies on one Redis log, each with a directory of its own.

@@ -97,6 +97,26 @@ async fn run_once(t: &Target, concurrency: usize, o: &Opts) -> Result<SmallRun> 
     Ok(run)
 }
 
+/// `concurrency` sessions spread over `targets` (as a balancer would), all
+/// loaded at once, for `o.rounds` rounds: the calls completed in all and
+/// the fleet's throughput (calls per second).
+pub async fn spread(targets: &[Target], concurrency: usize, o: &Opts) -> Result<(u64, f64)> {
+    let each = (concurrency / targets.len()).max(1);
+    let mut calls = 0;
+    for _ in 0..o.rounds {
+        let runs = targets.iter().map(|t| run_once(t, each, o));
+        for run in futures_util::future::join_all(runs).await {
+            let run = run?;
+            if run.errors > 0 {
+                bail!("{} failed calls at concurrency {each} each", run.errors);
+            }
+            calls += run.requests;
+        }
+    }
+    let secs = o.duration.as_secs_f64() * o.rounds as f64;
+    Ok((calls, calls as f64 / secs))
+}
+
 /// One target's figures at one concurrency, all rounds taken together.
 pub struct Row {
     pub name: String,

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::metas_on;
 use super::record::backend;
 use super::sentinel::{Conn, Route};
-use super::shards::{shard_of, spelled, Cursors, SHARDS};
+use super::shards::{order_of, shard_of, spelled, Cursors, SHARDS};
 use super::RedisStore;
 use crate::id::{IdDashMap, SessionId, StreamId};
 use crate::store::{ClaimOrder, ReaderLease, Result, SessionNews, StoreError, Watermark};
@@ -196,12 +196,6 @@ impl Follow {
             }
         }
     }
-}
-
-/// A feed entry id (`<ms>-<seq>`) as an order.
-pub(super) fn order_of(id: &str) -> Option<ClaimOrder> {
-    let (ms, seq) = id.split_once('-')?;
-    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 /// Where the listener reads.

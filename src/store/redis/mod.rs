@@ -118,10 +118,10 @@ use self::lease::Tasks;
 use self::record::{backend, decode, encode};
 pub use self::replicas::Replicas;
 use self::replicas::Waiting;
-use self::scripts::{Scripts, FEED_LENGTH};
+use self::scripts::Scripts;
 use self::sentinel::{Conn, Route};
 use self::sessions::Indexing;
-use self::shards::SHARDS;
+use self::shards::{FEED_LENGTH, SHARDS};
 pub use self::ttl::Lifetimes;
 use super::{
     Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord, Store,

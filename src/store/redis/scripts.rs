@@ -21,7 +21,7 @@
 use redis::Script;
 
 use super::packed::{INLINE_BYTES, INLINE_ENTRIES};
-use super::shards::SHARD_LENGTH;
+use super::shards::{FEED_LENGTH, SHARD_LENGTH};
 
 pub(super) struct Scripts {
     pub create: Script,
@@ -35,11 +35,6 @@ pub(super) struct Scripts {
 
 /// How long one window of the retention index is, in ms (see `retain`).
 pub(super) const RETENTION_WINDOW: u64 = 1_000;
-
-/// How many changes the feed keeps (approximately). A listener further
-/// behind than that re-reads its streams' metadata instead (see
-/// `follow.rs`).
-pub(super) const FEED_LENGTH: u32 = 100_000;
 
 /// Helpers every script may use. Keys computed here are not declared: on
 /// one server any key goes; on a cluster every key of the prefix is in the

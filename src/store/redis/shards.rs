@@ -18,18 +18,21 @@
 //! shard's newest id read *before* the tail's stream is read again, so
 //! every change after that read has a later id and is read from the
 //! shard, and every change before it is in what the tail read. A shard is
-//! let go only once no tail has wanted it for a whole
-//! [`RESYNC_EVERY`](super::follow::RESYNC_EVERY), so a tail being made as
-//! the listener prunes never finds its shard dropped under it.
+//! let go only once no tail has wanted it for a whole resync period of the
+//! listener's, so a tail being made as the listener prunes never finds its
+//! shard dropped under it.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::follow::order_of;
-use super::scripts::FEED_LENGTH;
 use super::{backend, RedisStore};
 use crate::id::StreamId;
 use crate::store::{ClaimOrder, Result};
+
+/// How many changes the feed keeps (approximately). A listener further
+/// behind than that re-reads its streams' metadata instead (see
+/// `follow.rs`).
+pub(super) const FEED_LENGTH: u32 = 100_000;
 
 /// How many feeds a deployment's stream changes are spread over. Every
 /// instance of a deployment must agree on it: it is part of the key layout.
@@ -118,6 +121,12 @@ impl Cursors {
             }
         }
     }
+}
+
+/// A feed entry id (`<ms>-<seq>`) as an order.
+pub(super) fn order_of(id: &str) -> Option<ClaimOrder> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 /// A feed id as Redis spells it.
