@@ -37,15 +37,16 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         writeln!(
             out,
             "## instances: one serving `small` (c = {c}), the others idle on the same Redis log\n\
-             instances   req/s   Redis commands/call   serving CPU us/call   idle ones' CPU us/call (each)"
+             instances   req/s   Redis commands/call   XREADs/call   serving CPU us/call   idle ones' CPU us/call (each)"
         )?;
         let mut first_cpu = None;
         for n in COUNTS {
             let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
-            let (before, commands_before) = (cpu_of(&targets)?, commands_processed()?);
+            let (before, counts_before) = (cpu_of(&targets)?, RedisCounts::now()?);
             let rows: Vec<Row> = measure(&targets[..1], c, o).await?;
-            let (after, commands_after) = (cpu_of(&targets)?, commands_processed()?);
+            let (after, counts_after) = (cpu_of(&targets)?, RedisCounts::now()?);
             let calls = rows[0].calls.max(1) as f64;
+            let (commands, xreads) = counts_after.per_call(counts_before, calls);
             let per_call: Vec<f64> = before
                 .iter()
                 .zip(&after)
@@ -56,9 +57,8 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
             let idle: Vec<String> = per_call[1..].iter().map(|x| format!("{x:.1}")).collect();
             writeln!(
                 out,
-                "{n:>9}   {:>5.0}   {:>19.1}   {serving:>8.1} ({:+.1} %)        {}",
+                "{n:>9}   {:>5.0}   {commands:>19.1}   {xreads:>11.3}   {serving:>8.1} ({:+.1} %)        {}",
                 rows[0].rps,
-                (commands_after - commands_before) as f64 / calls,
                 (serving / base - 1.0) * 100.0,
                 if idle.is_empty() {
                     "-".into()
@@ -90,18 +90,18 @@ async fn spread_table(
     writeln!(
         out,
         "## instances: `small` (c = {c} in all) spread over every instance\n\
-         instances   req/s   Redis commands/call   alone at c/n: CPU us/call   each with the others: CPU us/call"
+         instances   req/s   Redis commands/call   XREADs/call   alone at c/n: CPU us/call   each with the others: CPU us/call"
     )?;
     for n in COUNTS.into_iter().filter(|n| c % n == 0 && c / n > 0) {
         let (alone, _, _) = spread_run(bin, upstream, 1, c / n, o).await?;
-        let (each, rps, commands) = spread_run(bin, upstream, n, c, o).await?;
+        let (each, rps, (commands, xreads)) = spread_run(bin, upstream, n, c, o).await?;
         let each: Vec<String> = each
             .iter()
             .map(|x| format!("{x:.1} ({:+.1} %)", (x / alone[0] - 1.0) * 100.0))
             .collect();
         writeln!(
             out,
-            "{n:>9}   {rps:>5.0}   {commands:>19.1}   {:>24.1}   {}",
+            "{n:>9}   {rps:>5.0}   {commands:>19.1}   {xreads:>11.3}   {:>24.1}   {}",
             alone[0],
             each.join(", ")
         )?;
@@ -111,18 +111,19 @@ async fn spread_table(
 }
 
 /// `n` instances loaded with `c` sessions spread over them: each one's CPU
-/// µs per call it served, the fleet's req/s and Redis commands per call.
+/// µs per call it served, the fleet's req/s, and Redis commands and
+/// `XREAD`s per call.
 async fn spread_run(
     bin: &Path,
     upstream: std::net::SocketAddr,
     n: usize,
     c: usize,
     o: &Opts,
-) -> Result<(Vec<f64>, f64, f64)> {
+) -> Result<(Vec<f64>, f64, (f64, f64))> {
     let (procs, targets, key_dir) = start_instances(bin, upstream, n).await?;
-    let (before, commands_before) = (cpu_of(&targets)?, commands_processed()?);
+    let (before, counts_before) = (cpu_of(&targets)?, RedisCounts::now()?);
     let (calls, rps) = crate::small::spread(&targets, c, o).await?;
-    let (after, commands_after) = (cpu_of(&targets)?, commands_processed()?);
+    let (after, counts_after) = (cpu_of(&targets)?, RedisCounts::now()?);
     // Each instance serves an equal share of the calls.
     let share = (calls.max(1) as f64) / n as f64;
     let each = before
@@ -132,8 +133,11 @@ async fn spread_run(
         .collect();
     drop(procs);
     drop(key_dir);
-    let commands = (commands_after - commands_before) as f64 / calls.max(1) as f64;
-    Ok((each, rps, commands))
+    Ok((
+        each,
+        rps,
+        counts_after.per_call(counts_before, calls.max(1) as f64),
+    ))
 }
 
 /// `n` proxies on one Redis log, each with a directory of its own.
@@ -162,13 +166,39 @@ async fn start_instances(
     Ok((procs, targets, shared))
 }
 
-/// `total_commands_processed` of the benches' Redis.
-fn commands_processed() -> Result<u64> {
-    let url = crate::redis_server::shared().map_err(|why| anyhow!(why))?;
-    let mut conn = redis::Client::open(url)?.get_connection()?;
-    let info: String = redis::cmd("INFO").arg("stats").query(&mut conn)?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| anyhow!("no total_commands_processed in INFO stats"))
+/// What the benches' Redis has processed: all commands (`INFO stats`), and
+/// the `XREAD`s among them (`INFO commandstats`): the listeners' reads of
+/// the feed, each one a wake-up of an instance.
+#[derive(Clone, Copy)]
+struct RedisCounts {
+    commands: u64,
+    xreads: u64,
+}
+
+impl RedisCounts {
+    fn now() -> Result<Self> {
+        let url = crate::redis_server::shared().map_err(|why| anyhow!(why))?;
+        let mut conn = redis::Client::open(url)?.get_connection()?;
+        let info: String = redis::cmd("INFO").arg("all").query(&mut conn)?;
+        let field = |prefix: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.trim().parse().ok())
+        };
+        Ok(Self {
+            commands: field("total_commands_processed:")
+                .ok_or_else(|| anyhow!("no total_commands_processed in INFO"))?,
+            // No line before the first XREAD.
+            xreads: field("cmdstat_xread:calls=").unwrap_or(0),
+        })
+    }
+
+    /// Commands and `XREAD`s per call since `before`.
+    fn per_call(self, before: Self, calls: f64) -> (f64, f64) {
+        (
+            (self.commands - before.commands) as f64 / calls,
+            (self.xreads - before.xreads) as f64 / calls,
+        )
+    }
 }
