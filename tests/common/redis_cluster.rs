@@ -71,21 +71,31 @@ impl RedisCluster {
     }
 
     /// Waits until every running node says `cluster_state:ok` and counts
-    /// them all as known.
+    /// them all as known, and every replica has synced with its primary
+    /// (one that never did cannot take over from it).
     pub fn settled(&self) -> Result<(), String> {
         let deadline = Instant::now() + SETTLE;
         let mut last = String::new();
         loop {
-            let ok = self.nodes.iter().all(|node| match cluster_info(node.port) {
-                Ok(info) => {
-                    let known = format!("cluster_known_nodes:{}", self.nodes.len());
-                    let ok = info.contains("cluster_state:ok") && info.contains(&known);
-                    last = info;
-                    ok
-                }
-                Err(e) => {
-                    last = e;
-                    false
+            let ok = self.nodes.iter().all(|node| {
+                let info = cluster_info(node.port).and_then(|info| {
+                    let replication = replication_info(node.port)?;
+                    Ok(format!("{info}{replication}"))
+                });
+                match info {
+                    Ok(info) => {
+                        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+                        let ok = info.contains("cluster_state:ok")
+                            && info.contains(&known)
+                            && (info.contains("role:master")
+                                || info.contains("master_link_status:up"));
+                        last = info;
+                        ok
+                    }
+                    Err(e) => {
+                        last = e;
+                        false
+                    }
                 }
             });
             if ok {
@@ -268,6 +278,14 @@ fn cluster_info(port: u16) -> Result<String, String> {
         .arg("INFO")
         .query(&mut conn)
         .map_err(|e| format!("CLUSTER INFO on {port}: {e}"))
+}
+
+fn replication_info(port: u16) -> Result<String, String> {
+    let mut conn = connect(&url(port))?;
+    redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut conn)
+        .map_err(|e| format!("INFO replication on {port}: {e}"))
 }
 
 /// `master` or `slave`, as `ROLE` says; `None` for a node that is down.

@@ -356,6 +356,11 @@ impl RedisServer {
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
         if self.cluster {
+            // A replica syncs at once rather than after the 5 s a diskless
+            // sync waits for more replicas by default: one that never
+            // synced refuses to take over ("disconnected from master for
+            // longer than allowed").
+            cmd.args(["--repl-diskless-sync-delay", "0"]);
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
                 .arg("--cluster-config-file")
                 .arg(dir.path().join("nodes.conf"));
