@@ -133,17 +133,22 @@ pub(super) struct Cluster {
     home: SlotRoute,
     /// The nodes listed, for messages.
     listed: Arc<str>,
+    /// Each listed node on its own, reached as the cluster's are: only
+    /// to say why the probe found none (the cluster client says only that
+    /// it has no connection).
+    nodes: Vec<redis::Client>,
     /// The slot's node away, shared by every connection (`outage.rs`).
     outage: Arc<Outage>,
 }
 
 impl Cluster {
     /// Connections made from `client` for the keys of (one-slot) `prefix`.
-    fn new(client: ClusterClient, prefix: &str, listed: String) -> Self {
+    fn new(client: ClusterClient, prefix: &str, listed: String, nodes: Vec<redis::Client>) -> Self {
         Self {
             client,
             home: SlotRoute::with_key(prefix.as_bytes(), SlotAddr::Master),
             listed: listed.into(),
+            nodes,
             outage: Arc::default(),
         }
     }
@@ -192,11 +197,34 @@ impl Cluster {
                 self.listed
             ))
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(silent(e.to_string())),
-            Err(_) => Err(silent(format!("no answer within {PROBE_TIMEOUT:?}"))),
+        let why = match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        match self.first_refusal().await {
+            Some(node) => Err(silent(format!("{why}; {node}"))),
+            None => Err(silent(why)),
         }
+    }
+
+    /// Why the first listed node that refuses a connection of its own
+    /// does: a certificate that does not verify, a wrong password, … which
+    /// the cluster client keeps to itself.
+    async fn first_refusal(&self) -> Option<String> {
+        for node in &self.nodes {
+            let at = node.get_connection_info().addr().to_string();
+            let ping = async {
+                let mut conn = node.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            };
+            match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Some(format!("{at}: {e}")),
+                Err(_) => return Some(format!("{at}: no answer within {CONNECT_TIMEOUT:?}")),
+            }
+        }
+        None
     }
 }
 
@@ -285,10 +313,22 @@ pub(super) fn reach(store: &Endpoint, prefix: &str) -> Result<(Cluster, redis::C
         builder = builder.certs(endpoint::certificates(store)?);
     }
     let client = builder.build().map_err(refused)?;
+    let nodes = store
+        .cluster
+        .iter()
+        .map(|url| {
+            let one = Endpoint {
+                url: url.clone(),
+                cluster: Vec::new(),
+                ..store.clone()
+            };
+            endpoint::client(&one)
+        })
+        .collect::<Result<Vec<_>>>()?;
     // Never connected through: the cluster's connections are `Pinned`.
     let first = store.cluster.first().map_or("", String::as_str);
     let stand_in = redis::Client::open(first).map_err(refused)?;
-    Ok((Cluster::new(client, prefix, listed), stand_in))
+    Ok((Cluster::new(client, prefix, listed, nodes), stand_in))
 }
 
 impl RedisStore {
