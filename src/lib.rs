@@ -43,8 +43,9 @@
 //! - [`token`]: sealed handles (event ids, resume tokens, stream handles, poll cursors).
 //! - [`reply`]: the bodies and responses the proxy writes, and SSE framing.
 //! - [`store`]: the durable log's contract; journal (default), sled, Redis (one server, the
-//!   primary Redis Sentinel names, followed across a failover, or a Redis Cluster:
-//!   `store/redis/cluster.rs`, its test rig `tests/common/redis_cluster.rs`); the group commit.
+//!   primary Redis Sentinel names, followed across a failover, or a Redis Cluster, whose
+//!   failovers its commands wait out: `store/redis/cluster.rs`, `store/redis/outage.rs`, its
+//!   test rig `tests/common/redis_cluster.rs`, plain or TLS); the group commit.
 //! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
 //! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
 //! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.

@@ -41,21 +41,19 @@ fn fail_over_the_logs_primary(cluster: &mut RedisCluster) {
         .find(|n| n.port == port)
         .expect("one of ours");
     node.kill9();
-    let deadline = Instant::now() + FAILOVER;
+    let killed = Instant::now();
+    let deadline = killed + FAILOVER;
     while cluster.primary_of(&slot_key).is_none_or(|p| p == port) {
         assert!(Instant::now() < deadline, "no replica took the slot over");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Said, not asserted: the figure README gives for the rig.
+    eprintln!("the failover took {:?}", killed.elapsed());
     if let Some(node) = cluster.nodes.iter_mut().find(|n| n.port == port) {
         node.restart();
     }
 }
 
-// Intermittent: in one full run of the suite the call ended with "the
-// proxy could not record the upstream's answer" (the failover outlasted
-// the cluster client's retries); it passed in five runs of its own. Run it
-// with `cargo test --test redis_cluster -- --ignored` until that is found.
-#[ignore = "intermittent: a failover can outlast the cluster client's retries"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_in_flight_survives_the_logs_primary_killed_with_min_replicas() {
     let mut cluster = RedisCluster::start(3, 1).unwrap_or_else(|why| panic!("{why}"));

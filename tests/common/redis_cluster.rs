@@ -1,8 +1,9 @@
 //! A Redis Cluster of this process: three primaries with a replica each,
 //! `redis-server --cluster-enabled` on free loopback ports, joined by
 //! `redis-cli --cluster create`, ready once every node says
-//! `cluster_state:ok` and knows every other; its nodes are killed when it
-//! drops, and when this process ends (they are `RedisServer`s). Tests that
+//! `cluster_state:ok` and knows every other (or all of it over TLS:
+//! [`RedisCluster::start_tls`]); its nodes are killed when it drops, and
+//! when this process ends (they are `RedisServer`s). Tests that
 //! only need a cluster share one ([`shared`]; its nodes' temp dirs stay
 //! behind, as a node exits when it cannot rewrite its `nodes.conf`); a test
 //! that kills nodes starts its own.
@@ -12,11 +13,11 @@
 //! file.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::redis_server::{connect, RedisServer};
+use super::redis_server::{connect, RedisServer, Tls};
 
 /// How long the nodes may take to agree on the cluster, or on a failover.
 const SETTLE: Duration = Duration::from_secs(30);
@@ -37,19 +38,34 @@ pub fn shared() -> Result<&'static RedisCluster, String> {
 impl RedisCluster {
     /// `primaries` primaries with `replicas` replicas each, ready.
     pub fn start(primaries: usize, replicas: usize) -> Result<Self, String> {
+        Self::start_with(primaries, replicas, None)
+    }
+
+    /// The same over TLS (`tls-cluster`, `tls-replication`, its ACL users;
+    /// see `RedisServer::start_cluster_node_tls`), joined over TLS.
+    pub fn start_tls(primaries: usize, replicas: usize, tls: Tls) -> Result<Self, String> {
+        Self::start_with(primaries, replicas, Some(tls))
+    }
+
+    fn start_with(primaries: usize, replicas: usize, tls: Option<Tls>) -> Result<Self, String> {
         let mut nodes = Vec::new();
         for _ in 0..primaries * (1 + replicas) {
-            nodes.push(RedisServer::start_cluster_node()?);
+            nodes.push(match &tls {
+                Some(tls) => RedisServer::start_cluster_node_tls(tls.clone())?,
+                None => RedisServer::start_cluster_node()?,
+            });
         }
         let mut cli = Command::new("redis-cli");
+        if let Some(tls) = &tls {
+            cli.arg("--tls").arg("--cacert").arg(&tls.ca);
+        }
         cli.args(["--cluster", "create"]);
         for node in &nodes {
-            cli.arg(format!("127.0.0.1:{}", node.port));
+            let port = node.tls_port().unwrap_or(node.port);
+            cli.arg(format!("127.0.0.1:{port}"));
         }
         cli.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
-        let out = cli
-            .output()
-            .map_err(|e| format!("redis-cli --cluster create did not run: {e}"))?;
+        let out = joined(cli)?;
         if !out.status.success() {
             return Err(format!(
                 "redis-cli --cluster create failed: {}{}",
@@ -70,22 +86,42 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The nodes' TLS ports, to give a client (`rediss://`, by the address
+    /// the nodes announce, which the test certificate names).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.tls_port())
+            .map(|port| format!("rediss://127.0.0.1:{port}"))
+            .collect()
+    }
+
     /// Waits until every running node says `cluster_state:ok` and counts
-    /// them all as known.
+    /// them all as known, and every replica has synced with its primary
+    /// (one that never did cannot take over from it).
     pub fn settled(&self) -> Result<(), String> {
         let deadline = Instant::now() + SETTLE;
         let mut last = String::new();
         loop {
-            let ok = self.nodes.iter().all(|node| match cluster_info(node.port) {
-                Ok(info) => {
-                    let known = format!("cluster_known_nodes:{}", self.nodes.len());
-                    let ok = info.contains("cluster_state:ok") && info.contains(&known);
-                    last = info;
-                    ok
-                }
-                Err(e) => {
-                    last = e;
-                    false
+            let ok = self.nodes.iter().all(|node| {
+                let info = cluster_info(node.port).and_then(|info| {
+                    let replication = replication_info(node.port)?;
+                    Ok(format!("{info}{replication}"))
+                });
+                match info {
+                    Ok(info) => {
+                        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+                        let ok = info.contains("cluster_state:ok")
+                            && info.contains(&known)
+                            && (info.contains("role:master")
+                                || info.contains("master_link_status:up"));
+                        last = info;
+                        ok
+                    }
+                    Err(e) => {
+                        last = e;
+                        false
+                    }
                 }
             });
             if ok {
@@ -258,6 +294,31 @@ impl RedisCluster {
     }
 }
 
+/// Runs `redis-cli --cluster create` (`cli`) to its end, within
+/// [`SETTLE`]: it waits for the nodes to join with no end of its own, and
+/// nodes that cannot reach each other's bus never do.
+fn joined(mut cli: Command) -> Result<std::process::Output, String> {
+    let mut child = cli
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("redis-cli --cluster create did not run: {e}"))?;
+    let deadline = Instant::now() + SETTLE;
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().map_err(|e| e.to_string())?;
+            return Err(format!(
+                "the nodes did not join within {SETTLE:?}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().map_err(|e| e.to_string())
+}
+
 fn url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
@@ -268,6 +329,14 @@ fn cluster_info(port: u16) -> Result<String, String> {
         .arg("INFO")
         .query(&mut conn)
         .map_err(|e| format!("CLUSTER INFO on {port}: {e}"))
+}
+
+fn replication_info(port: u16) -> Result<String, String> {
+    let mut conn = connect(&url(port))?;
+    redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut conn)
+        .map_err(|e| format!("INFO replication on {port}: {e}"))
 }
 
 /// `master` or `slave`, as `ROLE` says; `None` for a node that is down.

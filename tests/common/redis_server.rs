@@ -170,6 +170,38 @@ impl RedisServer {
         Ok(server)
     }
 
+    /// Starts an empty node of a Redis Cluster as [`start_cluster_node`]
+    /// does, serving TLS on `tls.port` (chosen here) with its ACL users,
+    /// its cluster bus and its replication over TLS too (`tls-cluster`,
+    /// `tls-replication`); the plain port stays, on loopback, for the
+    /// rig's own checks, as [`start_tls`]'s does.
+    ///
+    /// [`start_cluster_node`]: RedisServer::start_cluster_node
+    /// [`start_tls`]: RedisServer::start_tls
+    pub fn start_cluster_node_tls(tls: Tls) -> Result<RedisServer, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("mcp-resume-proxy-redis-cluster-tls-")
+            .tempdir()
+            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: Some(dir),
+            persistence: Persistence::None,
+            tls: Some(tls),
+            primary: None,
+            sentinel: None,
+            cluster: true,
+        };
+        server.first_run()?;
+        Ok(server)
+    }
+
+    /// The port it serves TLS on, if it does.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|t| t.port)
+    }
+
     /// Starts a sentinel (`redis-server <conf> --sentinel`, the program
     /// Debian's `redis-sentinel` is) watching `primary` as `name`, with
     /// `quorum`, quick to call it down (500 ms) and to fail over; with
@@ -324,6 +356,12 @@ impl RedisServer {
         let mut tries = 0;
         loop {
             server.port = free_port()?;
+            // A cluster node's bus is on its client port (the TLS one, with
+            // `tls-cluster`) plus 10000, which a high port leaves no room
+            // for: that port too is chosen again on each try.
+            if let (true, Some(tls)) = (server.cluster, server.tls.as_mut()) {
+                tls.port = free_port()?;
+            }
             match server.run() {
                 Ok(()) => return Ok(()),
                 Err(Start::Exited(_)) if tries < 4 => tries += 1,
@@ -356,6 +394,11 @@ impl RedisServer {
             Persistence::Aof => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
         };
         if self.cluster {
+            // A replica syncs at once rather than after the 5 s a diskless
+            // sync waits for more replicas by default: one that never
+            // synced refuses to take over ("disconnected from master for
+            // longer than allowed").
+            cmd.args(["--repl-diskless-sync-delay", "0"]);
             cmd.args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
                 .arg("--cluster-config-file")
                 .arg(dir.path().join("nodes.conf"));
@@ -373,6 +416,9 @@ impl RedisServer {
                 .arg(&tls.ca)
                 .arg("--tls-auth-clients")
                 .arg(if tls.client_certificates { "yes" } else { "no" });
+            if self.cluster {
+                cmd.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+            }
             for (user, password) in &tls.users {
                 let password = format!(">{password}");
                 cmd.args(["--user", user, "on", &password, "~*", "&*", "+@all"]);

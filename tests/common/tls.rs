@@ -64,7 +64,12 @@ impl Pki {
         let mut params =
             CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
                 .expect("server params");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // Client too: a Redis Cluster node presents it to the others on
+        // its TLS bus, which always checks the peer's certificate.
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         let cert = params.signed_by(&key, &ca).expect("server certificate");
         let server_cert_file = dir.path().join("server.pem");
         let server_key_file = dir.path().join("server.key");

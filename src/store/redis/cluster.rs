@@ -53,7 +53,14 @@
 //! went on broke (a primary killed): the old primary may have run it. An
 //! append carries a name so that the script applies it once (`write.rs`);
 //! the other scripts are idempotent, but for a task's compare-and-set,
-//! which a second run refuses (the caller reads the task again).
+//! which a second run refuses (the caller reads the task again). The
+//! client's retries are counted, and a primary killed spends them in well
+//! under a second, long before a replica takes over: the store's
+//! connections send a command again until the new primary answers, for up
+//! to 30 s (`outage.rs`), so that a write in a failover lands on the new
+//! primary once — applied there, or found there already by its name —
+//! and, with `min_replicas`, is answered only once a replica of the new
+//! primary holds it.
 //!
 //! The one-slot prefix is the configured `key_prefix` in braces; since the
 //! configuration refuses braces in `key_prefix`, a prefix that starts with
@@ -61,21 +68,25 @@
 //! from it. The two layouts never meet: a cluster starts empty.
 
 use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route as SlotRoute, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use super::endpoint::{self, Endpoint};
+use super::outage::{self, Outage, FAILOVER_WAIT};
 use super::RedisStore;
 use crate::store::{Result, StoreError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the client sends a command again after a redirection, a
-/// `TRYAGAIN` or a node gone (see [`route`]).
+/// `TRYAGAIN` or a node gone, before it gives the error back (to
+/// `outage.rs`, which waits out a failover, see [`reach`]).
 const RETRIES: u32 = 20;
 /// How long the probe waits for the prefix's node to answer: the client
 /// tries the listed nodes, and again, before it gives up.
@@ -123,35 +134,63 @@ pub(super) struct Cluster {
     client: ClusterClient,
     home: SlotRoute,
     /// The nodes listed, for messages.
-    listed: String,
+    listed: Arc<str>,
+    /// Each listed node on its own, reached as the cluster's are: only
+    /// to say why the probe found none (the cluster client says only that
+    /// it has no connection).
+    nodes: Vec<redis::Client>,
+    /// The slot's node away, shared by every connection (`outage.rs`).
+    outage: Arc<Outage>,
 }
 
 impl Cluster {
     /// Connections made from `client` for the keys of (one-slot) `prefix`.
-    fn new(client: ClusterClient, prefix: &str, listed: String) -> Self {
+    fn new(client: ClusterClient, prefix: &str, listed: String, nodes: Vec<redis::Client>) -> Self {
         Self {
             client,
             home: SlotRoute::with_key(prefix.as_bytes(), SlotAddr::Master),
-            listed,
+            listed: listed.into(),
+            nodes,
+            outage: Arc::default(),
         }
     }
 
     /// A connection of its own that connects on first use, failing a
-    /// command not answered within `timeout`. Made on the Tokio runtime
-    /// that is to drive it.
+    /// command not answered within `timeout`; a command that fails as a
+    /// failover makes it fail is sent again until the new primary answers
+    /// it, for up to [`FAILOVER_WAIT`] (`outage.rs`). Made on the Tokio
+    /// runtime that is to drive it.
     pub fn connect(&self, timeout: Duration) -> Pinned {
+        Pinned {
+            wait: Some(FAILOVER_WAIT.saturating_add(timeout)),
+            ..self.connect_direct(timeout)
+        }
+    }
+
+    /// The same, failing a command as soon as the cluster client gives up
+    /// on it: for the probe, which says why at once, and the live feed,
+    /// which reconnects by itself.
+    pub fn connect_direct(&self, timeout: Duration) -> Pinned {
         let config = ClusterConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT)
             .set_response_timeout(timeout);
         Pinned {
             conn: self.client.get_pending_async_connection_with_config(config),
             home: self.home,
+            wait: None,
+            outage: self.outage.clone(),
+            listed: self.listed.clone(),
         }
+    }
+
+    /// Why the slot's node is away, while commands wait for a failover.
+    pub fn failing(&self) -> Option<String> {
+        self.outage.failing()
     }
 
     /// Checks that the node serving the prefix's slot answers.
     async fn probe(&self) -> Result<()> {
-        let mut conn = self.connect(CONNECT_TIMEOUT);
+        let mut conn = self.connect_direct(CONNECT_TIMEOUT);
         let ping = redis::cmd("PING");
         let ping = ping.query_async::<String>(&mut conn);
         let silent = |why: String| {
@@ -160,26 +199,73 @@ impl Cluster {
                 self.listed
             ))
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(silent(e.to_string())),
-            Err(_) => Err(silent(format!("no answer within {PROBE_TIMEOUT:?}"))),
+        let why = match tokio::time::timeout(PROBE_TIMEOUT, ping).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+        };
+        match self.first_refusal().await {
+            Some(node) => Err(silent(format!("{why}; {node}"))),
+            None => Err(silent(why)),
         }
+    }
+
+    /// Why the first listed node that refuses a connection of its own
+    /// does: a certificate that does not verify, a wrong password, … which
+    /// the cluster client keeps to itself.
+    async fn first_refusal(&self) -> Option<String> {
+        for node in &self.nodes {
+            let at = node.get_connection_info().addr().to_string();
+            let ping = async {
+                let mut conn = node.get_multiplexed_async_connection().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            };
+            match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Some(format!("{at}: {e}")),
+                Err(_) => return Some(format!("{at}: no answer within {CONNECT_TIMEOUT:?}")),
+            }
+        }
+        None
     }
 }
 
 /// A cluster connection whose every command and pipeline goes to the node
-/// serving the prefix's slot (redirected as the cluster says).
+/// serving the prefix's slot (redirected as the cluster says), waiting out
+/// a failover when `wait` says for how long.
 #[derive(Clone)]
 pub(crate) struct Pinned {
     conn: ClusterConnection,
     home: SlotRoute,
+    wait: Option<Duration>,
+    outage: Arc<Outage>,
+    listed: Arc<str>,
+}
+
+impl Pinned {
+    /// Sends what `send` makes on the connection, once or until a failover
+    /// ended (see [`Cluster::connect`]).
+    async fn send<T, Fut>(&self, send: impl Fn(ClusterConnection) -> Fut) -> RedisResult<T>
+    where
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match self.wait {
+            None => send(self.conn.clone()).await,
+            Some(wait) => {
+                let again = || send(self.conn.clone());
+                outage::wait_out(&self.outage, &self.listed, wait, again).await
+            }
+        }
+    }
 }
 
 impl ConnectionLike for Pinned {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(self.home));
-        Box::pin(self.conn.route_command(cmd.clone(), to))
+        Box::pin(self.send(move |mut conn| {
+            let (cmd, to) = (cmd.clone(), to.clone());
+            async move { conn.route_command(cmd, to).await }
+        }))
     }
 
     fn req_packed_commands<'a>(
@@ -189,7 +275,10 @@ impl ConnectionLike for Pinned {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let to = SingleNodeRoutingInfo::SpecificNode(self.home);
-        Box::pin(self.conn.route_pipeline(pipe.clone(), offset, count, to))
+        Box::pin(self.send(move |mut conn| {
+            let (pipe, to) = (pipe.clone(), to.clone());
+            async move { conn.route_pipeline(pipe, offset, count, to).await }
+        }))
     }
 
     /// A cluster has database 0 only.
@@ -206,11 +295,11 @@ pub(super) fn reach(store: &Endpoint, prefix: &str) -> Result<(Cluster, redis::C
         StoreError::Backend(format!("store.redis_cluster = [{listed}]: {e}"))
     };
     // A slot that moves answers `TRYAGAIN` to the scripts (their keys are
-    // on both nodes meanwhile), and a failover `CLUSTERDOWN` or a node
-    // gone: retried after a random wait of 20 ms up to a bound that
-    // doubles from 20 ms to 3 s, some 20 s in all (at most 40 s), about as
-    // long as a command waits for the sentinels (the client's default
-    // waits 1.3 s before a first retry).
+    // on both nodes meanwhile): retried after a random wait of 20 ms up to
+    // a bound that doubles from 20 ms to 3 s (the client's default waits
+    // 1.3 s before a first retry). A failover is waited out by time, not
+    // by these counted retries, which a node gone spends at once
+    // (`outage.rs`).
     let mut builder = ClusterClientBuilder::new(store.cluster.iter().map(String::as_str))
         .connection_timeout(CONNECT_TIMEOUT)
         .retries(RETRIES)
@@ -226,10 +315,22 @@ pub(super) fn reach(store: &Endpoint, prefix: &str) -> Result<(Cluster, redis::C
         builder = builder.certs(endpoint::certificates(store)?);
     }
     let client = builder.build().map_err(refused)?;
+    let nodes = store
+        .cluster
+        .iter()
+        .map(|url| {
+            let one = Endpoint {
+                url: url.clone(),
+                cluster: Vec::new(),
+                ..store.clone()
+            };
+            endpoint::client(&one)
+        })
+        .collect::<Result<Vec<_>>>()?;
     // Never connected through: the cluster's connections are `Pinned`.
     let first = store.cluster.first().map_or("", String::as_str);
     let stand_in = redis::Client::open(first).map_err(refused)?;
-    Ok((Cluster::new(client, prefix, listed), stand_in))
+    Ok((Cluster::new(client, prefix, listed, nodes), stand_in))
 }
 
 impl RedisStore {

@@ -729,6 +729,7 @@ pub mod endpoint;
 mod follow;
 mod lease;
 mod msgpack;
+mod outage;
 mod packed;
 mod reach;
 mod read;

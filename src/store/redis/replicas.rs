@@ -45,6 +45,10 @@ use super::{connection, RedisStore, RESPONSE_TIMEOUT};
 use crate::store::{Result, StoreError};
 use crate::workers::PerWorker;
 
+/// How many times a waited write loads its script on a node that has not
+/// got it (see [`RedisStore::run_write`]).
+const SCRIPT_LOADS: u32 = 3;
+
 /// How many replicas must acknowledge a write before the store answers it,
 /// and how long a write waits for them (`[store] min_replicas`,
 /// `replica_wait_ms`). `min: 0`, the default: the primary's answer is enough.
@@ -137,14 +141,25 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         pipe.invoke_script(invocation);
         replicas.wait_in(&mut pipe);
-        let (answer, acked): (T, i64) = match pipe.query_async(&mut conn).await {
-            // A primary that never ran the script (restarted, or promoted
-            // by a failover) wrote nothing: load it, then the same again.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                invocation.load_async(&mut conn).await.map_err(backend)?;
-                pipe.query_async(&mut conn).await.map_err(backend)?
+        let mut loads = 0;
+        let (answer, acked): (T, i64) = loop {
+            match pipe.query_async(&mut conn).await {
+                // A node that never ran the script wrote nothing: load it
+                // there, then the same again. A primary restarted or
+                // promoted by a failover needs one load; on a cluster the
+                // client may still take the old primary, back as a
+                // replica, for the slot's node: it is loaded there too,
+                // its `READONLY` then has the client refresh its slot map,
+                // and the new primary may need its own load.
+                Err(e)
+                    if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                        && loads < SCRIPT_LOADS =>
+                {
+                    loads += 1;
+                    invocation.load_async(&mut conn).await.map_err(backend)?;
+                }
+                answered => break answered.map_err(backend)?,
             }
-            answered => answered.map_err(backend)?,
         };
         replicas.check(acked)?;
         Ok(answer)

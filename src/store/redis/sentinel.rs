@@ -208,7 +208,7 @@ impl Route {
     /// answered within `timeout`.
     pub async fn dedicated(&self, timeout: Duration) -> redis::RedisResult<Conn> {
         if let Some(cluster) = &self.cluster {
-            return Ok(Conn::Cluster(cluster.connect(timeout)));
+            return Ok(Conn::Cluster(cluster.connect_direct(timeout)));
         }
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -220,8 +220,12 @@ impl Route {
         Ok(Conn::Direct(conn))
     }
 
-    /// Why the primary cannot be found, while it cannot.
+    /// Why the primary cannot be found (or, on a cluster, the slot's node
+    /// is away), while it cannot.
     pub fn failing(&self) -> Option<String> {
+        if let Some(cluster) = &self.cluster {
+            return cluster.failing();
+        }
         self.failing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
