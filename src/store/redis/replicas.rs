@@ -18,11 +18,13 @@
 //! stream that the sweeps end or expire again).
 //!
 //! What waits is the answer to the write, not the entry: the primary shows
-//! it at once, and the script's own feed line wakes readers (this
-//! instance's too) before the `WAIT` answered. A reader can so be sent an
-//! entry its replicas do not hold yet, or one whose write then failed here
-//! (`WAIT` undoes nothing). Holding readers back needs the feed line, and
-//! the watermark a tail starts from, to follow the `WAIT`: not done yet.
+//! it at once. The writing instance's own readers are told of it only
+//! from the answer (it reads no feed for the calls it writes), but the
+//! script's feed line wakes readers on other instances before the `WAIT`
+//! answered. Such a reader can so be sent an entry the replicas do not
+//! hold yet, or one whose write then failed (`WAIT` undoes nothing).
+//! Holding them back needs the feed line, and the watermark a tail starts
+//! from, to follow the `WAIT`: not done yet.
 //!
 //! With `min_replicas = 0` nothing here sends a command: the writes go as
 //! they always did, on the worker's connection, without `WAIT`.

@@ -186,19 +186,42 @@ async fn another_instance_deletes_a_task_with_the_live_leg_this_one_owns() {
 }
 
 /// Two instances as [`two_instances`], as the Redis store itself, to look
-/// at what each reads of the feed.
-fn two_redis_instances(dir: &Path) -> (Arc<RedisStore>, Arc<RedisStore>) {
-    drop(open_store(dir, SyncMode::Batch));
-    let prefix = prefix_of(dir);
+/// at what each reads of the feed; and a call `a` created.
+struct CallOnA {
+    a: Arc<RedisStore>,
+    b: Arc<RedisStore>,
+    call: StreamMeta,
+    _cleanup: Cleanup,
+    _dir: tempfile::TempDir,
+}
+
+async fn a_call_on_a() -> CallOnA {
+    let _cleanup = Cleanup;
+    let dir = tempfile::tempdir().unwrap();
+    drop(open_store(dir.path(), SyncMode::Batch));
+    let prefix = prefix_of(dir.path());
     let open = || Arc::new(RedisStore::new(&url(), &prefix, TEST_LEASE).unwrap());
-    (open(), open())
+    let (a, b) = (open(), open());
+    let call = crate::store::contract::meta(SessionId::random());
+    a.create_stream(&call).await.unwrap();
+    CallOnA {
+        a,
+        b,
+        call,
+        _cleanup,
+        _dir: dir,
+    }
 }
 
 #[tokio::test]
 async fn an_instance_serving_only_its_own_calls_reads_no_shard_of_the_feed() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_redis_instances(dir.path());
+    let CallOnA {
+        a,
+        b,
+        _cleanup,
+        _dir,
+        ..
+    } = a_call_on_a().await;
     let mut readers = Vec::new();
     for _ in 0..32 {
         let m = crate::store::contract::meta(SessionId::random());
@@ -216,11 +239,13 @@ async fn an_instance_serving_only_its_own_calls_reads_no_shard_of_the_feed() {
 
 #[tokio::test]
 async fn a_reader_here_reads_only_the_shard_of_its_stream() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_redis_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
+    let CallOnA {
+        b,
+        call: m,
+        _cleanup,
+        _dir,
+        ..
+    } = a_call_on_a().await;
     let _reading = b.subscribe(m.id).await;
     let read: Vec<usize> = b.follow.cursors.read().iter().map(|(n, _)| *n).collect();
     assert_eq!(read, vec![super::super::shards::shard_of(m.id)]);
@@ -228,12 +253,14 @@ async fn a_reader_here_reads_only_the_shard_of_its_stream() {
 
 #[tokio::test]
 async fn a_change_on_the_one_feed_of_the_previous_version_still_wakes_a_reader() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
+    let CallOnA {
+        b,
+        call: m,
+        _dir: dir,
+        _cleanup,
+        ..
+    } = a_call_on_a().await;
     let prefix = prefix_of(dir.path());
-    let (a, b) = two_redis_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
     let mut seen_by_b = b.subscribe(m.id).await;
     // What an instance of the previous version writes as it appends: the
     // line on `P:feed`, not on a shard. B listens from the feed's end as it
@@ -266,11 +293,13 @@ async fn a_change_on_the_one_feed_of_the_previous_version_still_wakes_a_reader()
 
 #[tokio::test]
 async fn a_call_taken_from_here_is_followed_once_a_write_here_is_refused() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_redis_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
+    let CallOnA {
+        a,
+        b,
+        call: m,
+        _cleanup,
+        _dir,
+    } = a_call_on_a().await;
     let mut seen_by_a = a.subscribe(m.id).await;
     a.retire().await.unwrap();
     assert_eq!(b.orphans().await.unwrap().len(), 1);
@@ -285,11 +314,13 @@ async fn a_call_taken_from_here_is_followed_once_a_write_here_is_refused() {
 
 #[tokio::test]
 async fn a_live_call_ended_by_another_instance_wakes_its_owners_reader() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_redis_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
+    let CallOnA {
+        a,
+        b,
+        call: m,
+        _cleanup,
+        _dir,
+    } = a_call_on_a().await;
     let mut seen_by_a = a.subscribe(m.id).await;
     let cancelled = Finish::new(crate::store::StreamStatus::Cancelled, None);
     b.set_status(m.id, cancelled).await.unwrap();
@@ -302,11 +333,13 @@ async fn a_live_call_ended_by_another_instance_wakes_its_owners_reader() {
 
 #[tokio::test]
 async fn a_live_call_deleted_by_another_instance_wakes_its_owners_reader() {
-    let _cleanup = Cleanup;
-    let dir = tempfile::tempdir().unwrap();
-    let (a, b) = two_redis_instances(dir.path());
-    let m = crate::store::contract::meta(SessionId::random());
-    a.create_stream(&m).await.unwrap();
+    let CallOnA {
+        a,
+        b,
+        call: m,
+        _cleanup,
+        _dir,
+    } = a_call_on_a().await;
     let mut seen_by_a = a.subscribe(m.id).await;
     b.delete_stream(m.id).await.unwrap();
     tokio::time::timeout(PATIENCE, seen_by_a.wait_for(|w| w.finished))
