@@ -11,10 +11,19 @@
 //! client never share a runtime) and the release proxy binary
 //! (`MCP_RESUME_PROXY_BIN`, default `target/release/mcp-resume-proxy`, built
 //! when missing), one per `[store] sync` mode under test, each with its own
-//! temporary data directory. Everything listens on 127.0.0.1 only; every child
-//! is killed by a guard on drop (also when a scenario panics) and by
-//! `PR_SET_PDEATHSIG` when the harness itself dies; every scenario runs under
-//! a timeout.
+//! temporary data directory. `--sync` also takes two pseudo modes, the Redis
+//! backend: `redis` (on `REDIS_URL`, else a private `redis-server`) and
+//! `redis-tls` (a private `redis-server` reached over TLS, `rediss://`, as an
+//! ACL user whose password is in a file, trusting a throwaway CA: what
+//! managed Redis asks for). Each private server is started when a proxy
+//! first needs it, once per run; at the end the keys the proxies wrote are
+//! deleted, the TLS server is stopped and the plain one goes with the
+//! harness. `--scenario small --sync redis,redis-tls` puts both in one
+//! table, with a column against `redis`, so what TLS costs reads as a ratio
+//! of the same run. Everything listens on
+//! 127.0.0.1 only; every child is killed by a guard on drop (also when a
+//! scenario panics) and by `PR_SET_PDEATHSIG` when the harness itself dies;
+//! every scenario runs under a timeout.
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
 //! `observed`, `scale` (default: all eight), `peers` (only with `--peers`: the `small` load through the Rust
@@ -56,6 +65,13 @@ mod soak_figures;
 
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
+
+/// The tests' throwaway PKI (`tests/common/tls.rs`): the CA and server
+/// certificate of the `redis-tls` mode's Redis. The bench uses none of its
+/// client-side half.
+#[path = "../../tests/common/tls.rs"]
+#[allow(dead_code)]
+mod tls;
 
 #[path = "../../tests/auth/server.rs"]
 #[allow(dead_code)]
@@ -123,7 +139,7 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|instances|scale|peers]...
-       [--upstream rust,node] [--sync never,batch,always,redis] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
+       [--upstream rust,node] [--sync never,batch,always,redis,redis-tls] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N]
    or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
@@ -199,9 +215,10 @@ struct Opts {
     /// Progress notifications in each of those calls' answers: how much
     /// log each retained stream holds.
     fill_progress: u32,
-    /// `[store] sync` modes (or `redis`, the Redis backend) under test in
-    /// `small` and `streaming` (`None`:
-    /// each scenario's own list).
+    /// `[store] sync` modes (or `redis`, the Redis backend, and `redis-tls`,
+    /// the same over TLS as an ACL user) under test in `small` and
+    /// `streaming`, the first of them in `dialects`, `auth` and `observed`
+    /// (`None`: each scenario's own list).
     sync: Option<Vec<String>>,
     /// The soak's segments, each a row of its table.
     segments: usize,
@@ -341,11 +358,12 @@ impl Opts {
                 }
                 "--sync" => {
                     let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = modes
-                        .iter()
-                        .find(|m| !["never", "batch", "always", "redis"].contains(&m.as_str()))
-                    {
-                        bail!("unknown sync mode {bad:?}");
+                    if let Some(bad) = modes.iter().find(|m| {
+                        !["never", "batch", "always", "redis", "redis-tls"].contains(&m.as_str())
+                    }) {
+                        bail!(
+                            "unknown sync mode {bad:?} (never, batch, always, redis or redis-tls)"
+                        );
                     }
                     o.sync = Some(modes);
                 }
@@ -548,6 +566,7 @@ async fn run(opts: Opts) -> bool {
         all_ok &= run_scenarios(&pass, &bin).await;
     }
     procs::clean_redis();
+    procs::stop_redis_tls();
     println!();
     println!(
         "total {:.1} s, {}; {}",

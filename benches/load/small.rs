@@ -170,7 +170,9 @@ pub async fn measure(targets: &[Target], c: usize, o: &Opts) -> Result<Vec<Row>>
 
 /// One table per concurrency: median throughput and merged latency
 /// quantiles, against the first row (direct) and, when nginx took part,
-/// against nginx too — the plain reverse proxy a user would compare with.
+/// against nginx too — the plain reverse proxy a user would compare with —
+/// and, when both `redis` and `redis-tls` took part, against `redis`: what
+/// TLS and the ACL login add to the Redis backend, read off one run.
 pub async fn table(title: &str, targets: &[Target], o: &Opts) -> Result<String> {
     let mut out = String::new();
     for &c in &o.concurrency {
@@ -196,9 +198,14 @@ pub fn write_table(out: &mut String, title: &str, c: usize, o: &Opts, rows: &[Ro
 
 fn write_rows(out: &mut String, rows: &[Row]) -> std::fmt::Result {
     let nginx = rows.iter().find(|r| r.name == "nginx");
+    let redis = rows
+        .iter()
+        .find(|r| r.name == "proxy redis")
+        .filter(|_| rows.iter().any(|r| r.name == "proxy redis-tls"));
+    // 16 wide: `proxy redis-tls` is the longest name of a row.
     write!(
         out,
-        "{:<14} {:>26} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10}",
+        "{:<16} {:>26} {:>9} {:>8} {:>9} {:>9} {:>9} {:>10}",
         "target",
         "req/s per round",
         "median",
@@ -211,12 +218,15 @@ fn write_rows(out: &mut String, rows: &[Row]) -> std::fmt::Result {
     if nginx.is_some() {
         write!(out, " {:>8} {:>12}", "x nginx", "+p50 v nginx")?;
     }
+    if redis.is_some() {
+        write!(out, " {:>8} {:>12}", "x redis", "+p50 v redis")?;
+    }
     writeln!(out)?;
     let base = &rows[0];
     for r in rows {
         write!(
             out,
-            "{:<14} {:>26} {:>9.0} {:>7.2}x {:>9.1} {:>9.1} {:>9.1} {:>10.1}",
+            "{:<16} {:>26} {:>9.0} {:>7.2}x {:>9.1} {:>9.1} {:>9.1} {:>10.1}",
             r.name,
             r.per_round,
             r.rps,
@@ -227,6 +237,9 @@ fn write_rows(out: &mut String, rows: &[Row]) -> std::fmt::Result {
             r.p50 - base.p50,
         )?;
         if let Some(n) = nginx {
+            write!(out, " {:>7.2}x {:>12.1}", r.rps / n.rps, r.p50 - n.p50)?;
+        }
+        if let Some(n) = redis {
             write!(out, " {:>7.2}x {:>12.1}", r.rps / n.rps, r.p50 - n.p50)?;
         }
         writeln!(out)?;

@@ -117,7 +117,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
     )?;
     writeln!(
         out,
-        "{:<14} {:>10} {:>26} {:>10} {:>8} {:>16} {:>16} {:>15} {:>16}",
+        "{:<16} {:>10} {:>26} {:>10} {:>8} {:>16} {:>16} {:>15} {:>16}",
         "target",
         "messages",
         "messages/s per round",
@@ -144,7 +144,7 @@ pub async fn run(o: &Opts, bin: &Path) -> Result<String> {
         let device = bytes_per_message(rs.iter().map(|r| r.device), msgs);
         writeln!(
             out,
-            "{:<14} {:>10} {:>26} {:>10.0} {:>7.2}x {:>16} {:>16.2} {:>15} {:>16}",
+            "{:<16} {:>10} {:>26} {:>10.0} {:>7.2}x {:>16} {:>16.2} {:>15} {:>16}",
             t.name,
             rs[0].messages,
             per_round,
