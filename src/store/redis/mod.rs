@@ -521,9 +521,8 @@ impl Store for RedisStore {
             Change::Request(seq) => ("request", seq),
             Change::Coalesced => ("coalesced", 1),
         };
-        let done: i64 = self
-            .scripts
-            .change
+        let mut invocation = self.scripts.change.prepare_invoke();
+        invocation
             .key(self.stream_key(id, "stream"))
             .key(self.stream_key(id, "meta"))
             .key(self.global_key("abandon"))
@@ -531,10 +530,8 @@ impl Store for RedisStore {
             .arg(id.to_string())
             .arg(kind)
             .arg(value)
-            .arg(&self.instance)
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
+            .arg(&self.instance);
+        let done: i64 = replicas::invoke(&invocation, &mut self.conn()).await?;
         if done < 0 {
             return Err(StoreError::NoSuchStream(id));
         }

@@ -106,6 +106,29 @@ impl Waiting {
     }
 }
 
+/// Runs a script on `conn`, loading it where it is missing. redis-rs
+/// loads a script once on `NOSCRIPT` and gives up if the second try meets
+/// another node without it: on a cluster whose slot is moving, or failing
+/// over, the load and the retry may each go to a different node. Each try
+/// loads it where the last one went.
+pub(super) async fn invoke<T: FromRedisValue>(
+    invocation: &ScriptInvocation<'_>,
+    conn: &mut Conn,
+) -> Result<T> {
+    let mut loads = 0;
+    loop {
+        match invocation.invoke_async(conn).await {
+            Err(e)
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                    && loads < SCRIPT_LOADS =>
+            {
+                loads += 1;
+            }
+            answered => return answered.map_err(backend),
+        }
+    }
+}
+
 impl RedisStore {
     /// Has each write a client is told of wait for `replicas` (see the
     /// module's doc); before the store is used.
@@ -134,10 +157,7 @@ impl RedisStore {
     ) -> Result<T> {
         let replicas = self.waiting.replicas;
         if replicas.min == 0 {
-            return invocation
-                .invoke_async(&mut self.conn())
-                .await
-                .map_err(backend);
+            return invoke(invocation, &mut self.conn()).await;
         }
         let mut conn = self.waited_conn();
         let mut pipe = redis::pipe();

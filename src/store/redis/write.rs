@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::follow::Tail;
 use super::record::{backend, encode};
-use super::{cluster, packed, sentinel, ttl, RedisStore};
+use super::{cluster, packed, replicas, sentinel, ttl, RedisStore};
 use crate::id::{Seq, StreamId};
 use crate::store::{now_ms, Along, Finish, Prior, Result, StoreError, StreamMeta, TaskRecord};
 
@@ -318,10 +318,7 @@ impl RedisStore {
         for id in &meta.origin_ids {
             invocation.arg(id.as_json());
         }
-        invocation
-            .invoke_async::<i64>(&mut self.conn())
-            .await
-            .map_err(backend)?;
+        replicas::invoke::<i64>(&invocation, &mut self.conn()).await?;
         self.follow.gone(meta.id);
         Ok(())
     }
