@@ -1,8 +1,8 @@
-//! What an `[[upstream]]` is reached at: one `url`, several `urls` (the
-//! replicas of one server), one `url` whose host's every address is a
-//! replica (`resolve = "each"`) or a stdio `command`; its optional health
-//! check; and the checks that refuse a bad one at start with the key it is
-//! under. Plain data: nothing here connects anywhere, looks a name up or
+//! An `[[upstream]]`: its keys and their defaults, and what it is reached
+//! at: one `url`, several `urls` (the replicas of one server), one `url`
+//! whose host's every address is a replica (`resolve = "each"`) or a stdio
+//! `command`; its optional health check; and the checks that refuse a bad
+//! one at start with the key it is under. Plain data: nothing here connects anywhere, looks a name up or
 //! knows how replicas are chosen (`upstream::replicas`, `upstream::resolve`).
 
 use std::collections::BTreeMap;
@@ -11,7 +11,201 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 
-use super::UpstreamConfig;
+use std::path::PathBuf;
+
+use super::{ResumeTokensConfig, TasksConfig};
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Path the upstream is mounted at on the proxy.
+    #[serde(default = "default_mount")]
+    pub path: String,
+    /// The upstream's Streamable HTTP endpoint. Exactly one of `url`,
+    /// `urls` and `command` is given.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Replicas of one Streamable HTTP server (pods behind a Service): each
+    /// upstream session stays on the replica that created it.
+    #[serde(default)]
+    pub urls: Option<Vec<String>>,
+    /// Consecutive failures (no connection, HTTP 502 to 504, a timeout, a
+    /// stream silent past `idle_timeout_ms`, a failed health check)
+    /// after which a replica of `urls` takes no new sessions and its
+    /// sessions move to another.
+    #[serde(default = "default_eject_after")]
+    pub eject_after: u32,
+    /// Milliseconds a replica stays out after it failed `eject_after`
+    /// times; doubled each time it fails again right after (up to 32
+    /// times as long), reset by a success.
+    #[serde(default = "default_eject_ms")]
+    pub eject_ms: u64,
+    /// `"each"`: every address the host of `url` resolves to is a replica
+    /// (a Kubernetes headless Service), looked up again every
+    /// `resolve_every_ms`. `"one"` (default): the host is one server.
+    #[serde(default)]
+    pub resolve: Resolve,
+    /// Milliseconds between two look-ups of a `resolve = "each"` host.
+    #[serde(default = "default_resolve_every")]
+    pub resolve_every_ms: u64,
+    /// An active health check: a GET of this path on each replica every
+    /// `health_every_ms`; a non-2xx answer, or none within the interval,
+    /// counts as a failure toward `eject_after`, and a 2xx brings an
+    /// ejected replica back. Off when unset.
+    #[serde(default)]
+    pub health_path: Option<String>,
+    /// Milliseconds between two health checks of a replica.
+    #[serde(default = "default_health_every")]
+    pub health_every_ms: u64,
+    /// Where the host of a `resolve = "each"` upstream is looked up: the
+    /// system's resolver, unless the program embedding the proxy gives a
+    /// table of its own (never from the file).
+    #[serde(skip)]
+    pub lookup: Lookup,
+    /// A stdio MCP server: program and arguments. One child per session.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Extra environment variables for the child.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Working directory of the child.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// Seconds between SIGTERM and SIGKILL when a child is stopped.
+    #[serde(default = "default_kill_grace")]
+    pub kill_grace_secs: u64,
+    /// Most children (sessions) a stdio upstream runs at once; further
+    /// `initialize` requests get 503 until a session ends.
+    #[serde(default = "default_max_children")]
+    pub max_children: usize,
+    /// Milliseconds to wait for the upstream's response head before the
+    /// client is answered with an SSE stream regardless.
+    #[serde(default = "default_answer_wait")]
+    pub answer_wait_ms: u64,
+    /// Seconds to wait for a TCP (and TLS) connection to the upstream.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_secs: u64,
+    /// How often the proxy reconnects (with `Last-Event-ID`) to an upstream
+    /// stream that was cut before its response.
+    #[serde(default = "default_resume_attempts")]
+    pub resume_attempts: u32,
+    /// Milliseconds a resumed upstream stream may stay silent, its request
+    /// unanswered, before the proxy asks again with `Last-Event-ID`: many
+    /// servers replay on a resume and never re-attach the stream live.
+    /// Doubles while the stream stays silent, up to `resume_poll_max_ms`.
+    #[serde(default = "default_resume_poll")]
+    pub resume_poll_ms: u64,
+    /// The longest pause between two such asks.
+    #[serde(default = "default_resume_poll_max")]
+    pub resume_poll_max_ms: u64,
+    /// Milliseconds an upstream request may go without a byte from the
+    /// upstream (head or stream) before it fails with a JSON-RPC error and
+    /// is cancelled upstream. Off by default: long, quiet tools are the point.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+    /// Milliseconds an upstream request may take in all, from the client's
+    /// POST to its last response. Off by default.
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
+    /// Resume tokens (seeds 000/001) for this upstream's tool calls.
+    #[serde(default)]
+    pub resume_tokens: ResumeTokensConfig,
+    /// Tasks for modern (2026-07-28) clients.
+    #[serde(default)]
+    pub tasks: TasksConfig,
+    /// PEM CA certificates trusted for an https `url`, in addition to the
+    /// built-in (webpki) roots: for upstreams with a private CA.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// The URL clients use for this upstream's endpoint
+    /// (`https://mcp.example.com/mcp`), when it differs from the proxy's
+    /// origin and mount path.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Paths of the upstream's origin forwarded as they are (an upstream
+    /// that is its own authorization server: `/authorize`, `/token`,
+    /// `/register`). Only these exact paths open.
+    #[serde(default)]
+    pub passthrough: Vec<String>,
+}
+
+fn default_mount() -> String {
+    "/mcp".into()
+}
+fn default_answer_wait() -> u64 {
+    5_000
+}
+fn default_connect_timeout() -> u64 {
+    10
+}
+fn default_resume_attempts() -> u32 {
+    3
+}
+fn default_resume_poll() -> u64 {
+    1_000
+}
+fn default_resume_poll_max() -> u64 {
+    30_000
+}
+fn default_kill_grace() -> u64 {
+    5
+}
+fn default_eject_after() -> u32 {
+    3
+}
+fn default_eject_ms() -> u64 {
+    10_000
+}
+fn default_resolve_every() -> u64 {
+    5_000
+}
+fn default_health_every() -> u64 {
+    5_000
+}
+fn default_max_children() -> usize {
+    64
+}
+
+impl UpstreamConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: Some(url.into()),
+            ..Self::command(Vec::new())
+        }
+    }
+
+    pub fn command(argv: Vec<String>) -> Self {
+        Self {
+            path: default_mount(),
+            url: None,
+            urls: None,
+            eject_after: default_eject_after(),
+            eject_ms: default_eject_ms(),
+            resolve: Resolve::default(),
+            resolve_every_ms: default_resolve_every(),
+            health_path: None,
+            health_every_ms: default_health_every(),
+            lookup: Lookup::default(),
+            command: (!argv.is_empty()).then_some(argv),
+            env: Default::default(),
+            cwd: None,
+            kill_grace_secs: default_kill_grace(),
+            max_children: default_max_children(),
+            answer_wait_ms: default_answer_wait(),
+            connect_timeout_secs: default_connect_timeout(),
+            resume_attempts: default_resume_attempts(),
+            resume_poll_ms: default_resume_poll(),
+            resume_poll_max_ms: default_resume_poll_max(),
+            idle_timeout_ms: None,
+            request_timeout_ms: None,
+            resume_tokens: ResumeTokensConfig::default(),
+            tasks: TasksConfig::default(),
+            ca_file: None,
+            public_url: None,
+            passthrough: Vec::new(),
+        }
+    }
+}
 
 /// What the host of an upstream's `url` stands for.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
