@@ -134,12 +134,30 @@ async fn a_last_event_id_resume_counts_as_a_last_event_id_replay() {
     );
 }
 
+/// An address nothing listens on: a port that was just free.
+fn closed_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// A proxy whose upstream has a second replica nobody answers on, taken
+/// out at its first failure for `eject_ms`; and that replica's URL.
+async fn with_a_dead_replica(eject_ms: u64) -> (Rig, String) {
+    let dead = format!("http://{}/mcp", closed_port());
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
+        c.upstream[0].eject_after = 1;
+        c.upstream[0].eject_ms = eject_ms;
+    })
+    .await;
+    (rig, dead)
+}
+
 #[tokio::test]
 async fn an_unreachable_upstream_counts_as_a_connect_error() {
-    // A port that was just free: nothing listens there.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
+    let closed = closed_port();
     let rig = Rig::with(Default::default(), |c| {
         c.upstream = vec![UpstreamConfig::new(format!("http://{closed}/mcp"))];
     })
@@ -195,18 +213,7 @@ async fn a_replica_s_requests_in_flight_are_counted_while_its_answer_streams() {
 
 #[tokio::test]
 async fn a_replica_that_fails_counts_its_failure_and_shows_as_ejected() {
-    // A port that was just free: nothing listens there.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let dead = format!("http://{closed}/mcp");
-    let rig = Rig::with(Default::default(), |c| {
-        let first = c.upstream[0].url.take();
-        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
-        c.upstream[0].eject_after = 1;
-        c.upstream[0].eject_ms = 60_000;
-    })
-    .await;
+    let (rig, dead) = with_a_dead_replica(60_000).await;
     for _ in 0..2 {
         rig.client.initialize(V_LATEST).await;
     }
@@ -274,18 +281,7 @@ async fn a_call_that_outlives_its_deadline_blames_no_replica() {
 
 #[tokio::test]
 async fn an_ejected_replica_shows_as_back_once_its_back_off_ran_out() {
-    // A port that was just free: nothing listens there.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    let dead = format!("http://{closed}/mcp");
-    let rig = Rig::with(Default::default(), |c| {
-        let first = c.upstream[0].url.take();
-        c.upstream[0].urls = Some(first.into_iter().chain([dead.clone()]).collect());
-        c.upstream[0].eject_after = 1;
-        c.upstream[0].eject_ms = 200;
-    })
-    .await;
+    let (rig, dead) = with_a_dead_replica(200).await;
     for _ in 0..2 {
         rig.client.initialize(V_LATEST).await;
     }

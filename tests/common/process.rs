@@ -39,16 +39,20 @@ impl ProxyProcess {
         proxy.up().await
     }
 
-    /// Waits until `/healthz` answers.
-    async fn up(self) -> Self {
-        let (addr, proxy) = (self.addr, self);
+    /// Waits until `/healthz` answers. A connection refused or reset is
+    /// "not yet" (a start under load can reset one), unless the process
+    /// has ended, which says so at once.
+    async fn up(mut self) -> Self {
+        let addr = self.addr;
         let health = McpClient::new(format!("http://{addr}/healthz"));
         let deadline = tokio::time::Instant::now() + LIMIT;
         loop {
-            if tokio::net::TcpStream::connect(addr).await.is_ok()
-                && health.send(Call::get()).await.status() == StatusCode::OK
-            {
-                return proxy;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the proxy on {addr} ended on its way up: {status}");
+            }
+            let answered = health.try_send(Call::get()).await;
+            if answered.is_ok_and(|res| res.status() == StatusCode::OK) {
+                return self;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
