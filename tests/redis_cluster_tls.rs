@@ -14,9 +14,7 @@ use std::sync::OnceLock;
 use common::redis_cluster::RedisCluster;
 use common::redis_server::Tls;
 use common::tls::Pki;
-use common::*;
-use mcp_resume_proxy::config::{Backend, Config, UpstreamConfig};
-use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
+use mcp_resume_proxy::config::{Config, UpstreamConfig};
 use mcp_resume_proxy::Server;
 
 const USER: &str = "mcp-proxy";
@@ -46,52 +44,21 @@ fn config_on(ca: &std::path::Path, prefix: &str, dir: &std::path::Path) -> Confi
     let (_, cluster) = cluster();
     let password_file = dir.join("redis.password");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).expect("password file");
-    let key = dir.join("token.key");
-    std::fs::write(&key, [7u8; 32]).expect("key file");
-    let mut config = Config {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.to_path_buf(),
-        shutdown_grace_secs: 1,
-        ..Config::default()
-    };
-    config.store.backend = Backend::Redis;
+    let mut config = common::failover::redis_proxy_config(dir, prefix, 0);
     config.store.redis_cluster = cluster.tls_urls();
     config.store.redis_username = Some(USER.into());
     config.store.redis_password_file = Some(password_file);
     config.store.redis_ca_file = Some(ca.to_path_buf());
-    config.store.key_prefix = prefix.into();
-    config.tokens.key_file = Some(key);
     config
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_begun_on_one_instance_is_resumed_on_another_over_a_tls_cluster_as_an_acl_user() {
     let (pki, cluster) = cluster();
-    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("demo upstream starts");
-    let dirs = [tempfile::tempdir(), tempfile::tempdir()].map(|d| d.expect("temp dir"));
-    let mut servers = Vec::new();
-    for dir in &dirs {
-        let mut config = config_on(&pki.ca_file, "tls-cluster-resume", dir.path());
-        config.upstream = vec![UpstreamConfig::new(upstream.url())];
-        servers.push(Server::start(config).await.expect("an instance starts"));
-    }
-    let on = |server: &Server| McpClient::new(format!("http://{}/mcp", server.addr));
-    let (a, b) = (on(&servers[0]), on(&servers[1]));
-    let sid = a.initialize(V_LATEST).await;
-    let res = a.send(Call::post(&slow_call(2, 4, 50)).session(&sid)).await;
-    let mut reader = SseReader::new(res);
-    let (first, _) = reader.next_message().await.expect("a first message");
-    drop(reader);
-    let first = first.expect("events carry ids");
-    let resumed = b
-        .send(Call::get().session(&sid).header("last-event-id", &first))
-        .await;
-    let rest = messages(resumed).await;
-    let last = rest.last().expect("the rest of the call, on b");
-    assert_eq!(last["id"], 2, "{last}");
-    assert!(last.get("result").is_some(), "{last}");
+    let (servers, _upstream, _dirs) = common::failover::a_call_resumed_on_another_instance(|dir| {
+        config_on(&pki.ca_file, "tls-cluster-resume", dir)
+    })
+    .await;
     // Every node's `default` user needs no password: what shows the
     // password was used is who the proxy's connections are, on the
     // primary that holds the log.

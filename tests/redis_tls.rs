@@ -128,32 +128,10 @@ async fn a_redis_certificate_from_another_ca_stops_the_start() {
 async fn a_call_begun_on_one_instance_is_resumed_on_another_over_tls() {
     let pki = Pki::new();
     let redis = tls_redis(&pki);
-    let upstream = demo().await;
-    let (dir_a, dir_b) = (
-        tempfile::tempdir().expect("a"),
-        tempfile::tempdir().expect("b"),
-    );
-    let mut servers = Vec::new();
-    for dir in [&dir_a, &dir_b] {
-        let mut config = config_on(&redis, &pki.ca_file, PASSWORD, dir.path());
-        config.upstream = vec![UpstreamConfig::new(upstream.url())];
-        servers.push(Server::start(config).await.expect("an instance starts"));
-    }
-    let on = |server: &Server| McpClient::new(format!("http://{}/mcp", server.addr));
-    let (a, b) = (on(&servers[0]), on(&servers[1]));
-    let sid = a.initialize(V_LATEST).await;
-    let res = a.send(Call::post(&slow_call(2, 4, 50)).session(&sid)).await;
-    let mut reader = SseReader::new(res);
-    let (first, _) = reader.next_message().await.expect("a first message");
-    drop(reader);
-    let first = first.expect("events carry ids");
-    let resumed = b
-        .send(Call::get().session(&sid).header("last-event-id", &first))
-        .await;
-    let rest = messages(resumed).await;
-    let last = rest.last().expect("the rest of the call, on b");
-    assert_eq!(last["id"], 2, "{last}");
-    assert!(last.get("result").is_some(), "{last}");
+    let (servers, _upstream, _dirs) = common::failover::a_call_resumed_on_another_instance(|dir| {
+        config_on(&redis, &pki.ca_file, PASSWORD, dir)
+    })
+    .await;
     for server in servers {
         server.shutdown().await;
     }

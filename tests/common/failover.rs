@@ -119,6 +119,41 @@ pub fn redis_proxy_config(dir: &std::path::Path, prefix: &str, min: u32) -> Conf
     config
 }
 
+/// Two instances (each a `config_for` its own data dir) in front of one
+/// demo upstream: a `slow` call begun on the first, its stream cut after
+/// its first message, is resumed on the second with `Last-Event-ID` and
+/// ends there with its result. Hands back the instances, still running.
+pub async fn a_call_resumed_on_another_instance(
+    config_for: impl Fn(&std::path::Path) -> Config,
+) -> (Vec<Server>, DemoUpstream, [tempfile::TempDir; 2]) {
+    let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("demo upstream starts");
+    let dirs = [tempfile::tempdir(), tempfile::tempdir()].map(|d| d.expect("temp dir"));
+    let mut servers = Vec::new();
+    for dir in &dirs {
+        let mut config = config_for(dir.path());
+        config.upstream = vec![UpstreamConfig::new(upstream.url())];
+        servers.push(Server::start(config).await.expect("an instance starts"));
+    }
+    let on = |server: &Server| McpClient::new(format!("http://{}/mcp", server.addr));
+    let (a, b) = (on(&servers[0]), on(&servers[1]));
+    let sid = a.initialize(V_LATEST).await;
+    let res = a.send(Call::post(&slow_call(2, 4, 50)).session(&sid)).await;
+    let mut reader = super::SseReader::new(res);
+    let (first, _) = reader.next_message().await.expect("a first message");
+    drop(reader);
+    let first = first.expect("events carry ids");
+    let resumed = b
+        .send(Call::get().session(&sid).header("last-event-id", &first))
+        .await;
+    let rest = messages(resumed).await;
+    let last = rest.last().expect("the rest of the call, on b");
+    assert_eq!(last["id"], 2, "{last}");
+    assert!(last.get("result").is_some(), "{last}");
+    (servers, upstream, dirs)
+}
+
 /// The progress counts and the final answer of a `slow` call's messages.
 pub fn progress_and_answer(messages: &[Value]) -> (Vec<u64>, &Value) {
     let progress = messages

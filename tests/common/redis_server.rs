@@ -127,23 +127,31 @@ pub struct Tls {
 }
 
 impl RedisServer {
-    /// Starts one and waits until it answers PING. Errs with [`MISSING`]
-    /// when `redis-server` is not installed.
-    pub fn start(persistence: Persistence) -> Result<RedisServer, String> {
+    /// A server not started yet, in a temp dir of its own named for
+    /// `what`: plain, without persistence, on its own; each way to start
+    /// one changes what it needs of that, then makes its first run.
+    fn unstarted(what: &str) -> Result<RedisServer, String> {
         let dir = tempfile::Builder::new()
-            .prefix("mcp-resume-proxy-redis-")
+            .prefix(&format!("mcp-resume-proxy-{what}-"))
             .tempdir()
             .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
-        let mut server = RedisServer {
+        Ok(RedisServer {
             child: None,
             port: 0,
             dir: Some(dir),
-            persistence,
+            persistence: Persistence::None,
             tls: None,
             primary: None,
             sentinel: None,
             cluster: false,
-        };
+        })
+    }
+
+    /// Starts one and waits until it answers PING. Errs with [`MISSING`]
+    /// when `redis-server` is not installed.
+    pub fn start(persistence: Persistence) -> Result<RedisServer, String> {
+        let mut server = Self::unstarted("redis")?;
+        server.persistence = persistence;
         server.first_run()?;
         Ok(server)
     }
@@ -152,20 +160,8 @@ impl RedisServer {
     /// persistence; its `nodes.conf` in its temp dir), quick to count a
     /// silent peer as failed (1 s) so that a replica takes over soon.
     pub fn start_cluster_node() -> Result<RedisServer, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("mcp-resume-proxy-redis-cluster-")
-            .tempdir()
-            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
-        let mut server = RedisServer {
-            child: None,
-            port: 0,
-            dir: Some(dir),
-            persistence: Persistence::None,
-            tls: None,
-            primary: None,
-            sentinel: None,
-            cluster: true,
-        };
+        let mut server = Self::unstarted("redis-cluster")?;
+        server.cluster = true;
         server.first_run()?;
         Ok(server)
     }
@@ -179,20 +175,9 @@ impl RedisServer {
     /// [`start_cluster_node`]: RedisServer::start_cluster_node
     /// [`start_tls`]: RedisServer::start_tls
     pub fn start_cluster_node_tls(tls: Tls) -> Result<RedisServer, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("mcp-resume-proxy-redis-cluster-tls-")
-            .tempdir()
-            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
-        let mut server = RedisServer {
-            child: None,
-            port: 0,
-            dir: Some(dir),
-            persistence: Persistence::None,
-            tls: Some(tls),
-            primary: None,
-            sentinel: None,
-            cluster: true,
-        };
+        let mut server = Self::unstarted("redis-cluster-tls")?;
+        server.tls = Some(tls);
+        server.cluster = true;
         server.first_run()?;
         Ok(server)
     }
@@ -274,20 +259,8 @@ impl RedisServer {
             .arg(0)
             .query::<()>(&mut conn)
             .map_err(|e| format!("CONFIG SET on the primary: {e}"))?;
-        let dir = tempfile::Builder::new()
-            .prefix("mcp-resume-proxy-redis-replica-")
-            .tempdir()
-            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
-        let mut replica = RedisServer {
-            child: None,
-            port: 0,
-            dir: Some(dir),
-            persistence: Persistence::None,
-            tls: None,
-            primary: Some(primary.port),
-            sentinel: None,
-            cluster: false,
-        };
+        let mut replica = Self::unstarted("redis-replica")?;
+        replica.primary = Some(primary.port);
         replica.first_run()?;
         replica.wait_for_replication(|line| line == "master_link_status:up")?;
         acknowledged(&mut conn)?;
@@ -324,21 +297,9 @@ impl RedisServer {
     /// Starts one serving TLS too (on `tls.port`, chosen here), with its
     /// ACL users; the plain port stays, for the readiness check.
     pub fn start_tls(mut tls: Tls) -> Result<RedisServer, String> {
-        let dir = tempfile::Builder::new()
-            .prefix("mcp-resume-proxy-redis-tls-")
-            .tempdir()
-            .map_err(|e| format!("a temp dir for redis-server: {e}"))?;
         tls.port = free_port()?;
-        let mut server = RedisServer {
-            child: None,
-            port: 0,
-            dir: Some(dir),
-            persistence: Persistence::None,
-            tls: Some(tls),
-            primary: None,
-            sentinel: None,
-            cluster: false,
-        };
+        let mut server = Self::unstarted("redis-tls")?;
+        server.tls = Some(tls);
         server.first_run()?;
         Ok(server)
     }
