@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::scrape::{sample, scrape};
 use common::*;
-use mcp_resume_proxy::config::{Config, UpstreamConfig};
+use mcp_resume_proxy::config::UpstreamConfig;
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::Server;
 
@@ -40,17 +40,7 @@ impl Checked {
             eject_ms: 60_000,
             ..UpstreamConfig::new("")
         };
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = Config {
-            listen: ([127, 0, 0, 1], 0).into(),
-            data_dir: dir.path().to_path_buf(),
-            upstream: vec![upstream],
-            shutdown_grace_secs: 1,
-            ..Config::default()
-        };
-        config.validate().expect("a valid configuration");
-        let proxy = Server::start(config).await.expect("proxy starts");
-        let client = McpClient::new(format!("http://{}/mcp", proxy.addr));
+        let (proxy, client, dir) = common::replicas::proxy_before(upstream).await;
         Self {
             replicas,
             proxy,

@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::replicas::{echo, sessions};
 use common::*;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::Server;
-use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A proxy in front of `n` demo replicas listed under one `urls`.
@@ -117,31 +117,6 @@ where
         assert!(tokio::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// An `echo` call on session `sid`, answered with its text, the session
-/// the client holds unchanged.
-async fn echo(client: &McpClient, sid: &str, id: u64) {
-    let text = format!("call {id}");
-    let call = Call::post(&tool_call(id, "echo", json!({ "text": text }))).session(sid);
-    let res = client.send(call).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    if let Some(held) = session_id(res.headers()) {
-        assert_eq!(held, sid, "the client keeps its session");
-    }
-    let answer = messages(res).await;
-    assert_eq!(
-        answer[0]["result"]["content"][0]["text"], text,
-        "{answer:?}"
-    );
-}
-
-async fn sessions(client: &McpClient, n: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(client.initialize(V_LATEST).await);
-    }
-    out
 }
 
 /// Every round, each session calls once.

@@ -23,13 +23,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::replicas::{echo, sessions};
 use common::scrape::scrape;
 use common::*;
-use http::StatusCode;
-use mcp_resume_proxy::config::{Config, Lookup, Resolve, UpstreamConfig};
+use mcp_resume_proxy::config::{Lookup, Resolve, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
 use mcp_resume_proxy::Server;
-use serde_json::json;
 
 type Table = Arc<Mutex<BTreeMap<String, Vec<IpAddr>>>>;
 
@@ -68,18 +67,7 @@ async fn proxy(url: String, lookup: Lookup) -> (Server, McpClient, tempfile::Tem
         lookup,
         ..UpstreamConfig::new(url)
     };
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config {
-        listen: ([127, 0, 0, 1], 0).into(),
-        data_dir: dir.path().to_path_buf(),
-        upstream: vec![upstream],
-        shutdown_grace_secs: 1,
-        ..Config::default()
-    };
-    config.validate().expect("a valid configuration");
-    let proxy = Server::start(config).await.expect("proxy starts");
-    let client = McpClient::new(format!("http://{}/mcp", proxy.addr));
-    (proxy, client, dir)
+    common::replicas::proxy_before(upstream).await
 }
 
 /// `HOST` resolving to `ips` in a table the test can change.
@@ -121,30 +109,6 @@ fn created(pods: &[DemoUpstream]) -> Vec<u64> {
 
 fn requests(pod: &DemoUpstream) -> usize {
     pod.stats.requests.lock().unwrap().len()
-}
-
-/// An `echo` on session `sid`, answered, the client's session kept.
-async fn echo(client: &McpClient, sid: &str, id: u64) {
-    let text = format!("call {id}");
-    let call = Call::post(&tool_call(id, "echo", json!({ "text": text }))).session(sid);
-    let res = client.send(call).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    if let Some(held) = session_id(res.headers()) {
-        assert_eq!(held, sid, "the client keeps its session");
-    }
-    let answer = messages(res).await;
-    assert_eq!(
-        answer[0]["result"]["content"][0]["text"], text,
-        "{answer:?}"
-    );
-}
-
-async fn sessions(client: &McpClient, n: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(client.initialize(V_LATEST).await);
-    }
-    out
 }
 
 async fn calls(client: &McpClient, sids: &[String], first_id: u64) {

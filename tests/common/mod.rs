@@ -11,6 +11,7 @@ pub mod guard;
 pub mod process;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod replicas;
 pub mod scrape;
 pub mod tasks;
 pub mod tls;
