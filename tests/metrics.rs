@@ -134,6 +134,22 @@ async fn a_last_event_id_resume_counts_as_a_last_event_id_replay() {
     );
 }
 
+/// A proxy whose upstream has two demo replicas, the rig's and the one
+/// handed back, with `tweak` applied to the upstream.
+async fn with_two_replicas(tweak: impl FnOnce(&mut UpstreamConfig)) -> (Rig, DemoUpstream) {
+    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
+        .await
+        .expect("a second replica");
+    let second = other.url();
+    let rig = Rig::with(Default::default(), |c| {
+        let first = c.upstream[0].url.take();
+        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
+        tweak(&mut c.upstream[0]);
+    })
+    .await;
+    (rig, other)
+}
+
 /// An address nothing listens on: a port that was just free.
 fn closed_port() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -190,15 +206,7 @@ fn replica_sample(text: &str, name: &str, url: &str) -> f64 {
 
 #[tokio::test]
 async fn a_replica_s_requests_in_flight_are_counted_while_its_answer_streams() {
-    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("a second replica");
-    let second = other.url();
-    let rig = Rig::with(Default::default(), |c| {
-        let first = c.upstream[0].url.take();
-        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
-    })
-    .await;
+    let (rig, other) = with_two_replicas(|_| {}).await;
     let urls = [rig.upstream.url(), other.url()];
     let sid = rig.client.initialize(V_LATEST).await;
     let on = usize::from(other.stats.sessions_created.load(Ordering::Relaxed) == 1);
@@ -227,16 +235,7 @@ async fn a_replica_that_fails_counts_its_failure_and_shows_as_ejected() {
 
 #[tokio::test]
 async fn a_replica_whose_stream_goes_silent_past_the_idle_timeout_counts_a_failure() {
-    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("a second replica");
-    let second = other.url();
-    let rig = Rig::with(Default::default(), |c| {
-        let first = c.upstream[0].url.take();
-        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
-        c.upstream[0].idle_timeout_ms = Some(300);
-    })
-    .await;
+    let (rig, other) = with_two_replicas(|u| u.idle_timeout_ms = Some(300)).await;
     let urls = [rig.upstream.url(), other.url()];
     let sid = rig.client.initialize(V_LATEST).await;
     let on = usize::from(other.stats.sessions_created.load(Ordering::Relaxed) == 1);
@@ -255,16 +254,7 @@ async fn a_replica_whose_stream_goes_silent_past_the_idle_timeout_counts_a_failu
 
 #[tokio::test]
 async fn a_call_that_outlives_its_deadline_blames_no_replica() {
-    let other = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
-        .await
-        .expect("a second replica");
-    let second = other.url();
-    let rig = Rig::with(Default::default(), |c| {
-        let first = c.upstream[0].url.take();
-        c.upstream[0].urls = Some(first.into_iter().chain([second]).collect());
-        c.upstream[0].request_timeout_ms = Some(300);
-    })
-    .await;
+    let (rig, other) = with_two_replicas(|u| u.request_timeout_ms = Some(300)).await;
     let sid = rig.client.initialize(V_LATEST).await;
     let call = Call::post(&slow_call(2, 1, 5_000)).session(&sid);
     let answer = messages(rig.client.send(call).await).await;
