@@ -100,6 +100,22 @@ macro_rules! random_id {
                 Self(random_16())
             }
 
+            /// A fresh id that shares its first byte with `kin`: a stream
+            /// minted for its session, or a leg for its task, lands in the
+            /// partition of a spread log that its kin is in (the partition
+            /// is read from that byte: `store/redis/spread.rs`). The other
+            /// 120 bits are random, enough for an id a client cannot guess.
+            pub fn random_beside(kin: &[u8; 16]) -> Self {
+                let mut id = random_16();
+                id[0] = kin[0];
+                Self(id)
+            }
+
+            /// The byte a spread log picks this id's partition by.
+            pub fn partition_byte(&self) -> u8 {
+                self.0[0]
+            }
+
             pub fn as_bytes(&self) -> &[u8; 16] {
                 &self.0
             }
@@ -231,10 +247,11 @@ random_id!(
 );
 
 impl TaskId {
-    /// The id named by `parts` (each length-prefixed, then SHA-256): the same
-    /// parts always give the same id. Unguessable while one part is (a
-    /// session id is).
-    pub fn derived(parts: &[&[u8]]) -> Self {
+    /// The id named by `parts` (each length-prefixed, then SHA-256), in
+    /// `kin`'s partition (see `random_beside`): the same parts and kin
+    /// always give the same id. Unguessable while one part is (a session
+    /// id is).
+    pub fn derived_beside(kin: &[u8; 16], parts: &[&[u8]]) -> Self {
         let mut context = ring::digest::Context::new(&ring::digest::SHA256);
         for part in parts {
             context.update(&(part.len() as u64).to_be_bytes());
@@ -242,6 +259,7 @@ impl TaskId {
         }
         let mut id = [0u8; 16];
         id.copy_from_slice(&context.finish().as_ref()[..16]);
+        id[0] = kin[0];
         Self(id)
     }
 }
@@ -255,6 +273,28 @@ impl SessionId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_minted_beside_another_shares_its_first_byte_and_nothing_else() {
+        let session = SessionId::random();
+        let streams: Vec<StreamId> = (0..64)
+            .map(|_| StreamId::random_beside(session.as_bytes()))
+            .collect();
+        assert!(streams
+            .iter()
+            .all(|s| s.partition_byte() == session.partition_byte()));
+        let rest: HashSet<[u8; 15]> = streams
+            .iter()
+            .map(|s| s.0[1..].try_into().unwrap())
+            .collect();
+        assert_eq!(rest.len(), 64);
+        let task = TaskId::derived_beside(session.as_bytes(), &[b"7", b"digest"]);
+        assert_eq!(task.partition_byte(), session.partition_byte());
+        assert_eq!(
+            task,
+            TaskId::derived_beside(session.as_bytes(), &[b"7", b"digest"])
+        );
+    }
 
     #[test]
     fn session_id_round_trips_through_its_header_form() {

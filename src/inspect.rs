@@ -23,7 +23,6 @@ use crate::config::{Backend, StoreConfig};
 use crate::id::StreamId;
 use crate::store::commit::SyncMode;
 use crate::store::journal::inspect::JournalView;
-use crate::store::redis::RedisStore;
 use crate::store::rfc3339;
 use crate::store::sled::SledStore;
 use crate::store::{
@@ -64,7 +63,7 @@ enum Log {
     Journal(JournalView),
     Sled(SledStore),
     /// Read while the instances run: Redis answers every reader whole.
-    Redis(Box<RedisStore>),
+    Redis(Box<dyn Store>),
 }
 
 impl Log {
@@ -87,8 +86,8 @@ impl Log {
             Backend::Redis => {
                 let store = &source.store;
                 let at = store.redis_endpoint();
-                let observer = RedisStore::observer(&at, &store.key_prefix);
-                Ok(Log::Redis(Box::new(observer.await?)))
+                let observer = crate::store::redis::observe_log(&at, &store.key_prefix);
+                Ok(Log::Redis(observer.await?))
             }
             Backend::Journal => Ok(Log::Journal(JournalView::open(data_dir)?)),
             Backend::Sled => {

@@ -1,7 +1,8 @@
 //! Redis Cluster (`[store] redis_cluster`): a proxy whose log is on a
 //! private cluster of three primaries with a replica each
-//! (`common::redis_cluster`). The primary serving the log's slot is killed
-//! with `kill -9` while a call runs; the cluster promotes its replica; the
+//! (`common::redis_cluster`), spread over its primaries in the default 16
+//! partitions. The primary serving the call's partition is killed with
+//! `kill -9` while the call runs; the cluster promotes its replica; the
 //! call ends as it does across a Sentinel failover (`redis_sentinel.rs`):
 //! with its result, each step once, and the log on the new primary holds
 //! what the client got.
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use common::redis_cluster::RedisCluster;
 use common::*;
 use mcp_resume_proxy::config::Config;
-use mcp_resume_proxy::store::redis::RedisStore;
+use mcp_resume_proxy::id::SessionId;
+use mcp_resume_proxy::store::redis::{partition_of, Spread, DEFAULT_PARTITIONS};
 
 const PREFIX: &str = "cluster-test";
 /// How long the cluster may take to promote a replica.
@@ -27,11 +29,13 @@ fn proxy_config(cluster: &RedisCluster, dir: &std::path::Path, min: u32) -> Conf
     config
 }
 
-/// Kills the primary serving the log's slot, waits until a replica took
-/// it over, and starts the killed node again (it rejoins as a replica, so
-/// that the promoted primary's writes find one to wait for).
-fn fail_over_the_logs_primary(cluster: &mut RedisCluster) {
-    let slot_key = format!("{{{PREFIX}}}");
+/// Kills the primary serving the partition of session `session` (its
+/// calls' too), waits until a replica took it over, and starts the killed
+/// node again (it rejoins as a replica, so that the promoted primary's
+/// writes find one to wait for).
+fn fail_over_the_sessions_primary(cluster: &mut RedisCluster, session: &str) {
+    let session: SessionId = session.parse().expect("a session id");
+    let slot_key = partition_of(PREFIX, DEFAULT_PARTITIONS, session.as_bytes());
     let port = cluster
         .primary_of(&slot_key)
         .expect("a primary serves the log");
@@ -55,19 +59,24 @@ fn fail_over_the_logs_primary(cluster: &mut RedisCluster) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_in_flight_survives_the_logs_primary_killed_with_min_replicas() {
+async fn a_call_in_flight_survives_its_partitions_primary_killed_with_min_replicas() {
     let mut cluster = RedisCluster::start(3, 1).unwrap_or_else(|why| panic!("{why}"));
     let dir = tempfile::tempdir().expect("temp dir");
     let config = proxy_config(&cluster, dir.path(), 1);
-    let (survived, cluster) = failover::call_across(config, async move {
+    let (survived, cluster) = failover::call_across(config, |session| async move {
         let failed_over = tokio::task::spawn_blocking(move || {
-            fail_over_the_logs_primary(&mut cluster);
+            fail_over_the_sessions_primary(&mut cluster, &session);
             cluster
         });
         failed_over.await.expect("the failover")
     })
     .await;
-    let held =
-        RedisStore::clustered(&cluster.urls(), PREFIX, Duration::from_secs(10)).expect("a store");
+    let held = Spread::clustered(
+        &cluster.urls(),
+        PREFIX,
+        DEFAULT_PARTITIONS,
+        Duration::from_secs(10),
+    )
+    .expect("a store");
     survived.held_by(&held).await;
 }

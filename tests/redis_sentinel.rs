@@ -292,7 +292,7 @@ async fn a_call_in_flight_survives_the_primary_killed_with_min_replicas() {
     let mut watched = Watched::start();
     let dir = tempfile::tempdir().expect("temp dir");
     let config = proxy_config(&watched.endpoint(), dir.path(), 1);
-    let (survived, _rejoined) = failover::call_across(config, async {
+    let (survived, _rejoined) = failover::call_across(config, |_session| async {
         watched.kill_primary().await;
         // The promoted node's writes wait for a replica: one joins it, as
         // an operator (or the sentinels, restarting the old node) would

@@ -73,6 +73,7 @@ impl StoreConfig {
     /// Returns that scheme, when there are nodes.
     pub(super) fn check_cluster(&self) -> Result<Option<&str>, String> {
         let nodes = &self.redis_cluster;
+        self.check_partitions()?;
         if nodes.is_empty() {
             return Ok(None);
         }
@@ -104,6 +105,30 @@ impl StoreConfig {
             );
         }
         Ok(Some(schemes[0]))
+    }
+}
+
+impl StoreConfig {
+    /// `partitions`: on a cluster only (one server holds the whole log
+    /// anyway), from 1 to the most an id's byte can pick.
+    fn check_partitions(&self) -> Result<(), String> {
+        let Some(n) = self.partitions else {
+            return Ok(());
+        };
+        if self.redis_cluster.is_empty() {
+            return Err(
+                "store.partitions spreads a log over a cluster's primaries: it needs \
+                 store.redis_cluster"
+                    .into(),
+            );
+        }
+        let most = crate::store::redis::MAX_PARTITIONS;
+        if n == 0 || n > most {
+            return Err(format!(
+                "store.partitions = {n}: give 1 (the log in one slot) to {most}"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -239,6 +264,26 @@ mod tests {
         let toml = format!("[store]\nbackend = \"redis\"\n{NODES}\n{KEY}{UP}");
         let c = Config::from_toml(&toml).expect("valid");
         assert_eq!(c.store.redis_endpoint().cluster.len(), 2);
+    }
+
+    #[test]
+    fn partitions_on_a_cluster_are_kept_and_default_to_sixteen() {
+        let toml = format!("[store]\nbackend = \"redis\"\n{NODES}\npartitions = 4\n{KEY}{UP}");
+        let c = Config::from_toml(&toml).expect("valid");
+        assert_eq!(c.store.redis_endpoint().partitions(), 4);
+        let toml = format!("[store]\nbackend = \"redis\"\n{NODES}\n{KEY}{UP}");
+        let c = Config::from_toml(&toml).expect("valid");
+        assert_eq!(c.store.redis_endpoint().partitions(), 16);
+    }
+
+    #[test]
+    fn partitions_without_a_cluster_or_out_of_range_are_refused() {
+        let err = refused("partitions = 4");
+        assert!(err.contains("it needs store.redis_cluster"), "{err}");
+        for n in [0, 257] {
+            let err = refused(&format!("{NODES}\npartitions = {n}"));
+            assert!(err.contains("give 1 (the log in one slot) to 256"), "{err}");
+        }
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub struct StoreConfig {
     /// learns the rest, and follows resharding and failovers. The user,
     /// password and TLS keys above apply to every node.
     pub redis_cluster: Vec<String>,
+    /// On a Redis Cluster: how many partitions the log is spread over, so
+    /// that its load falls on every primary (16 when unset; 1 keeps the
+    /// log in one slot, as versions before it laid it out). Fixed for a
+    /// key prefix once its first instance started.
+    pub partitions: Option<usize>,
     /// The start of every key `backend = "redis"` writes, so that several
     /// deployments can share one Redis.
     pub key_prefix: String,
@@ -110,6 +115,7 @@ impl StoreConfig {
             sentinel_master: self.redis_sentinel_master.clone(),
             sentinel_password_file: self.redis_sentinel_password_file.clone(),
             cluster: self.redis_cluster.clone(),
+            partitions: self.partitions,
         }
     }
 
@@ -208,6 +214,7 @@ impl Default for StoreConfig {
             redis_sentinel_master: None,
             redis_sentinel_password_file: None,
             redis_cluster: Vec::new(),
+            partitions: None,
             key_prefix: "mcp-resume-proxy".into(),
             lease_ms: 10_000,
             min_replicas: 0,

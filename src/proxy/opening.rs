@@ -90,7 +90,10 @@ fn describe(
     tool: Option<&str>,
 ) -> StreamMeta {
     let mut meta = StreamMeta::new(
-        post.leg.map_or_else(StreamId::random, |leg| leg.stream),
+        post.leg.map_or_else(
+            || StreamId::random_beside(post.session.id.as_bytes()),
+            |leg| leg.stream,
+        ),
         post.session.id,
         StreamKind::Request,
         post.message.request_ids(),

@@ -46,7 +46,7 @@ use crate::proxy::{Rejection, Route};
 use crate::reply::{self, Body};
 use crate::session::Sessions;
 use crate::store::journal::Journal;
-use crate::store::redis::{Lifetimes, RedisStore};
+use crate::store::redis::{open_log, Lifetimes, Tuning};
 use crate::store::sled::SledStore;
 use crate::store::{SharedStore, StoreError, StreamKind, StreamMeta};
 use crate::stream::Log;
@@ -89,11 +89,12 @@ impl App {
                 );
                 let lease = Duration::from_millis(store.lease_ms);
                 let at = store.redis_endpoint();
-                let opened = RedisStore::open_at(&at, &store.key_prefix, lease).await?;
-                let opened = opened
-                    .with_lifetimes(lifetimes)
-                    .with_replicas(store.replicas());
-                Arc::new(opened.with_workers(workers))
+                let tuning = Tuning {
+                    lifetimes,
+                    replicas: store.replicas(),
+                    workers,
+                };
+                open_log(&at, &store.key_prefix, lease, tuning).await?
             }
         };
         store.set_retained_bound(config.limits.max_retained_streams);

@@ -23,7 +23,7 @@ pub type Opener = fn(&Path, SyncMode) -> SharedStore;
 
 pub fn meta(session: SessionId) -> StreamMeta {
     StreamMeta::new(
-        StreamId::random(),
+        StreamId::random_beside(session.as_bytes()),
         session,
         StreamKind::Request,
         vec![],
@@ -70,9 +70,11 @@ pub fn task(id: TaskId, created_ms: u64, ttl_ms: u64) -> TaskRecord {
     }
 }
 
-/// A leg of `task`: an ordinary request stream of the tasks' session.
+/// A leg of `task`: an ordinary request stream of the tasks' session, in
+/// its task's partition.
 pub fn leg(task: TaskId) -> StreamMeta {
     StreamMeta {
+        id: StreamId::random_beside(task.as_bytes()),
         task: Some(task),
         ..meta(SessionId::TASKS)
     }

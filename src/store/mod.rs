@@ -289,7 +289,7 @@ impl StreamMeta {
     /// A session's new standalone stream.
     pub fn standalone(session: SessionId) -> Self {
         Self::new(
-            StreamId::random(),
+            StreamId::random_beside(session.as_bytes()),
             session,
             StreamKind::Standalone,
             Vec::new(),

@@ -182,7 +182,9 @@ impl Drop for Cluster {
         match &self.log {
             OwnedLog::Server(url) => delete_prefix(url, &self.prefix),
             OwnedLog::Cluster(cluster) => {
+                // The count's key, and every partition's.
                 cluster.delete(&format!("{{{}}}:*", self.prefix));
+                cluster.delete(&format!("{{{}:*", self.prefix));
             }
         }
     }

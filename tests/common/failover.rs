@@ -10,7 +10,6 @@ use std::time::Duration;
 use http::StatusCode;
 use mcp_resume_proxy::config::{Config, UpstreamConfig};
 use mcp_resume_proxy::demo::upstream::{DemoOptions, DemoUpstream};
-use mcp_resume_proxy::store::redis::RedisStore;
 use mcp_resume_proxy::store::{Store, StreamKind};
 use mcp_resume_proxy::Server;
 use serde_json::Value;
@@ -21,12 +20,12 @@ use super::{messages, slow_call, Call, McpClient, V_LATEST};
 const STEPS: u64 = 40;
 
 /// Runs the call through a proxy on `config` (its upstream is set here),
-/// with `fail_over` a second in; checks that it ended with its result,
+/// with `fail_over` (given the client's session id) a second in; checks that it ended with its result,
 /// each step once, and returns the proxy and what the client got, with
 /// what the failover gave back.
-pub async fn call_across<T>(
+pub async fn call_across<T, F: Future<Output = T>>(
     mut config: Config,
-    fail_over: impl Future<Output = T>,
+    fail_over: impl FnOnce(String) -> F,
 ) -> (Survived, T) {
     let upstream = DemoUpstream::spawn(([127, 0, 0, 1], 0).into(), DemoOptions::default())
         .await
@@ -36,6 +35,7 @@ pub async fn call_across<T>(
     let server = Server::start(config).await.expect("the proxy starts");
     let url = format!("http://{}/mcp", server.addr);
     let sid = McpClient::new(url.clone()).initialize(V_LATEST).await;
+    let session = sid.clone();
     let call = tokio::spawn(async move {
         let res = McpClient::new(url)
             .send(Call::post(&slow_call(2, STEPS, 100)).session(&sid))
@@ -43,7 +43,7 @@ pub async fn call_across<T>(
         (res.status(), messages(res).await)
     });
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let failed_over = fail_over.await;
+    let failed_over = fail_over(session).await;
     let (status, answer) = tokio::time::timeout(Duration::from_secs(40), call)
         .await
         .expect("the call ends")
@@ -79,7 +79,7 @@ pub struct Survived {
 impl Survived {
     /// Checks that `held` (a store on the new primary) holds what the
     /// client got, once; then stops the proxy.
-    pub async fn held_by(self, held: &RedisStore) {
+    pub async fn held_by(self, held: &dyn Store) {
         let streams = held.list_streams().await.expect("listed");
         let call_stream = streams
             .iter()

@@ -78,12 +78,15 @@ impl Create {
     /// call re-sent under its id attaches to its stream.
     fn task_id(&self, cx: &Context<'_>) -> TaskId {
         match &self.digest {
-            Some(digest) => TaskId::derived(&[
+            Some(digest) => TaskId::derived_beside(
                 cx.session.id.as_bytes(),
-                self.id.as_json().as_bytes(),
-                digest.as_bytes(),
-            ]),
-            None => TaskId::random(),
+                &[
+                    cx.session.id.as_bytes(),
+                    self.id.as_json().as_bytes(),
+                    digest.as_bytes(),
+                ],
+            ),
+            None => TaskId::random_beside(cx.session.id.as_bytes()),
         }
     }
 
@@ -100,7 +103,7 @@ impl Create {
         }
         let config = &cx.config.tasks;
         let session = cx.session.record();
-        let leg = StreamId::random();
+        let leg = StreamId::random_beside(cx.session.id.as_bytes());
         let now = now_ms();
         let record = TaskRecord {
             id: task,

@@ -503,7 +503,7 @@ async fn finished(ended: &mut watch::Receiver<Watermark>) {
 /// session (tasks have none).
 pub(super) fn leg_meta(task: TaskId, id: RequestId, now: u64) -> StreamMeta {
     let mut meta = StreamMeta::new(
-        StreamId::random(),
+        StreamId::random_beside(task.as_bytes()),
         SessionId::TASKS,
         StreamKind::Request,
         vec![id],

@@ -106,6 +106,40 @@ pub(super) fn laid_out(at: &Endpoint, prefix: &str) -> String {
     }
 }
 
+/// Hash slots in a cluster.
+const SLOTS: usize = 16_384;
+
+/// The slot of the keys tagged `{tag}`: CRC16 (XMODEM) of the tag, as
+/// every Redis Cluster computes it.
+fn slot_of_tag(tag: &str) -> usize {
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) as usize % SLOTS
+}
+
+/// The one-slot prefixes of a log spread over `n` partitions
+/// (`spread.rs`): [`one_slot`] of `prefix` alone for one (the layout of
+/// one slot, which earlier versions wrote), else `{P:<k>.<salt>}` for
+/// each partition `k`, with the first salt that puts its slot in the
+/// `k`-th of `n` equal runs of slots. `redis-cli --cluster create`, like
+/// most managed clusters, gives each primary one run of slots, so the
+/// partitions spread evenly over the primaries, not as their names happen
+/// to hash (16 names hashed at random leave a primary of three with 8 or
+/// more about one time in ten).
+pub(super) fn partition_prefixes(prefix: &str, n: usize) -> Vec<String> {
+    if n <= 1 {
+        return vec![one_slot(prefix)];
+    }
+    (0..n)
+        .map(|k| {
+            let in_run = |tag: &String| slot_of_tag(tag) * n / SLOTS == k;
+            let tag = (0u32..)
+                .map(|salt| format!("{prefix}:{k}.{salt}"))
+                .find(in_run)
+                .unwrap_or_else(|| format!("{prefix}:{k}"));
+            one_slot(&tag)
+        })
+        .collect()
+}
+
 /// Whether `prefix` is a cluster's ([`one_slot`]).
 pub(super) fn is_one_slot(prefix: &str) -> bool {
     prefix.starts_with('{')
@@ -141,7 +175,15 @@ pub(super) struct Cluster {
     nodes: Vec<redis::Client>,
     /// The slot's node away, shared by every connection (`outage.rs`).
     outage: Arc<Outage>,
+    /// The connections [`Cluster::connect`] made, by thread and timeout,
+    /// shared by every partition of a spread log (`spread.rs`): a cluster
+    /// connection reaches every node, so a partition needs none of its own.
+    made: Arc<Made>,
 }
+
+/// Cluster connections by the thread they were made on (whose runtime
+/// drives them) and their timeout.
+type Made = std::sync::Mutex<Vec<(std::thread::ThreadId, Duration, ClusterConnection)>>;
 
 impl Cluster {
     /// Connections made from `client` for the keys of (one-slot) `prefix`.
@@ -152,6 +194,21 @@ impl Cluster {
             listed: listed.into(),
             nodes,
             outage: Arc::default(),
+            made: Arc::default(),
+        }
+    }
+
+    /// The same cluster, for the keys of (one-slot) `prefix`, another
+    /// partition of a spread log: its own slot and outage, the
+    /// connections of every partition.
+    pub fn part(&self, prefix: &str) -> Self {
+        Self {
+            client: self.client.clone(),
+            home: SlotRoute::with_key(prefix.as_bytes(), SlotAddr::Master),
+            listed: self.listed.clone(),
+            nodes: self.nodes.clone(),
+            outage: Arc::default(),
+            made: self.made.clone(),
         }
     }
 
@@ -160,27 +217,48 @@ impl Cluster {
     /// failover makes it fail is sent again until the new primary answers
     /// it, for up to [`FAILOVER_WAIT`] (`outage.rs`). Made on the Tokio
     /// runtime that is to drive it.
+    /// This thread's connection of that timeout is shared with the other
+    /// partitions of a spread log.
     pub fn connect(&self, timeout: Duration) -> Pinned {
+        let thread = std::thread::current().id();
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let found = made.iter().find(|(t, d, _)| *t == thread && *d == timeout);
+        let conn = match found {
+            Some((_, _, conn)) => conn.clone(),
+            None => {
+                let conn = self.connection(timeout);
+                made.push((thread, timeout, conn.clone()));
+                conn
+            }
+        };
         Pinned {
+            conn,
+            home: self.home,
             wait: Some(FAILOVER_WAIT.saturating_add(timeout)),
-            ..self.connect_direct(timeout)
+            outage: self.outage.clone(),
+            listed: self.listed.clone(),
         }
     }
 
     /// The same, failing a command as soon as the cluster client gives up
     /// on it: for the probe, which says why at once, and the live feed,
-    /// which reconnects by itself.
+    /// which reconnects by itself. Never shared: the feed's blocking read
+    /// must not hold up anyone's commands.
     pub fn connect_direct(&self, timeout: Duration) -> Pinned {
-        let config = ClusterConfig::new()
-            .set_connection_timeout(CONNECT_TIMEOUT)
-            .set_response_timeout(timeout);
         Pinned {
-            conn: self.client.get_pending_async_connection_with_config(config),
+            conn: self.connection(timeout),
             home: self.home,
             wait: None,
             outage: self.outage.clone(),
             listed: self.listed.clone(),
         }
+    }
+
+    fn connection(&self, timeout: Duration) -> ClusterConnection {
+        let config = ClusterConfig::new()
+            .set_connection_timeout(CONNECT_TIMEOUT)
+            .set_response_timeout(timeout);
+        self.client.get_pending_async_connection_with_config(config)
     }
 
     /// Why the slot's node is away, while commands wait for a failover.
@@ -189,7 +267,7 @@ impl Cluster {
     }
 
     /// Checks that the node serving the prefix's slot answers.
-    async fn probe(&self) -> Result<()> {
+    pub(super) async fn probe(&self) -> Result<()> {
         let mut conn = self.connect_direct(CONNECT_TIMEOUT);
         let ping = redis::cmd("PING");
         let ping = ping.query_async::<String>(&mut conn);
@@ -359,6 +437,31 @@ mod tests {
             format!("{head}s1{tail}"),
             format!("{}:stream", tag("p", "s1"))
         );
+    }
+
+    #[test]
+    fn sixteen_partitions_fall_five_or_six_on_each_of_three_primaries() {
+        let slot = |tag: &str| SlotRoute::with_key(tag.as_bytes(), SlotAddr::Master);
+        let tags = partition_prefixes("mcp-resume-proxy", 16);
+        assert_eq!(tags.len(), 16);
+        let mut on = [0; 3];
+        for (k, tag) in tags.iter().enumerate() {
+            let inner = tag.trim_start_matches('{').trim_end_matches('}');
+            let number = slot_of_tag(inner);
+            assert_eq!(number * 16 / SLOTS, k, "{tag}");
+            // The slot redis-rs routes the tag's keys by is that one.
+            assert_eq!(slot(tag), slot(&format!("{tag}:feed")));
+            // `redis-cli --cluster create` gives three primaries a third each.
+            on[number * 3 / SLOTS] += 1;
+        }
+        assert!(on.iter().all(|n| (5..=6).contains(n)), "{on:?}");
+        let distinct: std::collections::HashSet<_> = tags.iter().map(|t| slot(t)).collect();
+        assert_eq!(distinct.len(), 16);
+    }
+
+    #[test]
+    fn one_partition_is_the_layout_of_one_slot() {
+        assert_eq!(partition_prefixes("p", 1), vec![one_slot("p")]);
     }
 
     #[test]

@@ -37,6 +37,19 @@ pub struct Endpoint {
     /// Nodes of a Redis Cluster, in place of `url`'s server and of
     /// sentinels.
     pub cluster: Vec<String>,
+    /// How many partitions a log on a cluster is spread over (`None`: the
+    /// default, [`super::DEFAULT_PARTITIONS`]); one elsewhere.
+    pub partitions: Option<usize>,
+}
+
+impl Endpoint {
+    /// How many partitions the log is in: one but on a cluster.
+    pub fn partitions(&self) -> usize {
+        match self.cluster.is_empty() {
+            true => 1,
+            false => self.partitions.unwrap_or(super::DEFAULT_PARTITIONS),
+        }
+    }
 }
 
 /// The environment variable a password is taken from when no file is named.

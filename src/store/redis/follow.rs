@@ -141,6 +141,15 @@ impl Follow {
         }
     }
 
+    /// The same, telling of sessions on `news`, which the other
+    /// partitions of a spread log (`spread.rs`) tell on too.
+    pub fn telling(news: broadcast::Sender<SessionNews>) -> Self {
+        Self {
+            sessions: news,
+            ..Self::new()
+        }
+    }
+
     /// Tells readers of a deleted stream that it will say nothing more.
     pub fn gone(&self, stream: StreamId) {
         if let Some((_, tail)) = self.tails.remove(&stream) {

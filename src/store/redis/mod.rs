@@ -122,6 +122,9 @@ use self::scripts::Scripts;
 use self::sentinel::{Conn, Route};
 use self::sessions::Indexing;
 use self::shards::FEED_LENGTH;
+pub use self::spread::{
+    observe_log, open_log, partition_of, Spread, Tuning, DEFAULT_PARTITIONS, MAX_PARTITIONS,
+};
 pub use self::ttl::Lifetimes;
 use super::{
     Along, Change, Entry, Finish, Prior, ReaderLease, Result, SessionNews, SessionRecord, Store,
@@ -598,6 +601,7 @@ mod scripts;
 mod sentinel;
 mod sessions;
 mod shards;
+mod spread;
 #[cfg(test)]
 mod tests;
 mod ttl;

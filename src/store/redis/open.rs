@@ -62,7 +62,7 @@ impl RedisStore {
 
     /// Starts the feed listener and the lease renewal, both stopped when the
     /// store drops.
-    fn start_tasks(&self) {
+    pub(super) fn start_tasks(&self) {
         let listener = Listener {
             follow: self.follow.clone(),
             route: self.route.clone(),

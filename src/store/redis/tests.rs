@@ -35,6 +35,7 @@ mod instances;
 mod legacy;
 mod on_a_three_primary_cluster;
 mod retention;
+mod spread_over_three_primaries;
 
 fn url() -> String {
     redis_server::shared_url()

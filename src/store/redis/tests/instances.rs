@@ -13,7 +13,7 @@ fn two_instances(dir: &Path) -> (SharedStore, SharedStore) {
     )
 }
 
-const PATIENCE: Duration = Duration::from_secs(10);
+pub(super) const PATIENCE: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn an_append_by_another_instance_wakes_a_reader_here_through_the_feed() {
