@@ -45,12 +45,15 @@
 //! - [`store`]: the durable log's contract; journal (default), sled, Redis (one server, the
 //!   primary Redis Sentinel names, followed across a failover, or a Redis Cluster, whose
 //!   failovers its commands wait out: `store/redis/cluster.rs`, `store/redis/outage.rs`, its
-//!   test rig `tests/common/redis_cluster.rs`, plain or TLS; its live feed in shards, each
+//!   test rig `tests/common/redis_cluster.rs`, plain or TLS; the log spread over a cluster's
+//!   primaries in partitions, each a log in one slot: `store/redis/spread.rs`; its live feed in
+//!   shards, each
 //!   read only by the instances following a call there: `store/redis/shards.rs`); the group
 //!   commit.
 //! - [`jsonrpc`]: JSON-RPC envelope classification over raw bytes, and a call's digest.
 //! - [`workers`]: the threads that serve connections, a single-threaded scheduler each.
-//! - [`id`]: session, stream and task ids, and the hasher for maps keyed by them.
+//! - [`id`]: session, stream and task ids (a stream's minted beside its session's), and the
+//!   hasher for maps keyed by them.
 //!
 //! # Memory per open stream
 //!

@@ -31,19 +31,19 @@
 //! and name no session, so the session a stream belongs to (and so its
 //! slot) cannot be told from the id that every append carries.
 //!
-//! This first cluster layout therefore keeps a prefix's keys in one slot:
-//! the prefix itself is the hash tag, `{P}`, and every key is `{P}:` then
-//! the key the one-server layout names without its braces:
-//! `{P}:<s>:stream`, `{P}:<s>:log`, `{P}:<session>:requests`,
-//! `{P}:<task>:task`, `{P}:feed`, `{P}:owned:<instance>`, … Every step
-//! above is then on one slot, and every command of the store is sent to
-//! the node that serves it ([`Pinned`]), so that keyless commands (`WAIT`,
-//! `SCAN`, `SCRIPT LOAD`, `PING`) go where the keys are. The cluster gives
-//! failover and resharding of that slot (moving it to another primary),
-//! not yet a log spread over its primaries: what the split needs is in the
-//! issue (streams named with their session's slot, the feed and the
-//! indexes per slot, each instance reading the feeds of the slots it
-//! follows). Several deployments (key prefixes) on one cluster do spread.
+//! A store on a cluster therefore keeps its keys in one slot: a one-slot
+//! prefix is the hash tag, `{P}`, and every key is `{P}:` then the key the
+//! one-server layout names without its braces: `{P}:<s>:stream`,
+//! `{P}:<s>:log`, `{P}:<session>:requests`, `{P}:<task>:task`, `{P}:feed`,
+//! `{P}:owned:<instance>`, … Every step above is then on one slot, and
+//! every command of the store is sent to the node that serves it
+//! ([`Pinned`]), so that keyless commands (`WAIT`, `SCAN`, `SCRIPT LOAD`,
+//! `PING`) go where the keys are. The cluster gives failover and
+//! resharding of that slot. A log spread over the primaries
+//! (`spread.rs`) is several such stores, one per partition, each under
+//! its own one-slot prefix ([`partition_prefixes`]) and sharing the
+//! connections; with one partition, the prefix is `{P}` itself, the
+//! layout earlier versions wrote.
 //!
 //! While the slot moves to another primary, every script names a key
 //! that is on neither node (`:meta`, which only the previous layout

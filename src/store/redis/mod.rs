@@ -10,8 +10,9 @@
 //! must not touch keys outside its `key_prefix`.
 //!
 //! Layout, with `P` the configured `key_prefix`, on one server (with or
-//! without Sentinel; on a Redis Cluster every key is `{P}:` then the key
-//! below without its braces, all in one slot: `cluster.rs`). A stream's
+//! without Sentinel; on a Redis Cluster the log is in partitions, and
+//! every key of partition `k` is `{P:<k>.<salt>}:` then the key below
+//! without its braces, all in one slot: `spread.rs`, `cluster.rs`). A stream's
 //! keys and a session's keys each share a hash tag:
 //! - `{P:<stream>}:stream`: the stream as one value (`packed.rs`): its
 //!   metadata — what it was created with, what changes after (status,
@@ -101,8 +102,9 @@
 //! Limits:
 //! - The scripts that also update the global indexes (create, finish,
 //!   touch, delete, claims, tasks) name keys of several slots: fine on one
-//!   Redis primary (with replicas); on a cluster a prefix's keys are
-//!   therefore all in one slot, so on one primary (`cluster.rs`).
+//!   Redis primary (with replicas); on a cluster each partition's keys are
+//!   therefore in one slot, and what spans partitions is asked of each
+//!   (`spread.rs`).
 //! - `size_on_disk` is 0 (the log is not on this machine), so the disk
 //!   quota does not apply; Redis' `maxmemory` is the bound.
 //! - Numbers the scripts compare or add (seqs, millisecond times) are exact
