@@ -444,6 +444,7 @@ mod tests {
         let slot = |tag: &str| SlotRoute::with_key(tag.as_bytes(), SlotAddr::Master);
         let tags = partition_prefixes("mcp-resume-proxy", 16);
         assert_eq!(tags.len(), 16);
+        assert_eq!(tags[3], "{mcp-resume-proxy:3.2}", "README's example");
         let mut on = [0; 3];
         for (k, tag) in tags.iter().enumerate() {
             let inner = tag.trim_start_matches('{').trim_end_matches('}');
