@@ -20,10 +20,11 @@
 //! deleted, the TLS server is stopped and the plain one goes with the
 //! harness. `--scenario small --sync redis,redis-tls` puts both in one
 //! table, with a column against `redis`, so what TLS costs reads as a ratio
-//! of the same run. Everything listens on
-//! 127.0.0.1 only; every child is killed by a guard on drop (also when a
-//! scenario panics) and by `PR_SET_PDEATHSIG` when the harness itself dies;
-//! every scenario runs under a timeout.
+//! of the same run. `--store-extra 'TOML lines'` adds those lines to the
+//! `[store]` of every proxy the harness starts (`partitions = 1`).
+//! Everything listens on 127.0.0.1 only; every child is killed by a guard
+//! on drop (also when a scenario panics) and by `PR_SET_PDEATHSIG` when the
+//! harness itself dies; every scenario runs under a timeout.
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
 //! `observed`, `scale` (default: all eight), `peers` (only with `--peers`: the `small` load through the Rust
@@ -141,7 +142,7 @@ fn main() {
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|instances|scale|peers]...
        [--upstream rust,node] [--sync never,batch,always,redis,redis-tls] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
-       [--retained 0,10000,100000] [--fill-progress N]
+       [--retained 0,10000,100000] [--fill-progress N] [--store-extra 'TOML lines']
    or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
        [--backend journal|sled|redis] [--proxy-toml TOML]... [--max-retained-streams N]";
 
@@ -220,6 +221,9 @@ struct Opts {
     /// `streaming`, the first of them in `dialects`, `auth` and `observed`
     /// (`None`: each scenario's own list).
     sync: Option<Vec<String>>,
+    /// TOML lines added to the `[store]` of every proxy, ending in a
+    /// newline (or empty).
+    store_extra: String,
     /// The soak's segments, each a row of its table.
     segments: usize,
     segment_secs: Duration,
@@ -251,6 +255,7 @@ impl Opts {
             retained: vec![0, 10_000, 100_000],
             fill_progress: 0,
             sync: None,
+            store_extra: String::new(),
             segments: 8,
             segment_secs: Duration::from_secs(30),
             backend: "journal".into(),
@@ -366,6 +371,12 @@ impl Opts {
                         );
                     }
                     o.sync = Some(modes);
+                }
+                "--store-extra" => {
+                    o.store_extra = value()?.to_owned();
+                    if !o.store_extra.is_empty() && !o.store_extra.ends_with('\n') {
+                        o.store_extra.push('\n');
+                    }
                 }
                 other => bail!("unknown argument {other:?}"),
             }
@@ -520,6 +531,8 @@ impl Opts {
 
 async fn run(opts: Opts) -> bool {
     let started = Instant::now();
+    // Before any proxy starts: every one's `[store]` takes them.
+    let _ = procs::STORE_EXTRA.set(opts.store_extra.clone());
     println!("# mcp-resume-proxy load harness");
     println!(
         "command: cargo bench --bench load -- {}",

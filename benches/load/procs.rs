@@ -524,17 +524,30 @@ pub fn clean_redis() {
     }
 }
 
+/// `--store-extra`: TOML lines (each ending in a newline) added to the
+/// `[store]` of every proxy of the run. A static, set by `run` before the
+/// first proxy starts, because the scenarios reach [`store_section`] from
+/// a dozen places that do not carry the options.
+pub static STORE_EXTRA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `--store-extra`'s lines, or none.
+pub fn store_extra() -> &'static str {
+    STORE_EXTRA.get().map_or("", String::as_str)
+}
+
 /// The `[store]` (and `[tokens]`) of a benchmark proxy: a `sync` mode of
 /// the journal, `redis` — the shared backend — or `redis-tls` — the same
-/// over TLS as an ACL user — each Redis proxy on its own key prefix.
+/// over TLS as an ACL user — each Redis proxy on its own key prefix; then
+/// `--store-extra`.
 pub fn store_section(sync: &str, dir: &Path) -> Result<String> {
+    let extra = store_extra();
     let (redis, keys) = match sync {
         "redis" => (
             BenchRedis::Plain,
             format!("redis_url = \"{}\"\n", bench_redis()?),
         ),
         "redis-tls" => (BenchRedis::Tls, bench_redis_tls()?),
-        _ => return Ok(format!("[store]\nsync = \"{sync}\"\n")),
+        _ => return Ok(format!("[store]\nsync = \"{sync}\"\n{extra}")),
     };
     let prefix = {
         let mut prefixes = REDIS_PREFIXES.lock().unwrap_or_else(|p| p.into_inner());
@@ -549,7 +562,7 @@ pub fn store_section(sync: &str, dir: &Path) -> Result<String> {
     let key = dir.join("token.key");
     std::fs::write(&key, [1u8; 32])?;
     Ok(format!(
-        "[store]\nbackend = \"redis\"\n{keys}key_prefix = \"{prefix}\"\n\n\
+        "[store]\nbackend = \"redis\"\n{keys}key_prefix = \"{prefix}\"\n{extra}\n\
          [tokens]\nkey_file = \"{}\"\n",
         key.display()
     ))
