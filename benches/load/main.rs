@@ -11,20 +11,22 @@
 //! client never share a runtime) and the release proxy binary
 //! (`MCP_RESUME_PROXY_BIN`, default `target/release/mcp-resume-proxy`, built
 //! when missing), one per `[store] sync` mode under test, each with its own
-//! temporary data directory. `--sync` also takes two pseudo modes, the Redis
-//! backend: `redis` (on `REDIS_URL`, else a private `redis-server`) and
+//! temporary data directory. `--sync` also takes three pseudo modes, the
+//! Redis backend: `redis` (on `REDIS_URL`, else a private `redis-server`),
 //! `redis-tls` (a private `redis-server` reached over TLS, `rediss://`, as an
 //! ACL user whose password is in a file, trusting a throwaway CA: what
-//! managed Redis asks for). Each private server is started when a proxy
-//! first needs it, once per run; at the end the keys the proxies wrote are
-//! deleted, the TLS server is stopped and the plain one goes with the
-//! harness. `--scenario small --sync redis,redis-tls` puts both in one
-//! table, with a column against `redis`, so what TLS costs reads as a ratio
-//! of the same run. `--store-extra 'TOML lines'` adds those lines to the
-//! `[store]` of every proxy the harness starts (`partitions = 1`).
-//! Everything listens on 127.0.0.1 only; every child is killed by a guard
-//! on drop (also when a scenario panics) and by `PR_SET_PDEATHSIG` when the
-//! harness itself dies; every scenario runs under a timeout.
+//! managed Redis asks for) and `redis-cluster` (a private Redis Cluster of
+//! three primaries, `cluster`; never with `--smoke` or `--check`). Each
+//! private Redis is started when a proxy first needs it, once per run; at
+//! the end the keys the proxies wrote are deleted, the TLS server and the
+//! cluster are stopped and the plain one goes with the harness.
+//! `--scenario small --sync redis,redis-tls` puts both in one table, with a
+//! column against `redis`, so what TLS costs reads as a ratio of the same
+//! run. `--store-extra 'TOML lines'` adds those lines to the `[store]` of
+//! every proxy the harness starts (`partitions = 1`). Everything listens on
+//! 127.0.0.1 only; every child is killed by a guard on drop (also when a
+//! scenario panics) and by `PR_SET_PDEATHSIG` when the harness itself dies;
+//! every scenario runs under a timeout.
 //!
 //! Scenarios: `small`, `streaming`, `replay`, `idle`, `dialects`, `auth`,
 //! `observed`, `scale` (default: all eight), `peers` (only with `--peers`: the `small` load through the Rust
@@ -32,9 +34,9 @@
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
 //! `instances` (only when named: one instance serving, 0, 1 and 3 more idle
 //! on the same Redis log, what they cost it and what following the feed
-//! costs them), and `soak` (only when named, and alone: minutes of load on one proxy,
-//! its memory and pace per segment; `--scenario soak --check` fails past
-//! its bounds).
+//! costs them), and `soak` (only when named, and alone: minutes of load on
+//! one proxy, its memory and pace per segment; `--scenario soak --check`
+//! fails past its bounds).
 //! `--smoke` runs the eight at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
@@ -46,8 +48,9 @@
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
 //! `replay`, `idle`, `dialects`, `auth`, `observed`, `instances`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
-//! (`client`), the child processes and `/proc` readings (`procs`), nginx
-//! (`nginx`) and the latency histogram (`histogram`).
+//! (`client`), the child processes and `/proc` readings (`procs`), the
+//! Redis Cluster (`cluster`), nginx (`nginx`) and the latency histogram
+//! (`histogram`).
 
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
@@ -87,6 +90,7 @@ mod keys;
 mod auth;
 mod check;
 mod client;
+mod cluster;
 mod dialects;
 mod histogram;
 mod idle;
@@ -140,7 +144,7 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|instances|scale|peers]...
-       [--upstream rust,node] [--sync never,batch,always,redis,redis-tls] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
+       [--upstream rust,node] [--sync never,batch,always,redis,redis-tls,redis-cluster] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N] [--store-extra 'TOML lines']
    or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
@@ -216,10 +220,11 @@ struct Opts {
     /// Progress notifications in each of those calls' answers: how much
     /// log each retained stream holds.
     fill_progress: u32,
-    /// `[store] sync` modes (or `redis`, the Redis backend, and `redis-tls`,
-    /// the same over TLS as an ACL user) under test in `small` and
-    /// `streaming`, the first of them in `dialects`, `auth` and `observed`
-    /// (`None`: each scenario's own list).
+    /// `[store] sync` modes (or `redis`, the Redis backend, `redis-tls`,
+    /// the same over TLS as an ACL user, and `redis-cluster`, on a Redis
+    /// Cluster) under test in `small` and `streaming`, the first of them in
+    /// `dialects`, `auth` and `observed` (`None`: each scenario's own
+    /// list).
     sync: Option<Vec<String>>,
     /// TOML lines added to the `[store]` of every proxy, ending in a
     /// newline (or empty).
@@ -363,12 +368,8 @@ impl Opts {
                 }
                 "--sync" => {
                     let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = modes.iter().find(|m| {
-                        !["never", "batch", "always", "redis", "redis-tls"].contains(&m.as_str())
-                    }) {
-                        bail!(
-                            "unknown sync mode {bad:?} (never, batch, always, redis or redis-tls)"
-                        );
+                    if let Some(bad) = modes.iter().find(|m| !SYNC_MODES.contains(&m.as_str())) {
+                        bail!("unknown sync mode {bad:?} ({})", SYNC_MODES.join(", "));
                     }
                     o.sync = Some(modes);
                 }
@@ -431,6 +432,7 @@ impl Opts {
         } else if o.check {
             o.check_alone(&explicit)?;
         }
+        o.no_cluster_unless_asked()?;
         if o.scenarios.is_empty() {
             o.scenarios = [
                 "small",
@@ -487,6 +489,16 @@ impl Opts {
         Ok(())
     }
 
+    /// A Redis Cluster is started only when `--sync redis-cluster` asks for
+    /// one, never for a quick run (`--check` takes no `--sync` at all).
+    fn no_cluster_unless_asked(&self) -> Result<()> {
+        let modes = self.sync.as_deref().unwrap_or_default();
+        if self.smoke && modes.iter().any(|m| m == "redis-cluster") {
+            bail!("--smoke never starts a Redis Cluster: --sync redis-cluster without --smoke");
+        }
+        Ok(())
+    }
+
     /// The soak runs alone, at one concurrency (32 unless asked), with
     /// `--check` judging its own bounds; `--smoke` makes it 3 segments of a
     /// second at concurrency 4.
@@ -528,6 +540,17 @@ impl Opts {
             .unwrap_or_else(|| default.iter().map(|&m| m.to_owned()).collect())
     }
 }
+
+/// What `--sync` takes: the journal's modes, then the Redis backend's
+/// pseudo modes.
+const SYNC_MODES: [&str; 6] = [
+    "never",
+    "batch",
+    "always",
+    "redis",
+    "redis-tls",
+    "redis-cluster",
+];
 
 async fn run(opts: Opts) -> bool {
     let started = Instant::now();
@@ -580,6 +603,7 @@ async fn run(opts: Opts) -> bool {
     }
     procs::clean_redis();
     procs::stop_redis_tls();
+    cluster::stop();
     println!();
     println!(
         "total {:.1} s, {}; {}",
