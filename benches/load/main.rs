@@ -34,9 +34,10 @@
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
 //! `instances` (only when named: one instance serving, 0, 1 and 3 more idle
 //! on the same Redis log, what they cost it and what following the feed
-//! costs them), and `soak` (only when named, and alone: minutes of load on
-//! one proxy, its memory and pace per segment; `--scenario soak --check`
-//! fails past its bounds).
+//! costs them; `--sync redis-cluster` runs it on a Redis Cluster, with
+//! each primary's share of the commands), and `soak` (only when named, and
+//! alone: minutes of load on one proxy, its memory and pace per segment;
+//! `--scenario soak --check` fails past its bounds).
 //! `--smoke` runs the eight at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
@@ -147,6 +148,9 @@ const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--c
        [--upstream rust,node] [--sync never,batch,always,redis,redis-tls,redis-cluster] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
        [--retained 0,10000,100000] [--fill-progress N] [--store-extra 'TOML lines']
+   instances on a cluster: cargo bench --bench load -- --scenario instances --sync redis-cluster
+       (a private 3-primary Redis Cluster; Redis counts summed over its nodes, with each primary's share;
+       --sync redis,redis-cluster puts one server and the cluster in one run)
    or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
        [--backend journal|sled|redis] [--proxy-toml TOML]... [--max-retained-streams N]";
 
@@ -223,8 +227,8 @@ struct Opts {
     /// `[store] sync` modes (or `redis`, the Redis backend, `redis-tls`,
     /// the same over TLS as an ACL user, and `redis-cluster`, on a Redis
     /// Cluster) under test in `small` and `streaming`, the first of them in
-    /// `dialects`, `auth` and `observed` (`None`: each scenario's own
-    /// list).
+    /// `dialects`, `auth` and `observed`, the Redis ones in `instances`
+    /// (`None`: each scenario's own list).
     sync: Option<Vec<String>>,
     /// TOML lines added to the `[store]` of every proxy, ending in a
     /// newline (or empty).
@@ -490,11 +494,21 @@ impl Opts {
     }
 
     /// A Redis Cluster is started only when `--sync redis-cluster` asks for
-    /// one, never for a quick run (`--check` takes no `--sync` at all).
+    /// one, never for a quick run (`--check` takes no `--sync` at all);
+    /// `instances` measures instances sharing a Redis log, so only the
+    /// Redis modes it can count commands on.
     fn no_cluster_unless_asked(&self) -> Result<()> {
         let modes = self.sync.as_deref().unwrap_or_default();
         if self.smoke && modes.iter().any(|m| m == "redis-cluster") {
             bail!("--smoke never starts a Redis Cluster: --sync redis-cluster without --smoke");
+        }
+        if self.scenarios.iter().any(|s| s == "instances") {
+            if let Some(bad) = modes
+                .iter()
+                .find(|m| !["redis", "redis-cluster"].contains(&m.as_str()))
+            {
+                bail!("the instances scenario runs on --sync redis or redis-cluster, not {bad:?}");
+            }
         }
         Ok(())
     }
@@ -657,8 +671,14 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" | "dialects" | "auth" | "observed" | "instances" => {
+        "small" | "dialects" | "auth" | "observed" => {
             per_run * (o.rounds * o.concurrency.len() * 5) as u32 + Duration::from_secs(30)
+        }
+        // Once per Redis mode, and a cluster to start (its nodes may take
+        // 30 s to join and 30 s more to agree).
+        "instances" => {
+            let modes = o.sync_modes(&["redis"]).len();
+            per_run * (o.rounds * o.concurrency.len() * 5 * modes) as u32 + Duration::from_secs(90)
         }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {
