@@ -11,16 +11,19 @@
 //! client never share a runtime) and the release proxy binary
 //! (`MCP_RESUME_PROXY_BIN`, default `target/release/mcp-resume-proxy`, built
 //! when missing), one per `[store] sync` mode under test, each with its own
-//! temporary data directory. `--sync` also takes two pseudo modes, the Redis
-//! backend: `redis` (on `REDIS_URL`, else a private `redis-server`) and
+//! temporary data directory. `--sync` also takes three pseudo modes, the
+//! Redis backend: `redis` (on `REDIS_URL`, else a private `redis-server`),
 //! `redis-tls` (a private `redis-server` reached over TLS, `rediss://`, as an
 //! ACL user whose password is in a file, trusting a throwaway CA: what
-//! managed Redis asks for). Each private server is started when a proxy
-//! first needs it, once per run; at the end the keys the proxies wrote are
-//! deleted, the TLS server is stopped and the plain one goes with the
-//! harness. `--scenario small --sync redis,redis-tls` puts both in one
-//! table, with a column against `redis`, so what TLS costs reads as a ratio
-//! of the same run. Everything listens on
+//! managed Redis asks for) and `redis-cluster` (a private Redis Cluster of
+//! three primaries, `cluster`; never with `--smoke` or `--check`). Each
+//! private Redis is started when a proxy first needs it, once per run; at
+//! the end the keys the proxies wrote are deleted, the TLS server and the
+//! cluster are stopped and the plain one goes with the harness.
+//! `--scenario small --sync redis,redis-tls` puts both in one table, with a
+//! column against `redis`, so what TLS costs reads as a ratio of the same
+//! run. `--store-extra 'TOML lines'` adds those lines to the `[store]` of
+//! every proxy the harness starts (`partitions = 1`). Everything listens on
 //! 127.0.0.1 only; every child is killed by a guard on drop (also when a
 //! scenario panics) and by `PR_SET_PDEATHSIG` when the harness itself dies;
 //! every scenario runs under a timeout.
@@ -31,9 +34,10 @@
 //! `/tmp/mcp-resume-proxy-peers` or from Debian, never in the repository)
 //! `instances` (only when named: one instance serving, 0, 1 and 3 more idle
 //! on the same Redis log, what they cost it and what following the feed
-//! costs them), and `soak` (only when named, and alone: minutes of load on one proxy,
-//! its memory and pace per segment; `--scenario soak --check` fails past
-//! its bounds).
+//! costs them; `--sync redis-cluster` runs it on a Redis Cluster, with
+//! each primary's share of the commands), and `soak` (only when named, and
+//! alone: minutes of load on one proxy, its memory and pace per segment;
+//! `--scenario soak --check` fails past its bounds).
 //! `--smoke` runs the eight at tiny sizes in a few seconds and exits non-zero
 //! unless each of them completed without errors and printed its figures.
 //! `--upstream rust,node` runs the scenarios once per fast upstream: the Rust
@@ -45,8 +49,9 @@
 //! This file owns the options, the order of the scenarios and their time
 //! limits; each scenario is a module of its own (`small`, `streaming`,
 //! `replay`, `idle`, `dialects`, `auth`, `observed`, `instances`, `scale`, `peers`, `soak`, and `check`), on top of the MCP client
-//! (`client`), the child processes and `/proc` readings (`procs`), nginx
-//! (`nginx`) and the latency histogram (`histogram`).
+//! (`client`), the child processes and `/proc` readings (`procs`), the
+//! Redis Cluster (`cluster`), nginx (`nginx`) and the latency histogram
+//! (`histogram`).
 
 #[path = "../support/fast_upstream.rs"]
 mod fast_upstream;
@@ -86,6 +91,7 @@ mod keys;
 mod auth;
 mod check;
 mod client;
+mod cluster;
 mod dialects;
 mod histogram;
 mod idle;
@@ -139,9 +145,12 @@ fn main() {
 }
 
 const USAGE: &str = "usage: cargo bench --bench load -- [--smoke] [--peers] [--check] [--scenario small|streaming|replay|idle|dialects|auth|observed|instances|scale|peers]...
-       [--upstream rust,node] [--sync never,batch,always,redis,redis-tls] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
+       [--upstream rust,node] [--sync never,batch,always,redis,redis-tls,redis-cluster] [--rounds N] [--duration SECS] [--warmup SECS] [--concurrency 1,32] [--pace MS]
        [--streaming-calls N] [--progress N] [--replay-entries N] [--idle-streams N] [--idle-hold SECS]
-       [--retained 0,10000,100000] [--fill-progress N]
+       [--retained 0,10000,100000] [--fill-progress N] [--store-extra 'TOML lines']
+   instances on a cluster: cargo bench --bench load -- --scenario instances --sync redis-cluster
+       (a private 3-primary Redis Cluster; Redis counts summed over its nodes, with each primary's share;
+       --sync redis,redis-cluster puts one server and the cluster in one run)
    or: cargo bench --bench load -- --scenario soak [--check] [--concurrency 32] [--segments 8] [--segment-secs 30]
        [--backend journal|sled|redis] [--proxy-toml TOML]... [--max-retained-streams N]";
 
@@ -215,11 +224,15 @@ struct Opts {
     /// Progress notifications in each of those calls' answers: how much
     /// log each retained stream holds.
     fill_progress: u32,
-    /// `[store] sync` modes (or `redis`, the Redis backend, and `redis-tls`,
-    /// the same over TLS as an ACL user) under test in `small` and
-    /// `streaming`, the first of them in `dialects`, `auth` and `observed`
+    /// `[store] sync` modes (or `redis`, the Redis backend, `redis-tls`,
+    /// the same over TLS as an ACL user, and `redis-cluster`, on a Redis
+    /// Cluster) under test in `small` and `streaming`, the first of them in
+    /// `dialects`, `auth` and `observed`, the Redis ones in `instances`
     /// (`None`: each scenario's own list).
     sync: Option<Vec<String>>,
+    /// TOML lines added to the `[store]` of every proxy, ending in a
+    /// newline (or empty).
+    store_extra: String,
     /// The soak's segments, each a row of its table.
     segments: usize,
     segment_secs: Duration,
@@ -251,6 +264,7 @@ impl Opts {
             retained: vec![0, 10_000, 100_000],
             fill_progress: 0,
             sync: None,
+            store_extra: String::new(),
             segments: 8,
             segment_secs: Duration::from_secs(30),
             backend: "journal".into(),
@@ -358,14 +372,16 @@ impl Opts {
                 }
                 "--sync" => {
                     let modes: Vec<String> = value()?.split(',').map(str::to_owned).collect();
-                    if let Some(bad) = modes.iter().find(|m| {
-                        !["never", "batch", "always", "redis", "redis-tls"].contains(&m.as_str())
-                    }) {
-                        bail!(
-                            "unknown sync mode {bad:?} (never, batch, always, redis or redis-tls)"
-                        );
+                    if let Some(bad) = modes.iter().find(|m| !SYNC_MODES.contains(&m.as_str())) {
+                        bail!("unknown sync mode {bad:?} ({})", SYNC_MODES.join(", "));
                     }
                     o.sync = Some(modes);
+                }
+                "--store-extra" => {
+                    o.store_extra = value()?.to_owned();
+                    if !o.store_extra.is_empty() && !o.store_extra.ends_with('\n') {
+                        o.store_extra.push('\n');
+                    }
                 }
                 other => bail!("unknown argument {other:?}"),
             }
@@ -420,6 +436,7 @@ impl Opts {
         } else if o.check {
             o.check_alone(&explicit)?;
         }
+        o.no_cluster_unless_asked()?;
         if o.scenarios.is_empty() {
             o.scenarios = [
                 "small",
@@ -476,6 +493,26 @@ impl Opts {
         Ok(())
     }
 
+    /// A Redis Cluster is started only when `--sync redis-cluster` asks for
+    /// one, never for a quick run (`--check` takes no `--sync` at all);
+    /// `instances` measures instances sharing a Redis log, so only the
+    /// Redis modes it can count commands on.
+    fn no_cluster_unless_asked(&self) -> Result<()> {
+        let modes = self.sync.as_deref().unwrap_or_default();
+        if self.smoke && modes.iter().any(|m| m == "redis-cluster") {
+            bail!("--smoke never starts a Redis Cluster: --sync redis-cluster without --smoke");
+        }
+        if self.scenarios.iter().any(|s| s == "instances") {
+            if let Some(bad) = modes
+                .iter()
+                .find(|m| !["redis", "redis-cluster"].contains(&m.as_str()))
+            {
+                bail!("the instances scenario runs on --sync redis or redis-cluster, not {bad:?}");
+            }
+        }
+        Ok(())
+    }
+
     /// The soak runs alone, at one concurrency (32 unless asked), with
     /// `--check` judging its own bounds; `--smoke` makes it 3 segments of a
     /// second at concurrency 4.
@@ -518,8 +555,21 @@ impl Opts {
     }
 }
 
+/// What `--sync` takes: the journal's modes, then the Redis backend's
+/// pseudo modes.
+const SYNC_MODES: [&str; 6] = [
+    "never",
+    "batch",
+    "always",
+    "redis",
+    "redis-tls",
+    "redis-cluster",
+];
+
 async fn run(opts: Opts) -> bool {
     let started = Instant::now();
+    // Before any proxy starts: every one's `[store]` takes them.
+    let _ = procs::STORE_EXTRA.set(opts.store_extra.clone());
     println!("# mcp-resume-proxy load harness");
     println!(
         "command: cargo bench --bench load -- {}",
@@ -567,6 +617,7 @@ async fn run(opts: Opts) -> bool {
     }
     procs::clean_redis();
     procs::stop_redis_tls();
+    cluster::stop();
     println!();
     println!(
         "total {:.1} s, {}; {}",
@@ -620,8 +671,14 @@ async fn run_scenarios(o: &Opts, bin: &std::path::Path) -> bool {
 fn scenario_limit(name: &str, o: &Opts) -> Duration {
     let per_run = o.duration + o.warmup + Duration::from_secs(15);
     match name {
-        "small" | "dialects" | "auth" | "observed" | "instances" => {
+        "small" | "dialects" | "auth" | "observed" => {
             per_run * (o.rounds * o.concurrency.len() * 5) as u32 + Duration::from_secs(30)
+        }
+        // Once per Redis mode, and a cluster to start (its nodes may take
+        // 30 s to join and 30 s more to agree).
+        "instances" => {
+            let modes = o.sync_modes(&["redis"]).len();
+            per_run * (o.rounds * o.concurrency.len() * 5 * modes) as u32 + Duration::from_secs(90)
         }
         // Up to seven targets, plus the installs (mcp-proxy's cargo install).
         "peers" => {

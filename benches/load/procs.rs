@@ -4,8 +4,9 @@
 //! (CPU, RSS, disk writes, fds, load average) are what the scenarios turn into
 //! per-message and per-stream figures. It also owns the Redis servers behind
 //! the `redis` and `redis-tls` pseudo sync modes (each started on first use,
-//! once per run), the `[store]` sections that point a proxy at them, and the
-//! cleaning of the keys those proxies wrote.
+//! once per run), the `[store]` sections that point a proxy at them or at
+//! the `redis-cluster` mode's cluster (`cluster`), and the cleaning of the
+//! keys those proxies wrote.
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::unix::process::CommandExt;
@@ -483,6 +484,9 @@ enum BenchRedis {
     Plain,
     /// The `redis-tls` mode's ([`TLS_REDIS`]).
     Tls,
+    /// The `redis-cluster` mode's (`cluster`): never cleaned, its keys go
+    /// with it.
+    Cluster,
 }
 
 /// Key prefixes the benchmark's Redis proxies wrote under, and where.
@@ -517,6 +521,7 @@ pub fn clean_redis() {
         let url = match redis {
             BenchRedis::Plain => &plain,
             BenchRedis::Tls => &tls,
+            BenchRedis::Cluster => continue,
         };
         if let Some(url) = url {
             crate::redis_keys::delete_prefix(url, &prefix);
@@ -524,17 +529,35 @@ pub fn clean_redis() {
     }
 }
 
+/// `--store-extra`: TOML lines (each ending in a newline) added to the
+/// `[store]` of every proxy of the run. A static, set by `run` before the
+/// first proxy starts, because the scenarios reach [`store_section`] from
+/// a dozen places that do not carry the options.
+pub static STORE_EXTRA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `--store-extra`'s lines, or none.
+pub fn store_extra() -> &'static str {
+    STORE_EXTRA.get().map_or("", String::as_str)
+}
+
 /// The `[store]` (and `[tokens]`) of a benchmark proxy: a `sync` mode of
-/// the journal, `redis` — the shared backend — or `redis-tls` — the same
-/// over TLS as an ACL user — each Redis proxy on its own key prefix.
+/// the journal, `redis` — the shared backend — `redis-tls` — the same
+/// over TLS as an ACL user — or `redis-cluster` — on a Redis Cluster of
+/// three primaries — each Redis proxy on its own key prefix; then
+/// `--store-extra`.
 pub fn store_section(sync: &str, dir: &Path) -> Result<String> {
+    let extra = store_extra();
     let (redis, keys) = match sync {
         "redis" => (
             BenchRedis::Plain,
             format!("redis_url = \"{}\"\n", bench_redis()?),
         ),
         "redis-tls" => (BenchRedis::Tls, bench_redis_tls()?),
-        _ => return Ok(format!("[store]\nsync = \"{sync}\"\n")),
+        "redis-cluster" => (
+            BenchRedis::Cluster,
+            format!("redis_cluster = {:?}\n", crate::cluster::node_urls()?),
+        ),
+        _ => return Ok(format!("[store]\nsync = \"{sync}\"\n{extra}")),
     };
     let prefix = {
         let mut prefixes = REDIS_PREFIXES.lock().unwrap_or_else(|p| p.into_inner());
@@ -549,7 +572,7 @@ pub fn store_section(sync: &str, dir: &Path) -> Result<String> {
     let key = dir.join("token.key");
     std::fs::write(&key, [1u8; 32])?;
     Ok(format!(
-        "[store]\nbackend = \"redis\"\n{keys}key_prefix = \"{prefix}\"\n\n\
+        "[store]\nbackend = \"redis\"\n{keys}key_prefix = \"{prefix}\"\n{extra}\n\
          [tokens]\nkey_file = \"{}\"\n",
         key.display()
     ))

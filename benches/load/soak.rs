@@ -112,8 +112,9 @@ async fn start(o: &Opts, bin: &Path) -> Result<Stand> {
 }
 
 /// The default configuration but for where the proxy listens, keeps its
-/// data, finds its upstream and logs (`--backend`), with every
-/// `--proxy-toml` merged over it in turn.
+/// data, finds its upstream and logs (`--backend`, and `--store-extra`'s
+/// lines in its `[store]`), with every `--proxy-toml` merged over it in
+/// turn.
 fn config(
     o: &Opts,
     port: u16,
@@ -122,9 +123,10 @@ fn config(
     redis: Option<&str>,
 ) -> Result<String> {
     let mut base = format!(
-        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[store]\nbackend = \"{}\"\n",
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[store]\nbackend = \"{}\"\n{}",
         dir.join("data").display(),
-        o.backend
+        o.backend,
+        crate::procs::store_extra(),
     );
     if let Some(url) = redis {
         // The Redis backend refuses to start without a shared token key.
