@@ -161,9 +161,7 @@ async fn with_the_replica_stopped_a_write_fails_with_the_replicas_named_and_noth
 
 /// The call's own instance tells its readers of an entry only once the
 /// store answered its write, after the `WAIT`: it reads no feed for the
-/// calls it writes. (Readers on another instance still learn of it from
-/// the feed line the append script writes before the `WAIT`: the gap
-/// `store/redis/replicas.rs` describes.)
+/// calls it writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_replica_stopped_the_calls_own_readers_are_not_told_of_the_unacknowledged_entry() {
     let (primary, replica) = primary_and_replica();
@@ -357,4 +355,61 @@ async fn through_the_proxy_a_call_with_the_replica_stopped_is_refused_within_the
     let last = answer.last().expect("an answer with the replica back");
     assert_eq!(last["id"], 3, "{last}");
     rig.server.shutdown().await;
+}
+
+/// A reader on another instance may be woken by the append script's feed
+/// line before the `WAIT`, but what it reads is shown only once the
+/// replicas hold it: its read waits for them as a write does, and fails
+/// while they cannot say so, rather than show what a failover could lose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replica_stopped_a_reader_on_another_instance_is_shown_no_unacknowledged_entry() {
+    let (primary, replica) = primary_and_replica();
+    let writer = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let meta = call_meta();
+    writer.create_stream(&meta).await.expect("created");
+    writer
+        .append(meta.id, &[message("one")])
+        .await
+        .expect("held");
+    let elsewhere = store_on(&primary, 1, Duration::from_millis(300)).await;
+    let stopped = Stopped::new(&replica);
+    let appended = writer.append(meta.id, &[message("two")]).await;
+    assert!(appended.is_err(), "no replica acknowledged the append");
+    let err = elsewhere
+        .read_after(meta.id, 0, 10)
+        .await
+        .expect_err("entries shown while the replica lacks one");
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    assert!(err.to_string().contains("not shown"), "{err}");
+    let err = elsewhere
+        .stream_meta(meta.id)
+        .await
+        .expect_err("a count shown while the replica lacks an entry");
+    assert!(err.to_string().contains(&too_few(300)), "{err}");
+    drop(stopped);
+    let read = elsewhere
+        .read_after(meta.id, 0, 10)
+        .await
+        .expect("shown once the replica holds it");
+    let read: Vec<Bytes> = read.into_iter().map(|e| e.message).collect();
+    assert_eq!(read, [message("one"), message("two")]);
+    assert_eq!(on_replica(&replica, meta.id).await, read);
+}
+
+/// Without `min_replicas` a read sends nothing but itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_min_replicas_a_read_sends_no_wait() {
+    let (primary, _replica) = primary_and_replica();
+    let writer = store_on(&primary, 0, Duration::from_millis(300)).await;
+    let meta = call_meta();
+    writer.create_stream(&meta).await.expect("created");
+    writer
+        .append(meta.id, &[message("one")])
+        .await
+        .expect("written");
+    let before = waits_on(&primary);
+    let elsewhere = store_on(&primary, 0, Duration::from_millis(300)).await;
+    elsewhere.read_after(meta.id, 0, 10).await.expect("read");
+    elsewhere.stream_meta(meta.id).await.expect("read");
+    assert_eq!(waits_on(&primary), before);
 }

@@ -47,7 +47,10 @@
 //!   `P:wake:<instance>`: a line that makes an instance's listener read a
 //!   shard it just started;
 //! - `P:instances`: sorted set of instances by lease expiry;
-//!   `P:owned:<instance>`: the live streams it owns (`lease.rs`).
+//!   `P:owned:<instance>`: the live streams it owns (`lease.rs`);
+//! - `P:reads`: a counter each read increments with `min_replicas`, so
+//!   that the `WAIT` after it says whether the replicas hold what the read
+//!   saw (`replicas.rs`).
 //!
 //! A retained short call is then one key, a field of its session's requests
 //! hash and an entry of the retention index: under 1 KB with a 300-byte
@@ -96,8 +99,8 @@
 //! as durable as an answered one (only its answer is in flight), and a
 //! status shows only with the entries it ends. With `min_replicas` it is
 //! not yet: the primary holds it, its replicas may not (the feed line that
-//! wakes readers is written by the same script); readers are not held
-//! back until the replicas acknowledged it.
+//! wakes readers is written by the same script), so a read is answered
+//! only once the replicas hold what it saw (`replicas.rs`).
 //!
 //! Limits:
 //! - The scripts that also update the global indexes (create, finish,

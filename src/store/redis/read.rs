@@ -37,21 +37,18 @@ fn answer(id: StreamId, value: Value, hash: Value) -> Result<Option<StreamMeta>>
     meta_from_hash(hash)
 }
 
-/// The metadata of streams `ids` under `prefix`, in order, in one round
-/// trip: `None` for one that does not exist, an error for one unreadable.
-pub(super) async fn metas_on<C: ConnectionLike>(
-    conn: &mut C,
-    prefix: &str,
-    ids: &[StreamId],
-) -> redis::RedisResult<Vec<Result<Option<StreamMeta>>>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
+/// The reads that find the metadata of streams `ids` under `prefix`.
+fn ask_all(prefix: &str, ids: &[StreamId]) -> Pipeline {
     let mut pipe = redis::pipe();
     for id in ids {
         ask(&mut pipe, prefix, *id);
     }
-    let answers: Vec<Value> = pipe.query_async(conn).await?;
+    pipe
+}
+
+/// The metadata of streams `ids` from the answers to [`ask_all`], in
+/// order: `None` for one that does not exist, an error for one unreadable.
+fn answers(ids: &[StreamId], answers: Vec<Value>) -> Vec<Result<Option<StreamMeta>>> {
     let mut answers = answers.into_iter();
     let mut metas = Vec::with_capacity(ids.len());
     for id in ids {
@@ -60,7 +57,21 @@ pub(super) async fn metas_on<C: ConnectionLike>(
         };
         metas.push(answer(*id, value, hash));
     }
-    Ok(metas)
+    metas
+}
+
+/// The metadata of streams `ids` under `prefix`, in order, in one round
+/// trip on `conn` (the feed's, which shows nothing to a client).
+pub(super) async fn metas_on<C: ConnectionLike>(
+    conn: &mut C,
+    prefix: &str,
+    ids: &[StreamId],
+) -> redis::RedisResult<Vec<Result<Option<StreamMeta>>>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let asked: Vec<Value> = ask_all(prefix, ids).query_async(conn).await?;
+    Ok(answers(ids, asked))
 }
 
 /// The stream a requests hash value names.
@@ -91,11 +102,18 @@ fn logged(mut entry: redis::streams::StreamId) -> Result<Entry> {
 }
 
 impl RedisStore {
+    /// The metadata of streams `ids`, as shown (`replicas.rs`).
+    async fn shown_metas(&self, ids: &[StreamId]) -> Result<Vec<Result<Option<StreamMeta>>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let asked: Vec<Value> = self.run_read(ask_all(&self.prefix, ids)).await?;
+        Ok(answers(ids, asked))
+    }
+
     /// The metadata of the streams `ids` that exist.
     pub(super) async fn metas(&self, ids: &[StreamId]) -> Result<Vec<StreamMeta>> {
-        let metas = metas_on(&mut self.conn(), &self.prefix, ids)
-            .await
-            .map_err(backend)?;
+        let metas = self.shown_metas(ids).await?;
         let mut found = Vec::with_capacity(metas.len());
         for meta in metas {
             found.extend(meta?);
@@ -104,9 +122,7 @@ impl RedisStore {
     }
 
     pub(super) async fn meta(&self, id: StreamId) -> Result<Option<StreamMeta>> {
-        let mut metas = metas_on(&mut self.conn(), &self.prefix, &[id])
-            .await
-            .map_err(backend)?;
+        let mut metas = self.shown_metas(&[id]).await?;
         metas.pop().unwrap_or(Ok(None))
     }
 
@@ -128,14 +144,12 @@ impl RedisStore {
         if let Ok(count) = i64::try_from(limit) {
             range.arg("COUNT").arg(count);
         }
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(self.stream_key(stream, "stream"))
+            .add_command(range);
         let (value, logged_entries): (Option<Vec<u8>>, redis::streams::StreamRangeReply) =
-            redis::pipe()
-                .cmd("GET")
-                .arg(self.stream_key(stream, "stream"))
-                .add_command(range)
-                .query_async(&mut self.conn())
-                .await
-                .map_err(backend)?;
+            self.run_read(pipe).await?;
         if let Some(value) = value {
             if let (_, Entries::Inline(inline)) = decode(stream, &value)? {
                 let first = usize::try_from(after).unwrap_or(usize::MAX);

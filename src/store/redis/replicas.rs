@@ -21,10 +21,15 @@
 //! it at once. The writing instance's own readers are told of it only
 //! from the answer (it reads no feed for the calls it writes), but the
 //! script's feed line wakes readers on other instances before the `WAIT`
-//! answered. Such a reader can so be sent an entry the replicas do not
-//! hold yet, or one whose write then failed (`WAIT` undoes nothing).
-//! Holding them back needs the feed line, and the watermark a tail starts
-//! from, to follow the `WAIT`: not done yet.
+//! answered, and anyone may read the stream meanwhile. So what a stream
+//! shows waits too: a read of its entries or its metadata is followed, in
+//! the same pipeline, by an `INCR` of the prefix's `reads` key and a
+//! `WAIT`. Redis replicates in the order it ran commands, so a replica
+//! that acknowledged that `INCR` holds everything the read saw; the read
+//! is answered once enough did, and fails otherwise, like a write (an
+//! entry whose write failed is shown once the replicas hold it after all,
+//! never before). One round trip still, longer by the wait for the
+//! replicas; and while too few replicas answer, reads fail as writes do.
 //!
 //! With `min_replicas = 0` nothing here sends a command: the writes go as
 //! they always did, on the worker's connection, without `WAIT`.
@@ -67,14 +72,23 @@ impl Replicas {
         pipe.cmd("WAIT").arg(self.min).arg(ms);
     }
 
-    /// Whether `acked` replicas (`WAIT`'s answer) are enough.
+    /// Whether `acked` replicas (`WAIT`'s answer) are enough for a write.
     fn check(&self, acked: i64) -> Result<()> {
+        self.enough(acked, "written on the primary", "acknowledged")
+    }
+
+    /// Whether `acked` replicas are enough for what a read saw.
+    fn check_read(&self, acked: i64) -> Result<()> {
+        self.enough(acked, "read from the primary", "shown")
+    }
+
+    fn enough(&self, acked: i64, done: &str, not: &str) -> Result<()> {
         if acked >= i64::from(self.min) {
             return Ok(());
         }
         Err(StoreError::Backend(format!(
-            "redis: written on the primary but acknowledged by only {acked} of {} replicas \
-             within {} ms (store.min_replicas): not acknowledged, as a failover could lose it",
+            "redis: {done} but acknowledged by only {acked} of {} replicas within {} ms \
+             (store.min_replicas): not {not}, as a failover could lose it",
             self.min,
             self.wait.as_millis()
         )))
@@ -187,6 +201,25 @@ impl RedisStore {
         Ok(answer)
     }
 
+    /// Runs the reads of `pipe` (each answering one value, none ignored);
+    /// with `min_replicas`, answers only once that many replicas hold
+    /// what they saw (see the module's doc).
+    pub(super) async fn run_read<T: FromRedisValue>(&self, mut pipe: Pipeline) -> Result<T> {
+        let replicas = self.waiting.replicas;
+        if replicas.min == 0 {
+            return pipe.query_async(&mut self.conn()).await.map_err(backend);
+        }
+        pipe.cmd("INCR").arg(self.global_key("reads")).ignore();
+        replicas.wait_in(&mut pipe);
+        let mut answers: Vec<Value> = pipe
+            .query_async(&mut self.waited_conn())
+            .await
+            .map_err(backend)?;
+        let acked = answers.pop().map(redis::from_redis_value::<i64>);
+        replicas.check_read(acked.and_then(|a| a.ok()).unwrap_or(-1))?;
+        redis::from_redis_value(Value::Array(answers)).map_err(backend)
+    }
+
     /// Runs `transaction` (a `MULTI`/`EXEC` pipeline); with
     /// `min_replicas`, its `WAIT` follows in the same pipeline.
     pub(super) async fn run_transaction(&self, transaction: &Pipeline) -> Result<()> {
@@ -237,6 +270,18 @@ mod tests {
         assert!(matches!(replicas(2).check(-1), Err(StoreError::Backend(_))));
         assert!(replicas(2).check(2).is_ok());
         assert!(replicas(2).check(3).is_ok());
+    }
+
+    #[test]
+    fn too_few_replicas_fail_a_read_saying_it_was_not_shown() {
+        let err = replicas(1).check_read(0).unwrap_err().to_string();
+        assert!(err.contains("read from the primary"), "{err}");
+        assert!(
+            err.contains("acknowledged by only 0 of 1 replicas within 250 ms"),
+            "{err}"
+        );
+        assert!(err.contains("not shown"), "{err}");
+        assert!(replicas(1).check_read(1).is_ok());
     }
 
     #[test]
