@@ -464,9 +464,16 @@ impl Store for Spread {
         true
     }
 
-    /// Unready while any partition is: its calls would fail.
+    /// Unready only while every partition is: a primary away takes its
+    /// partitions' calls from every instance alike, and an instance
+    /// pulled from its balancer for it would take the others' too. Those
+    /// calls fail one by one meanwhile, and the outage is logged.
     fn health(&self) -> std::result::Result<(), String> {
-        self.parts.iter().try_for_each(|p| p.health())
+        let mut away = self.parts.iter().map(|p| p.health());
+        match away.find(|h| h.is_ok()) {
+            Some(_) => Ok(()),
+            None => self.parts.first().map_or(Ok(()), |p| p.health()),
+        }
     }
 
     async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {
@@ -481,5 +488,36 @@ impl Store for Spread {
     async fn retire(&self) -> Result<()> {
         try_join_all(self.parts.iter().map(|p| p.retire())).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition reaching no Redis, its lease (of no length) renewed
+    /// last a moment ago when `away`, never when not (so well).
+    fn partition(away: bool) -> RedisStore {
+        let client = redis::Client::open("redis://127.0.0.1:9").unwrap();
+        let part = RedisStore::build(Route::fixed(client), "p", Duration::ZERO).unwrap();
+        if away {
+            let _ = part.renewed.set(lease::Renewed::now());
+        }
+        part
+    }
+
+    #[tokio::test]
+    async fn a_spread_log_is_unready_only_while_every_partition_is() {
+        let some = Spread {
+            parts: vec![partition(true), partition(false), partition(true)],
+        };
+        let every = Spread {
+            parts: vec![partition(true), partition(true)],
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(some.parts[0].health().is_err());
+        assert_eq!(some.health(), Ok(()));
+        let why = every.health().unwrap_err();
+        assert!(why.starts_with("redis unreachable for "), "{why}");
     }
 }
