@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::procs::run_bounded;
 use crate::redis_server::{connect, RedisServer};
 
 /// Primaries: enough for the keys to spread, few enough for 2 cores.
@@ -91,16 +90,22 @@ fn start() -> Result<Cluster> {
 }
 
 /// `redis-cli --cluster create` on `nodes`, all primaries, its output in
-/// `dir`: bounded by [`SETTLE`], as it waits for the nodes to join with no
-/// end of its own.
+/// `dir`: bounded by [`SETTLE`] (coreutils' `timeout`, so that this file
+/// needs nothing of the proxies' process guard), as it waits for the nodes
+/// to join with no end of its own.
 fn join(nodes: &[RedisServer], dir: &Path) -> Result<()> {
-    let mut cli = Command::new("redis-cli");
-    cli.args(["--cluster", "create"])
-        .args(nodes.iter().map(|node| format!("127.0.0.1:{}", node.port)))
-        .args(["--cluster-replicas", "0", "--cluster-yes"]);
     let log = dir.join("cluster-create.log");
-    let joined =
-        run_bounded(cli, SETTLE, &log).context("running redis-cli (Debian package redis-tools)")?;
+    let file = std::fs::File::create(&log)?;
+    let joined = Command::new("timeout")
+        .arg(SETTLE.as_secs().to_string())
+        .args(["redis-cli", "--cluster", "create"])
+        .args(nodes.iter().map(|node| format!("127.0.0.1:{}", node.port)))
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .context("running redis-cli (Debian package redis-tools)")?
+        .success();
     if !joined {
         let said = std::fs::read_to_string(&log).unwrap_or_default();
         bail!(
