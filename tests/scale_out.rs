@@ -7,9 +7,9 @@
 //!
 //! Runs on `REDIS_URL`, else on a private `redis-server` it starts itself
 //! (`common::redis_server`); fails, never skips, with neither. The live
-//! follow and the takeover run on a private Redis Cluster too
-//! (`common::redis_cluster`), and a call there outlives the primary of its
-//! log.
+//! follow, the takeover and both kinds of task run on a private Redis
+//! Cluster too (`common::redis_cluster`), the log spread over its
+//! primaries.
 
 mod common;
 
@@ -417,13 +417,28 @@ async fn an_instance_stopped_with_sigterm_hands_its_calls_over_at_once() {
 /// cancellation on one stops the upstream call the other runs.
 #[tokio::test]
 async fn a_task_created_on_a_is_polled_and_cancelled_on_b() {
-    use common::tasks::{answer_from, modern, settled_on, slow, tasks_call};
-    use std::sync::atomic::Ordering;
-    let cluster = Cluster::start(DemoOptions {
+    let modern = DemoOptions {
         modern: true,
         ..DemoOptions::default()
-    })
-    .await;
+    };
+    polled_and_cancelled_on_b(&Cluster::start(modern).await).await;
+}
+
+/// The same on a Redis Cluster, where the task and its legs are in their
+/// own partition of the log, whichever partition that is.
+#[tokio::test]
+async fn a_task_created_on_a_is_polled_and_cancelled_on_b_on_a_redis_cluster() {
+    let modern = DemoOptions {
+        modern: true,
+        ..DemoOptions::default()
+    };
+    let log = Log::Cluster(redis_cluster());
+    polled_and_cancelled_on_b(&Cluster::start_on_log(log, modern).await).await;
+}
+
+async fn polled_and_cancelled_on_b(cluster: &Cluster) {
+    use common::tasks::{answer_from, modern, settled_on, slow, tasks_call};
+    use std::sync::atomic::Ordering;
     // Calls become tasks after the default second.
     let (_, created) = answer_from(&cluster.a.client(), modern(&slow(1, 200, 50, true))).await;
     let task = created["result"]["taskId"]
@@ -462,8 +477,23 @@ async fn in_session(
 /// fetch its result with every progress notification once.
 #[tokio::test]
 async fn a_legacy_task_made_on_a_is_fetched_and_listed_on_b() {
-    let toml = "[upstream.tasks]\nlegacy = true\npoll_interval_ms = 50\n";
-    let cluster = Cluster::with_upstream_toml(DemoOptions::default(), toml).await;
+    let cluster = Cluster::with_upstream_toml(DemoOptions::default(), LEGACY_TASKS).await;
+    fetched_and_listed_on_b(&cluster).await;
+}
+
+/// The same on a Redis Cluster, where the task, its call's stream and its
+/// session are in the session's partition of the log.
+#[tokio::test]
+async fn a_legacy_task_made_on_a_is_fetched_and_listed_on_b_on_a_redis_cluster() {
+    let log = Log::Cluster(redis_cluster());
+    let options = DemoOptions::default();
+    let cluster = Cluster::on_log_with_upstream_toml(log, options, LEGACY_TASKS).await;
+    fetched_and_listed_on_b(&cluster).await;
+}
+
+const LEGACY_TASKS: &str = "[upstream.tasks]\nlegacy = true\npoll_interval_ms = 50\n";
+
+async fn fetched_and_listed_on_b(cluster: &Cluster) {
     let session = cluster.a.client().initialize(V_LATEST).await;
     let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
         "name":"slow","arguments":{"steps":5,"interval_ms":60},"task":{},

@@ -105,7 +105,16 @@ impl Cluster {
 
     /// Two instances whose `[[upstream]]` table ends with `upstream_toml`.
     pub async fn with_upstream_toml(options: DemoOptions, upstream_toml: &str) -> Cluster {
-        Self::build(Log::Server(&redis_url()), options, LEASE_MS, upstream_toml).await
+        Self::on_log_with_upstream_toml(Log::Server(&redis_url()), options, upstream_toml).await
+    }
+
+    /// The same, on `log`.
+    pub async fn on_log_with_upstream_toml(
+        log: Log<'_>,
+        options: DemoOptions,
+        upstream_toml: &str,
+    ) -> Cluster {
+        Self::build(log, options, LEASE_MS, upstream_toml).await
     }
 
     async fn build(
