@@ -43,7 +43,7 @@ use crate::Opts;
 /// Instances on the log, the serving one included.
 const COUNTS: [usize; 3] = [1, 2, 4];
 
-/// The cluster's extra column, after `XREADs/call`, and its width.
+/// The cluster's extra column, after `reads/call`, and its width.
 const BY_PRIMARY: &str = "   commands by primary %";
 const BY_PRIMARY_WIDTH: usize = 21;
 
@@ -82,7 +82,7 @@ async fn serving_table(
     writeln!(
         out,
         "## instances: one serving `small` (c = {c}), the others idle on the same Redis log{on}\n\
-         instances   req/s   Redis commands/call   XREADs/call{by}   serving CPU us/call   idle ones' CPU us/call (each)"
+         instances   req/s   Redis commands/call   XREADs/call   reads/call{by}   serving CPU us/call   idle ones' CPU us/call (each)"
     )?;
     let mut first_cpu = None;
     for n in COUNTS {
@@ -136,7 +136,7 @@ async fn spread_table(
     writeln!(
         out,
         "## instances: `small` (c = {c} in all) spread over every instance{on}\n\
-         instances   req/s   Redis commands/call   XREADs/call{by}   alone at c/n: CPU us/call   each with the others: CPU us/call"
+         instances   req/s   Redis commands/call   XREADs/call   reads/call{by}   alone at c/n: CPU us/call   each with the others: CPU us/call"
     )?;
     for n in COUNTS.into_iter().filter(|n| c % n == 0 && c / n > 0) {
         let (alone, _, _) = spread_run(bin, upstream, mode, 1, c / n, o).await?;
@@ -223,6 +223,10 @@ struct RedisCounts(Vec<NodeCounts>);
 struct NodeCounts {
     commands: u64,
     xreads: u64,
+    /// Read events on its client sockets (`total_reads_processed`): a
+    /// request, or a pipeline arriving whole, is one, so per call at
+    /// c = 1 it counts a call's round trips to Redis.
+    reads: u64,
 }
 
 impl RedisCounts {
@@ -251,10 +255,17 @@ impl RedisCounts {
             .zip(&before.0)
             .map(|(a, b)| a.xreads.saturating_sub(b.xreads))
             .sum();
+        let reads: u64 = self
+            .0
+            .iter()
+            .zip(&before.0)
+            .map(|(a, b)| a.reads.saturating_sub(b.reads))
+            .sum();
         let total = commands.iter().sum::<u64>();
         RedisLoad {
             commands: total as f64 / calls,
             xreads: xreads as f64 / calls,
+            reads: reads as f64 / calls,
             shares: commands
                 .iter()
                 .map(|&n| n as f64 * 100.0 / total.max(1) as f64)
@@ -278,6 +289,8 @@ impl NodeCounts {
                 .ok_or_else(|| anyhow!("no total_commands_processed in INFO of {url}"))?,
             // No line before the first XREAD.
             xreads: field("cmdstat_xread:calls=").unwrap_or(0),
+            reads: field("total_reads_processed:")
+                .ok_or_else(|| anyhow!("no total_reads_processed in INFO of {url}"))?,
         })
     }
 }
@@ -286,15 +299,19 @@ impl NodeCounts {
 struct RedisLoad {
     commands: f64,
     xreads: f64,
+    reads: f64,
     /// Each node's share of the commands, in %.
     shares: Vec<f64>,
 }
 
 impl RedisLoad {
-    /// The tables' Redis columns: commands and `XREAD`s per call and, on
+    /// The tables' Redis columns: commands, `XREAD`s and reads per call and, on
     /// more than one node, each one's share of the commands.
     fn columns(&self) -> String {
-        let mut cols = format!("{:>19.1}   {:>11.3}", self.commands, self.xreads);
+        let mut cols = format!(
+            "{:>19.1}   {:>11.3}   {:>10.2}",
+            self.commands, self.xreads, self.reads
+        );
         if self.shares.len() > 1 {
             let shares: Vec<String> = self.shares.iter().map(|s| format!("{s:.0}")).collect();
             let _ = write!(cols, "   {:>BY_PRIMARY_WIDTH$}", shares.join("/"));
