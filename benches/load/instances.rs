@@ -34,9 +34,8 @@ use std::path::Path;
 use anyhow::{anyhow, Result};
 
 use crate::client::Target;
-use crate::procs::{
-    cpu_of, free_port, proxy_dir, spawn_proxy, start_upstream, store_section, Proc,
-};
+use crate::procs::{cpu_of, free_port, proxy_dir, spawn_proxy, start_upstream, Proc};
+use crate::redis_modes::store_section;
 use crate::small::{measure, Row};
 use crate::Opts;
 

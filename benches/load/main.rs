@@ -100,6 +100,7 @@ mod nginx;
 mod observed;
 mod peers;
 mod procs;
+mod redis_modes;
 mod replay;
 mod scale;
 mod small;
@@ -569,7 +570,7 @@ const SYNC_MODES: [&str; 6] = [
 async fn run(opts: Opts) -> bool {
     let started = Instant::now();
     // Before any proxy starts: every one's `[store]` takes them.
-    let _ = procs::STORE_EXTRA.set(opts.store_extra.clone());
+    let _ = redis_modes::STORE_EXTRA.set(opts.store_extra.clone());
     println!("# mcp-resume-proxy load harness");
     println!(
         "command: cargo bench --bench load -- {}",
@@ -615,8 +616,8 @@ async fn run(opts: Opts) -> bool {
         println!("# behind the {} fast upstream", upstream.name());
         all_ok &= run_scenarios(&pass, &bin).await;
     }
-    procs::clean_redis();
-    procs::stop_redis_tls();
+    redis_modes::clean_redis();
+    redis_modes::stop_redis_tls();
     cluster::stop();
     println!();
     println!(

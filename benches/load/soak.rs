@@ -126,7 +126,7 @@ fn config(
         "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[store]\nbackend = \"{}\"\n{}",
         dir.join("data").display(),
         o.backend,
-        crate::procs::store_extra(),
+        crate::redis_modes::store_extra(),
     );
     if let Some(url) = redis {
         // The Redis backend refuses to start without a shared token key.
