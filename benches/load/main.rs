@@ -10,21 +10,21 @@
 //! re-executing this binary as `load upstream --port P`, so upstream and
 //! client never share a runtime) and the release proxy binary
 //! (`MCP_RESUME_PROXY_BIN`, default `target/release/mcp-resume-proxy`, built
-//! first so that it is the checkout's), one per `[store] sync` mode under
-//! test, each with its own temporary data directory. `--sync` also takes
-//! three pseudo modes, the Redis backend: `redis` (on `REDIS_URL`, else a
-//! private `redis-server`), `redis-tls` (a private `redis-server` reached
-//! over TLS, `rediss://`, as an ACL user whose password is in a file,
-//! trusting a throwaway CA: what managed Redis asks for) and `redis-cluster`
-//! (a private Redis Cluster of three primaries, `cluster`; never with
-//! `--smoke` or `--check`). Each private Redis is started when a proxy first
-//! needs it, once per run; at the end the keys the proxies wrote are deleted,
-//! the TLS server and the cluster are stopped and the plain one goes with the
-//! harness. `--scenario small --sync redis,redis-tls` puts both in one table,
-//! with a column against `redis`, so what TLS costs reads as a ratio of the
-//! same run. `--store-extra 'TOML lines'` adds those lines to the `[store]`
-//! of every proxy the harness starts (`partitions = 1`). Everything listens
-//! on 127.0.0.1 only; every child is killed by a guard on drop (also when a
+//! when missing), one per `[store] sync` mode under test, each with its own
+//! temporary data directory. `--sync` also takes three pseudo modes, the
+//! Redis backend: `redis` (on `REDIS_URL`, else a private `redis-server`),
+//! `redis-tls` (a private `redis-server` reached over TLS, `rediss://`, as an
+//! ACL user whose password is in a file, trusting a throwaway CA: what
+//! managed Redis asks for) and `redis-cluster` (a private Redis Cluster of
+//! three primaries, `cluster`; never with `--smoke` or `--check`). Each
+//! private Redis is started when a proxy first needs it, once per run; at
+//! the end the keys the proxies wrote are deleted, the TLS server and the
+//! cluster are stopped and the plain one goes with the harness.
+//! `--scenario small --sync redis,redis-tls` puts both in one table, with a
+//! column against `redis`, so what TLS costs reads as a ratio of the same
+//! run. `--store-extra 'TOML lines'` adds those lines to the `[store]` of
+//! every proxy the harness starts (`partitions = 1`). Everything listens on
+//! 127.0.0.1 only; every child is killed by a guard on drop (also when a
 //! scenario panics) and by `PR_SET_PDEATHSIG` when the harness itself dies;
 //! every scenario runs under a timeout.
 //!

@@ -368,29 +368,21 @@ pub fn proxy_bin() -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(|dir| root.join(dir))
         .unwrap_or_else(|| root.join("target"));
-    if let Some(given) = std::env::var_os("MCP_RESUME_PROXY_BIN") {
-        let bin = PathBuf::from(given);
-        if !bin.exists() {
-            bail!("MCP_RESUME_PROXY_BIN = {} does not exist", bin.display());
+    let bin = std::env::var_os("MCP_RESUME_PROXY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target.join("release/mcp-resume-proxy"));
+    if !bin.exists() {
+        eprintln!(
+            "load: {} is missing; running cargo build --release",
+            bin.display()
+        );
+        let status = cargo()
+            .args(["build", "--release", "--bin", "mcp-resume-proxy"])
+            .current_dir(root)
+            .status()?;
+        if !status.success() || !bin.exists() {
+            bail!("cargo build --release failed ({status})");
         }
-        return Ok(bin);
-    }
-    // Built every time (nothing to do when it is up to date): a binary
-    // older than the sources would measure another proxy than the one
-    // checked out.
-    let bin = target.join("release/mcp-resume-proxy");
-    let status = cargo()
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--bin",
-            "mcp-resume-proxy",
-        ])
-        .current_dir(root)
-        .status()?;
-    if !status.success() || !bin.exists() {
-        bail!("cargo build --release failed ({status})");
     }
     Ok(bin)
 }
