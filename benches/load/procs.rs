@@ -371,6 +371,11 @@ pub fn proxy_bin() -> Result<PathBuf> {
     let bin = std::env::var_os("MCP_RESUME_PROXY_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| target.join("release/mcp-resume-proxy"));
+    // `cargo bench` builds the package's binary with the harness (as it
+    // does for any bench or test), so it is the checkout's already: a
+    // `cargo build --release` here, without the dev-dependencies'
+    // features, would only replace it with another build (four minutes
+    // here) of the same sources.
     if !bin.exists() {
         eprintln!(
             "load: {} is missing; running cargo build --release",
