@@ -80,37 +80,32 @@ pub async fn open_log(
     lease: Duration,
     tuning: Tuning,
 ) -> Result<SharedStore> {
+    let n = at.partitions();
     if !at.cluster.is_empty() {
-        let (base, _) = cluster::reach(at, &cluster::one_slot(prefix))?;
-        settle_partitions(&base, prefix, at.partitions()).await?;
+        let (base, stand_in) = cluster::reach(at, &cluster::one_slot(prefix))?;
+        settle_partitions(&base, prefix, n).await?;
+        if n > 1 {
+            let spread = Spread::build(&base, &stand_in, prefix, n, lease, true)?;
+            spread.probe().await?;
+            return Ok(Arc::new(spread.tuned(tuning)));
+        }
     }
-    if at.partitions() <= 1 {
-        let store = RedisStore::open_at(at, prefix, lease).await?;
-        return Ok(Arc::new(store.tuned(tuning)));
-    }
-    let spread = Spread::open_at(at, prefix, lease).await?;
-    Ok(Arc::new(spread.tuned(tuning)))
+    let store = RedisStore::open_at(at, prefix, lease).await?;
+    Ok(Arc::new(store.tuned(tuning)))
 }
 
 /// Opens the Redis log `at` describes for looking only (`streams list`):
 /// on a cluster, in as many partitions as were recorded.
 pub async fn observe_log(at: &Endpoint, prefix: &str) -> Result<Box<dyn Store>> {
-    let recorded = match at.cluster.is_empty() {
-        true => None,
-        false => {
-            let (base, _) = cluster::reach(at, &cluster::one_slot(prefix))?;
-            recorded_partitions(&base, prefix).await?
-        }
-    };
-    match recorded {
-        Some(n) if n > 1 => {
-            let (base, stand_in) = cluster::reach(at, &cluster::one_slot(prefix))?;
+    if !at.cluster.is_empty() {
+        let (base, stand_in) = cluster::reach(at, &cluster::one_slot(prefix))?;
+        if let Some(n) = recorded_partitions(&base, prefix).await?.filter(|n| *n > 1) {
             let spread = Spread::build(&base, &stand_in, prefix, n, Duration::ZERO, false)?;
             spread.probe().await?;
-            Ok(Box::new(spread))
+            return Ok(Box::new(spread));
         }
-        _ => Ok(Box::new(RedisStore::observer(at, prefix).await?)),
     }
+    Ok(Box::new(RedisStore::observer(at, prefix).await?))
 }
 
 /// The hash tag of the partition that holds what an id (`bytes`) names in
@@ -181,15 +176,6 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// A spread log on the cluster `at` lists, after checking that the
-    /// node of every partition answers.
-    pub async fn open_at(at: &Endpoint, prefix: &str, lease: Duration) -> Result<Self> {
-        let (base, stand_in) = cluster::reach(at, &cluster::one_slot(prefix))?;
-        let spread = Self::build(&base, &stand_in, prefix, at.partitions(), lease, true)?;
-        spread.probe().await?;
-        Ok(spread)
-    }
-
     /// A spread log of `n` partitions on the cluster of `nodes`, which
     /// connects lazily; inside a Tokio runtime every partition starts
     /// following its feed and renewing its lease at once.
@@ -247,21 +233,22 @@ impl Spread {
     }
 
     /// The partition an id's first byte picks.
-    /// (As [`partition_of`] names it.)
-    fn at(&self, byte: u8) -> &RedisStore {
-        &self.parts[usize::from(byte) % self.parts.len()]
+    /// The partition an id's first byte picks (as [`partition_of`] names
+    /// it), by its place.
+    fn index(&self, byte: u8) -> usize {
+        usize::from(byte) % self.parts.len()
     }
 
     fn of_stream(&self, id: StreamId) -> &RedisStore {
-        self.at(id.partition_byte())
+        &self.parts[self.index(id.partition_byte())]
     }
 
     fn of_session(&self, id: SessionId) -> &RedisStore {
-        self.at(id.partition_byte())
+        &self.parts[self.index(id.partition_byte())]
     }
 
     fn of_task(&self, id: TaskId) -> &RedisStore {
-        self.at(id.partition_byte())
+        &self.parts[self.index(id.partition_byte())]
     }
 
     /// The partitions that hold a session's streams: its own, or every
@@ -277,29 +264,28 @@ impl Spread {
     /// session's (or, for a task leg, its task's), or the session would
     /// not find it.
     fn to_create(&self, meta: &StreamMeta) -> Result<&RedisStore> {
-        let part = self.of_stream(meta.id);
-        let beside = match meta.task {
-            Some(task) => std::ptr::eq(part, self.of_task(task)),
-            None => std::ptr::eq(part, self.of_session(meta.session)),
+        let kin = match meta.task {
+            Some(task) => task.partition_byte(),
+            None => meta.session.partition_byte(),
         };
-        match beside {
-            true => Ok(part),
+        match self.index(meta.id.partition_byte()) == self.index(kin) {
+            true => Ok(self.of_stream(meta.id)),
             false => Err(StoreError::Backend(format!(
                 "stream {} was not minted in its session's (or task's) partition",
                 meta.id
             ))),
         }
     }
+}
 
-    /// What `each` partition answers, put together.
-    async fn everywhere<'a, T, F, Fut>(&'a self, each: F) -> Result<Vec<T>>
-    where
-        F: Fn(&'a RedisStore) -> Fut,
-        Fut: Future<Output = Result<Vec<T>>>,
-    {
-        let answers = try_join_all(self.parts.iter().map(each)).await?;
-        Ok(answers.into_iter().flatten().collect())
-    }
+/// What `each` of `parts` answers, put together, asked at once.
+async fn together<'a, T, F, Fut>(parts: &'a [RedisStore], each: F) -> Result<Vec<T>>
+where
+    F: Fn(&'a RedisStore) -> Fut,
+    Fut: Future<Output = Result<Vec<T>>>,
+{
+    let answers = try_join_all(parts.iter().map(each)).await?;
+    Ok(answers.into_iter().flatten().collect())
 }
 
 impl RedisStore {
@@ -322,7 +308,7 @@ impl Store for Spread {
     }
 
     async fn list_sessions(&self) -> Result<Vec<SessionRecord>> {
-        self.everywhere(|p| p.list_sessions()).await
+        together(&self.parts, |p| p.list_sessions()).await
     }
 
     async fn sessions_idle_by(
@@ -330,8 +316,10 @@ impl Store for Spread {
         seen_by_ms: u64,
         closed_by_ms: u64,
     ) -> Result<Vec<SessionRecord>> {
-        self.everywhere(|p| p.sessions_idle_by(seen_by_ms, closed_by_ms))
-            .await
+        together(&self.parts, |p| {
+            p.sessions_idle_by(seen_by_ms, closed_by_ms)
+        })
+        .await
     }
 
     async fn delete_session(&self, id: SessionId) -> Result<()> {
@@ -351,13 +339,11 @@ impl Store for Spread {
     }
 
     async fn list_streams(&self) -> Result<Vec<StreamMeta>> {
-        self.everywhere(|p| p.list_streams()).await
+        together(&self.parts, |p| p.list_streams()).await
     }
 
     async fn streams_of_session(&self, session: SessionId) -> Result<Vec<StreamMeta>> {
-        let held = self.holding(session).iter();
-        let answers = try_join_all(held.map(|p| p.streams_of_session(session))).await?;
-        Ok(answers.into_iter().flatten().collect())
+        together(self.holding(session), |p| p.streams_of_session(session)).await
     }
 
     async fn set_status(&self, id: StreamId, end: Finish) -> Result<()> {
@@ -403,11 +389,11 @@ impl Store for Spread {
     }
 
     async fn abandoned_by(&self, now_ms: u64) -> Result<Vec<StreamId>> {
-        self.everywhere(|p| p.abandoned_by(now_ms)).await
+        together(&self.parts, |p| p.abandoned_by(now_ms)).await
     }
 
     async fn finished_by(&self, at_ms: u64) -> Result<Vec<StreamId>> {
-        self.everywhere(|p| p.finished_by(at_ms)).await
+        together(&self.parts, |p| p.finished_by(at_ms)).await
     }
 
     async fn write(&self, stream: StreamId, messages: &[Bytes], along: Along<'_>) -> Result<Seq> {
@@ -445,7 +431,7 @@ impl Store for Spread {
     }
 
     async fn tasks_expired_by(&self, now_ms: u64) -> Result<Vec<TaskId>> {
-        self.everywhere(|p| p.tasks_expired_by(now_ms)).await
+        together(&self.parts, |p| p.tasks_expired_by(now_ms)).await
     }
 
     fn size_on_disk(&self) -> u64 {
@@ -457,7 +443,7 @@ impl Store for Spread {
     }
 
     async fn orphans(&self) -> Result<Vec<StreamMeta>> {
-        self.everywhere(|p| p.orphans()).await
+        together(&self.parts, |p| p.orphans()).await
     }
 
     fn shared(&self) -> bool {
@@ -469,11 +455,16 @@ impl Store for Spread {
     /// pulled from its balancer for it would take the others' too. Those
     /// calls fail one by one meanwhile, and the outage is logged.
     fn health(&self) -> std::result::Result<(), String> {
-        let mut away = self.parts.iter().map(|p| p.health());
-        match away.find(|h| h.is_ok()) {
-            Some(_) => Ok(()),
-            None => self.parts.first().map_or(Ok(()), |p| p.health()),
+        let mut first_away = None;
+        for part in &self.parts {
+            match part.health() {
+                Ok(()) => return Ok(()),
+                Err(why) => {
+                    first_away.get_or_insert(why);
+                }
+            }
         }
+        first_away.map_or(Ok(()), Err)
     }
 
     async fn hold_reader(&self, stream: StreamId) -> Result<ReaderLease> {
