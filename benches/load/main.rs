@@ -71,6 +71,10 @@ mod soak_figures;
 #[path = "../../tests/common/redis_server.rs"]
 mod redis_server;
 
+/// The tests' Redis Cluster rig, for the `redis-cluster` mode (`cluster.rs`).
+#[path = "../../tests/common/redis_cluster.rs"]
+mod redis_cluster;
+
 /// The tests' throwaway PKI (`tests/common/tls.rs`): the CA and server
 /// certificate of the `redis-tls` mode's Redis. The bench uses none of its
 /// client-side half.
